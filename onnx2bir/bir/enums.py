@@ -1,0 +1,143 @@
+"""The closed vocabularies of BIR: engines, memories, opcodes, dependency kinds, dtypes.
+
+Names follow seed 004 (BirCodeGenLoop) where it gives them: MemoryType {DRAM, SB, PSUM},
+MemoryKind {ExternalInput, ExternalInputParameter, ExternalOutput, ExternalOutputParameter,
+Const, Internal}, EdgeKind {Flow, Output, Anti, Ordered}, entry block "Block1", loop body
+block "block0".
+"""
+
+from __future__ import annotations
+
+import enum
+
+import ml_dtypes
+import numpy as np
+
+ENTRY_BLOCK = "Block1"
+LOOP_BODY_BLOCK = "block0"
+
+
+class Engine(enum.StrEnum):
+    PE = "PE"  # TensorE: 128x128 systolic array, writes PSUM
+    ACT = "ACT"  # ScalarE: activation LUT, out = f(in * scale + bias)
+    DVE = "DVE"  # VectorE: elementwise, scalar and reduce ops
+    POOL = "POOL"  # GpSimdE: same ALU ops as DVE, cannot touch PSUM
+    DMA = "DMA"  # a DMA queue; the queue number rides on the instruction
+
+
+class MemoryType(enum.StrEnum):
+    DRAM = "DRAM"
+    SB = "SB"
+    PSUM = "PSUM"
+
+
+class MemoryKind(enum.StrEnum):
+    EXTERNAL_INPUT = "ExternalInput"
+    EXTERNAL_INPUT_PARAMETER = "ExternalInputParameter"
+    EXTERNAL_OUTPUT = "ExternalOutput"
+    EXTERNAL_OUTPUT_PARAMETER = "ExternalOutputParameter"
+    CONST = "Const"
+    INTERNAL = "Internal"
+
+
+class DepKind(enum.StrEnum):
+    FLOW = "Flow"  # read after write
+    OUTPUT = "Output"  # write after write
+    ANTI = "Anti"  # write after read
+    ORDERED = "Ordered"  # no data hazard; program order must hold (e.g. a scope barrier)
+
+
+class Opcode(enum.StrEnum):
+    DMA_COPY = "DmaCopy"
+    MATMULT = "Matmult"
+    ACTIVATION = "Activation"
+    TENSOR_TENSOR = "TensorTensor"
+    TENSOR_SCALAR = "TensorScalar"
+    TENSOR_REDUCE = "TensorReduce"
+    TENSOR_COPY = "TensorCopy"
+    MEMSET = "Memset"
+    IOTA = "Iota"
+
+
+class ActFunc(enum.StrEnum):
+    """ScalarE lookup-table functions (trainium_facts.md §3.2)."""
+
+    COPY = "copy"
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    RECIPROCAL = "reciprocal"
+    SQUARE = "square"
+    ABS = "abs"
+    SIGN = "sign"
+    ERF = "erf"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+    SOFTPLUS = "softplus"
+
+
+class AluOp(enum.StrEnum):
+    """Vector/GpSimd ALU operations (computed in fp32, or bit-exact on integers)."""
+
+    ADD = "add"
+    SUBTRACT = "subtract"
+    MULTIPLY = "multiply"
+    DIVIDE = "divide"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    IS_EQUAL = "is_equal"
+    IS_LT = "is_lt"
+    IS_LE = "is_le"
+    IS_GT = "is_gt"
+    IS_GE = "is_ge"
+    LOGICAL_AND = "logical_and"
+    LOGICAL_OR = "logical_or"
+    BYPASS = "bypass"  # pass the first operand through unchanged
+
+
+class Dtype(enum.StrEnum):
+    FP32 = "float32"
+    BF16 = "bfloat16"
+    FP16 = "float16"
+    INT64 = "int64"
+    INT32 = "int32"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    BOOL = "bool"
+
+    @property
+    def numpy(self) -> np.dtype:
+        return _NUMPY_DTYPES[self]
+
+    @property
+    def itemsize(self) -> int:
+        return _NUMPY_DTYPES[self].itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self in (Dtype.FP32, Dtype.BF16, Dtype.FP16)
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype) -> Dtype:
+        for member, np_dtype in _NUMPY_DTYPES.items():
+            if np_dtype == np.dtype(dtype):
+                return member
+        raise ValueError(f"no BIR dtype for numpy dtype {dtype}")
+
+
+_NUMPY_DTYPES = {
+    Dtype.FP32: np.dtype(np.float32),
+    Dtype.BF16: np.dtype(ml_dtypes.bfloat16),
+    Dtype.FP16: np.dtype(np.float16),
+    Dtype.INT64: np.dtype(np.int64),
+    Dtype.INT32: np.dtype(np.int32),
+    Dtype.INT8: np.dtype(np.int8),
+    Dtype.UINT8: np.dtype(np.uint8),
+    Dtype.BOOL: np.dtype(np.bool_),
+}

@@ -1,0 +1,208 @@
+"""The BIR data model of seed 004: Module → Function → BasicBlock → Instruction | Loop.
+
+Values (access patterns, memory locations, origins, dependency edges) are frozen dataclasses;
+graph objects (instructions, loops, blocks, functions, modules) are mutable and compare by
+identity. Structural comparison of two modules goes through their JSON form
+(`onnx2bir.bir.json_io.module_to_json`).
+
+Addressing. An SB or PSUM memory location occupies partitions [0, num_partitions) and the
+bytes [address, address + bytes_per_partition) of each of them; its elements are addressed
+per partition. A DRAM memory location is a flat array of `prod(shape)` elements. An
+AccessPattern names a location and walks it: `partition_start` and `num_partitions` select
+contiguous partitions (SB/PSUM only), then each `(stride, count)` pair of `pattern` is one
+free dimension, outermost first, strides in elements. The first element sits at
+`offset + Σ coef·iv` where iv is the current value of the enclosing loop axis named in
+`offset_terms`. The shape an access pattern denotes is `(num_partitions, *counts)` on SB/PSUM
+and `counts` on DRAM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from onnx2bir.bir.enums import (
+    ENTRY_BLOCK,
+    LOOP_BODY_BLOCK,
+    DepKind,
+    Dtype,
+    Engine,
+    MemoryKind,
+    MemoryType,
+    Opcode,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLocation:
+    """A named buffer: a DRAM tensor, or a tile in SBUF or PSUM."""
+
+    name: str
+    memory: MemoryType
+    kind: MemoryKind
+    dtype: Dtype
+    shape: tuple[int, ...]
+    # SB/PSUM geometry: partitions used and the byte range in each partition.
+    num_partitions: int = 0
+    address: int = 0
+    bytes_per_partition: int = 0
+
+    @property
+    def num_elements(self) -> int:
+        """Elements addressable per partition (SB/PSUM) or in total (DRAM)."""
+        if self.memory is MemoryType.DRAM:
+            return math.prod(self.shape)
+        return self.bytes_per_partition // self.dtype.itemsize
+
+    @property
+    def on_chip(self) -> bool:
+        return self.memory is not MemoryType.DRAM
+
+
+@dataclass(frozen=True, slots=True)
+class AccessPattern:
+    loc: str
+    pattern: tuple[tuple[int, int], ...]
+    offset: int = 0
+    offset_terms: tuple[tuple[str, int], ...] = ()
+    partition_start: int = 0
+    num_partitions: int = 0  # 0 on DRAM: no partition dimension
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(count for _, count in self.pattern)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.num_partitions:
+            return (self.num_partitions, *self.counts)
+        return self.counts
+
+    @property
+    def free_size(self) -> int:
+        return math.prod(self.counts)
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+    def offset_at(self, loop_values: dict[str, int]) -> int:
+        return self.offset + sum(coef * loop_values[axis] for axis, coef in self.offset_terms)
+
+    def element_span(self, axis_ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
+        """Smallest and largest element index touched in one partition, over all loop values.
+
+        `axis_ranges` maps an axis to the (first, last) value it takes.
+        """
+        low = high = self.offset
+        for axis, coef in self.offset_terms:
+            first, last = axis_ranges[axis]
+            low += min(coef * first, coef * last)
+            high += max(coef * first, coef * last)
+        for stride, count in self.pattern:
+            reach = stride * (count - 1)
+            low += min(reach, 0)
+            high += max(reach, 0)
+        return low, high
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where an instruction came from: the ONNX node and the rule or kernel that emitted it."""
+
+    node: str
+    rule: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    source: int  # id of the earlier instruction
+    kind: DepKind
+
+
+@dataclass(eq=False)
+class Instruction:
+    opcode: Opcode
+    engine: Engine
+    dst: AccessPattern | None
+    srcs: dict[str, AccessPattern]
+    attrs: dict[str, object]
+    origin: Origin
+    id: int = -1
+    loopnest: tuple[str, ...] = ()
+    deps: list[Dependency] = field(default_factory=list)
+
+    def accesses(self) -> list[tuple[AccessPattern, bool]]:
+        """(access pattern, is_write) for every operand, the write last."""
+        result = [(ap, False) for ap in self.srcs.values()]
+        if self.dst is not None:
+            result.append((self.dst, True))
+        return result
+
+
+@dataclass(eq=False)
+class BasicBlock:
+    name: str
+    items: list[Instruction | Loop] = field(default_factory=list)
+
+    def instructions(self):
+        """Every instruction in this block and in the loops nested in it, in program order."""
+        for item in self.items:
+            if isinstance(item, Loop):
+                yield from item.body.instructions()
+            else:
+                yield item
+
+
+@dataclass(eq=False)
+class Loop:
+    """A counted loop over `axis`; a scope region is a one-trip loop with `no_reorder` set."""
+
+    axis: str
+    start: int
+    stop: int
+    step: int = 1
+    parallel: bool = False
+    no_reorder: bool = False
+    body: BasicBlock = field(default_factory=lambda: BasicBlock(LOOP_BODY_BLOCK))
+
+    @property
+    def trip_count(self) -> int:
+        return max(0, -(-(self.stop - self.start) // self.step))
+
+    @property
+    def last_value(self) -> int:
+        return self.start + (self.trip_count - 1) * self.step
+
+
+@dataclass(eq=False)
+class Function:
+    name: str
+    memory_locations: dict[str, MemoryLocation] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)  # DRAM locations, in graph-input order
+    outputs: list[str] = field(default_factory=list)  # DRAM locations, in graph-output order
+    entry: BasicBlock = field(default_factory=lambda: BasicBlock(ENTRY_BLOCK))
+
+    def add_memory_location(self, loc: MemoryLocation) -> MemoryLocation:
+        if loc.name in self.memory_locations:
+            raise ValueError(f"memory location {loc.name!r} defined twice")
+        self.memory_locations[loc.name] = loc
+        return loc
+
+    def instructions(self):
+        return self.entry.instructions()
+
+
+@dataclass(eq=False)
+class Module:
+    name: str
+    functions: list[Function] = field(default_factory=list)
+    # Constant payloads by DRAM location name; serialised to the sidecar, not the JSON.
+    constants: dict[str, object] = field(default_factory=dict)
+    metadata: dict[str, object] = field(default_factory=dict)
+
+    def function(self, name: str) -> Function:
+        for fn in self.functions:
+            if fn.name == name:
+                return fn
+        raise KeyError(name)

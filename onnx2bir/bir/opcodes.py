@@ -1,0 +1,103 @@
+"""What each BIR opcode takes: operand roles, engines, attributes. The verifier reads this table;
+the machine (`onnx2bir.runtime.semantics`) gives each opcode its meaning.
+
+Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
+
+- DmaCopy: copies `in` to `dst`, element by element in row-major order of each side's shape;
+  element counts must match. DRAM and SB on either side. A dtype change goes through fp32.
+- Matmult: `dst[M, N] (+)= stationary[K, M]ᵀ · moving[K, N]`. K = partitions of both inputs
+  (≤ 128), M = stationary free size (≤ 128), N = moving free size (≤ 512). Inputs in SB, dst in
+  PSUM (fp32, M partitions, N elements inside one 2 KiB bank). Accumulation is fp32 whatever
+  the operand dtype; fp32 operands pair only with fp32. `accumulate` False overwrites, True adds.
+- Activation: `dst = func(in · scale + bias)` in fp32, cast to dst's dtype. `bias` is a [P, 1]
+  operand broadcast along the free dims, or the immediate `bias_value`; `scale` an immediate.
+- TensorTensor: `dst = in0 <op> in1` elementwise, fp32 math. Not both inputs in PSUM.
+- TensorScalar: `dst = (in <op0> s0) <op1> s1` where s_i is a [P, 1] operand `scalar<i>` or the
+  immediate `imm<i>`; `reverse<i>` swaps the operands of step i; `op1` may be absent.
+- TensorReduce: reduces the last `axes` free dims of `in` with `op` (add, max, min, multiply);
+  `negate` flips the sign of the result.
+- TensorCopy: `dst = in`, converting dtype through fp32 when the dtypes differ.
+- Memset: every element of `dst` becomes `value`.
+- Iota: `dst[p, i1, …] = base + p · channel_multiplier + Σ i_k · steps[k]`, integer math.
+
+Compute-engine operands keep to the NeuronCore partition rule: a tile of more than 64
+partitions starts at partition 0, of 33–64 at 0 or 64, of at most 32 at 0, 32, 64 or 96.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import Engine, MemoryType, Opcode
+
+ON_CHIP = frozenset({MemoryType.SB, MemoryType.PSUM})
+SB_ONLY = frozenset({MemoryType.SB})
+ANY_MEMORY = frozenset(MemoryType)
+DMA_MEMORY = frozenset({MemoryType.DRAM, MemoryType.SB})
+
+
+@dataclass(frozen=True)
+class OpcodeSpec:
+    engines: frozenset[Engine]
+    required_srcs: tuple[str, ...]
+    optional_srcs: tuple[str, ...]
+    required_attrs: tuple[str, ...]
+    dst_memory: frozenset[MemoryType]
+    src_memory: frozenset[MemoryType]
+
+
+_COMPUTE = frozenset({Engine.DVE, Engine.POOL})
+
+OPCODES: dict[Opcode, OpcodeSpec] = {
+    Opcode.DMA_COPY: OpcodeSpec(
+        frozenset({Engine.DMA}), ("in",), (), ("queue",), DMA_MEMORY, DMA_MEMORY
+    ),
+    Opcode.MATMULT: OpcodeSpec(
+        frozenset({Engine.PE}),
+        ("stationary", "moving"),
+        (),
+        ("accumulate",),
+        frozenset({MemoryType.PSUM}),
+        SB_ONLY,
+    ),
+    Opcode.ACTIVATION: OpcodeSpec(
+        frozenset({Engine.ACT}), ("in",), ("bias",), ("func", "scale"), ON_CHIP, ON_CHIP
+    ),
+    Opcode.TENSOR_TENSOR: OpcodeSpec(_COMPUTE, ("in0", "in1"), (), ("op",), ON_CHIP, ON_CHIP),
+    Opcode.TENSOR_SCALAR: OpcodeSpec(
+        _COMPUTE | {Engine.ACT}, ("in",), ("scalar0", "scalar1"), ("op0",), ON_CHIP, ON_CHIP
+    ),
+    Opcode.TENSOR_REDUCE: OpcodeSpec(
+        _COMPUTE, ("in",), (), ("op", "axes"), ON_CHIP, ON_CHIP
+    ),
+    Opcode.TENSOR_COPY: OpcodeSpec(_COMPUTE | {Engine.ACT}, ("in",), (), (), ON_CHIP, ON_CHIP),
+    Opcode.MEMSET: OpcodeSpec(_COMPUTE, (), (), ("value",), ON_CHIP, ON_CHIP),
+    Opcode.IOTA: OpcodeSpec(
+        frozenset({Engine.POOL}),
+        (),
+        (),
+        ("base", "channel_multiplier", "steps"),
+        SB_ONLY,
+        SB_ONLY,
+    ),
+}
+
+# Hardware geometry (trainium_facts.md §1, NeuronCore-v2).
+NUM_PARTITIONS = 128
+SBUF_BYTES_PER_PARTITION = 192 * 1024
+PSUM_BYTES_PER_PARTITION = 16 * 1024
+PSUM_BANK_BYTES = 2 * 1024
+PSUM_NUM_BANKS = 8
+MATMUL_MAX_STATIONARY_FREE = 128
+MATMUL_MAX_MOVING_FREE = 512
+MAX_FREE_DIMS = 4  # compute-engine access patterns; DMA descriptors may use more
+DMA_MAX_DIMS = 5
+
+
+def partition_start_allowed(start: int, count: int) -> bool:
+    """The NeuronCore start-partition rule for compute-engine tiles."""
+    if count > 64:
+        return start == 0
+    if count > 32:
+        return start in (0, 64)
+    return start in (0, 32, 64, 96)
