@@ -1,0 +1,18 @@
+"""BIR code generation: the driver (`driver.py`) and the generic lowering table.
+
+Importing this package registers every generic lowering in `GENERIC_LOWERINGS`.
+"""
+
+from onnx2bir.codegen import (  # noqa: F401  (imported to register their lowerings)
+    lower_conv,
+    lower_data,
+    lower_elementwise,
+    lower_matmul,
+    lower_pool,
+    lower_reduce,
+    lower_softmax,
+)
+from onnx2bir.codegen.driver import BirCodeGen, CodegenError
+from onnx2bir.codegen.registry import GENERIC_LOWERINGS
+
+__all__ = ["GENERIC_LOWERINGS", "BirCodeGen", "CodegenError"]

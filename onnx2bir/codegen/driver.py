@@ -1,0 +1,361 @@
+"""The BIR code generator, in BirCodeGenLoop's shape (seed 004).
+
+In: a `Graph` after the pattern passes. Out: a `bir.Module` with one function.
+
+- Prologue (`before_function`): create the function and its entry block "Block1", push it on
+  the block stack, bind the graph's inputs and outputs to DRAM memory locations
+  (`ensure_dst_on_function`), and load the identity matrix the PE array multiplies by to
+  transpose a tile.
+- Walk: every op node, in topological order, is emitted inside a scope region (a one-trip
+  loop) that bounds the lifetime of its SBUF and PSUM tiles. A node's lowering is found by
+  name: a NativeKernel node's `func_name` in the kernel registry, any other op in the generic
+  lowering table. Loops (`loop`) push their body block "block0"; every instruction lands in
+  the block on top of the stack.
+- Finalizer (`emit` → `_finalize`): stamps the instruction's id, loop nest and origin and
+  derives its dependency edges from the buffers it touches.
+- Epilogue (`after_function`): copies graph outputs that no node writes (constants, inputs
+  passed through) and pops "Block1".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.ir import (
+    AccessPattern,
+    BasicBlock,
+    Function,
+    Instruction,
+    Loop,
+    MemoryLocation,
+    Module,
+    Origin,
+)
+from onnx2bir.bir.opcodes import (
+    NUM_PARTITIONS,
+    PSUM_BANK_BYTES,
+    PSUM_NUM_BANKS,
+    SBUF_BYTES_PER_PARTITION,
+)
+from onnx2bir.codegen.deps import DependencyTracker
+from onnx2bir.codegen.tiling import Affine
+from onnx2bir.errors import UserError
+from onnx2bir.graph import Graph
+from onnx2bir.options import CompileOptions
+
+SB_ALIGN = 64
+NUM_DMA_QUEUES = 16
+IDENTITY = "identity_fp32"  # the SBUF tile (seed 004: "identity_%s")
+IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
+
+
+class CodegenError(UserError):
+    """A node the code generator cannot lower; the message names the node and the rule."""
+
+
+class BirCodeGen:
+    def __init__(
+        self,
+        graph: Graph,
+        options: CompileOptions,
+        lowerings: dict[str, Callable],
+        kernels: dict[str, Callable],
+    ) -> None:
+        self.graph = graph
+        self.options = options
+        self.lowerings = lowerings
+        self.kernels = kernels
+        self.module = Module(name=graph.name, metadata={"opset": graph.opset})
+        self.function: Function | None = None
+        self.block_stack: list[BasicBlock] = []
+        self.loopnest: list[str] = []
+        self.axis_ranges: dict[str, tuple[int, int]] = {}
+        self.deps = DependencyTracker()
+        self.origin = Origin("<prologue>", "codegen.prologue")
+        self._next_id = 0
+        self._axis_counts: dict[str, int] = {}
+        self._dma_queue = 0
+        self._sb_top = 0
+        self._sb_reserved = 0
+        self._psum_next_bank = 0
+        self._tile_count = 0
+
+    # --- driver ----------------------------------------------------------------------------
+    def run(self) -> Module:
+        self.before_function()
+        for name in self.graph.topological_order():
+            self.transform_node(name)
+        self.after_function()
+        return self.module
+
+    def before_function(self) -> None:
+        fn = Function(self.graph.name)
+        self.module.functions.append(fn)
+        self.function = fn
+        self.block_stack.append(fn.entry)
+        self.ensure_dst_on_function()
+        self._load_identity()
+
+    def ensure_dst_on_function(self) -> None:
+        fn = self.function
+        for tensor in self.graph.inputs:
+            fn.inputs.append(self.dram(tensor).name)
+        for tensor in self.graph.outputs:
+            fn.outputs.append(self.output_location(tensor).name)
+
+    def _load_identity(self) -> None:
+        """The PE transposes' moving operand: I[128, 128] resident in SBUF for the whole run."""
+        self.add_dram_const(IDENTITY_DRAM, np.eye(NUM_PARTITIONS, dtype=np.float32))
+        tile = self.sb_tile("identity", NUM_PARTITIONS, NUM_PARTITIONS, Dtype.FP32, name=IDENTITY)
+        self._sb_reserved = self._sb_top
+        self.dma(self.ap(tile), self.dram_ap(IDENTITY_DRAM, Affine(), [(NUM_PARTITIONS, 128),
+                                                                  (1, 128)]))
+
+    def identity(self, size: int) -> AccessPattern:
+        """I[size, size] from the resident identity tile."""
+        return AccessPattern(IDENTITY, ((1, size),), 0, (), 0, size)
+
+    def transform_node(self, name: str) -> None:
+        data = self.graph.node(name)
+        op_type = data["op_type"]
+        if op_type == "NativeKernel":
+            func_name = data["attrs"]["func_name"]
+            lower = self.kernels.get(func_name)
+            rule = f"kernel.{func_name}"
+            if lower is None:
+                raise CodegenError(f"node {name!r}: no kernel named {func_name!r} in the registry")
+        else:
+            lower = self.lowerings.get(op_type)
+            rule = f"generic.{op_type}"
+            if lower is None:
+                raise CodegenError(f"node {name!r}: no lowering for op {op_type}")
+        self.origin = Origin(name, rule)
+        self._sb_top = self._sb_reserved
+        self._psum_next_bank = 0
+        with self.scope(f"node_{len(self.function.entry.items)}"):
+            lower(self, data)
+
+    def after_function(self) -> None:
+        self.origin = Origin("<epilogue>", "codegen.epilogue")
+        written = {t for _, d in self.graph.nodes() for t in d["outputs"]}
+        for tensor in self.graph.outputs:
+            if tensor in written and tensor not in self.graph.inputs:
+                continue
+            src = self.dram(tensor)
+            dst = self.output_location(tensor)
+            count = math.prod(src.shape)
+            self.dma(self.dram_ap(dst.name, Affine(), [(1, count)]),
+                     self.dram_ap(src.name, Affine(), [(1, count)]))
+        self.block_stack.pop()
+
+    # --- control structure -----------------------------------------------------------------
+    def _axis_name(self, hint: str) -> str:
+        count = self._axis_counts.get(hint, 0)
+        self._axis_counts[hint] = count + 1
+        return f"{hint}{count}"
+
+    @contextmanager
+    def loop(self, hint: str, start: int, stop: int, step: int = 1,
+             parallel: bool = False) -> Iterator[str]:
+        """Open a counted loop; yields its axis name for use in offsets."""
+        axis = self._axis_name(hint)
+        item = Loop(axis, start, stop, step, parallel=parallel)
+        self.block_stack[-1].items.append(item)
+        self.block_stack.append(item.body)
+        self.loopnest.append(axis)
+        self.axis_ranges[axis] = (start, item.last_value)
+        try:
+            yield axis
+        finally:
+            self.loopnest.pop()
+            self.block_stack.pop()
+
+    @contextmanager
+    def scope(self, hint: str, no_reorder: bool = False) -> Iterator[None]:
+        """A scope region: a one-trip loop whose body bounds tile lifetimes (seed 004 §4)."""
+        axis = self._axis_name(hint)
+        item = Loop(axis, 0, 1, 1, parallel=False, no_reorder=no_reorder)
+        self.block_stack[-1].items.append(item)
+        self.block_stack.append(item.body)
+        self.loopnest.append(axis)
+        self.axis_ranges[axis] = (0, 0)
+        try:
+            yield
+        finally:
+            self.loopnest.pop()
+            self.block_stack.pop()
+
+    # --- memory locations ------------------------------------------------------------------
+    def _dram_kind(self, tensor: str) -> MemoryKind:
+        info = self.graph.tensors[tensor]
+        if tensor in self.graph.inputs:
+            return MemoryKind.EXTERNAL_INPUT
+        if info.is_const:
+            return MemoryKind.CONST
+        if tensor in self.graph.outputs:
+            return MemoryKind.EXTERNAL_OUTPUT
+        return MemoryKind.INTERNAL
+
+    def dram(self, tensor: str) -> MemoryLocation:
+        """The DRAM location holding graph tensor `tensor` (created on first use)."""
+        fn = self.function
+        if tensor in fn.memory_locations:
+            return fn.memory_locations[tensor]
+        info = self.graph.tensors[tensor]
+        kind = self._dram_kind(tensor)
+        loc = MemoryLocation(tensor, MemoryType.DRAM, kind, info.dtype, tuple(info.shape))
+        if kind is MemoryKind.CONST:
+            self.module.constants[tensor] = np.ascontiguousarray(info.const)
+        return fn.add_memory_location(loc)
+
+    def output_location(self, tensor: str) -> MemoryLocation:
+        """The ExternalOutput location of a graph output (a copy when the tensor is not one)."""
+        if self._dram_kind(tensor) is MemoryKind.EXTERNAL_OUTPUT:
+            return self.dram(tensor)
+        name = f"{tensor}:output"
+        fn = self.function
+        if name not in fn.memory_locations:
+            info = self.graph.tensors[tensor]
+            fn.add_memory_location(MemoryLocation(
+                name, MemoryType.DRAM, MemoryKind.EXTERNAL_OUTPUT, info.dtype, tuple(info.shape)))
+        return fn.memory_locations[name]
+
+    def add_dram_const(self, name: str, value: np.ndarray) -> MemoryLocation:
+        loc = MemoryLocation(name, MemoryType.DRAM, MemoryKind.CONST,
+                             Dtype.from_numpy(value.dtype), tuple(value.shape))
+        self.module.constants[name] = np.ascontiguousarray(value)
+        return self.function.add_memory_location(loc)
+
+    def dram_scratch(self, tag: str, shape: tuple[int, ...], dtype: Dtype) -> MemoryLocation:
+        """An Internal DRAM buffer private to the current node."""
+        name = f"{self.origin.node}/{tag}"
+        suffix = 1
+        while name in self.function.memory_locations:
+            name, suffix = f"{self.origin.node}/{tag}.{suffix}", suffix + 1
+        return self.function.add_memory_location(
+            MemoryLocation(name, MemoryType.DRAM, MemoryKind.INTERNAL, dtype, tuple(shape)))
+
+    def _tile_name(self, tag: str) -> str:
+        self._tile_count += 1
+        return f"{self.origin.node}/{tag}#{self._tile_count}"
+
+    def sb_tile(self, tag: str, partitions: int, free: int, dtype: Dtype,
+                name: str | None = None) -> MemoryLocation:
+        """Allocate an SBUF tile of `partitions` x `free` elements in the node's arena."""
+        nbytes = -(-free * dtype.itemsize // SB_ALIGN) * SB_ALIGN
+        if partitions > NUM_PARTITIONS or self._sb_top + nbytes > SBUF_BYTES_PER_PARTITION:
+            raise CodegenError(
+                f"node {self.origin.node!r} ({self.origin.rule}): SBUF tile {tag!r} of "
+                f"{partitions} x {free} {dtype} does not fit ({self._sb_top} of "
+                f"{SBUF_BYTES_PER_PARTITION} bytes per partition in use)"
+            )
+        loc = MemoryLocation(name or self._tile_name(tag), MemoryType.SB, MemoryKind.INTERNAL,
+                             dtype, (partitions, free), partitions, self._sb_top, nbytes)
+        self._sb_top += nbytes
+        return self.function.add_memory_location(loc)
+
+    def psum_tile(self, tag: str, partitions: int, free: int) -> MemoryLocation:
+        """Allocate a PSUM tile (fp32) in whole 2 KiB banks, rotating through the 8 banks."""
+        banks = -(-free * 4 // PSUM_BANK_BYTES)
+        if self._psum_next_bank + banks > PSUM_NUM_BANKS:
+            self._psum_next_bank = 0
+        if banks > PSUM_NUM_BANKS:
+            raise CodegenError(f"node {self.origin.node!r}: PSUM tile of {free} fp32 is too big")
+        loc = MemoryLocation(self._tile_name(tag), MemoryType.PSUM, MemoryKind.INTERNAL,
+                             Dtype.FP32, (partitions, free), partitions,
+                             self._psum_next_bank * PSUM_BANK_BYTES, banks * PSUM_BANK_BYTES)
+        self._psum_next_bank += banks
+        return self.function.add_memory_location(loc)
+
+    # --- access patterns -------------------------------------------------------------------
+    @staticmethod
+    def ap(loc: MemoryLocation, pattern: list[tuple[int, int]] | None = None,
+           offset: Affine | int = 0, partitions: int | None = None,
+           partition_start: int = 0) -> AccessPattern:
+        """An access pattern on an on-chip tile (default: all of it, contiguous)."""
+        offset = offset if isinstance(offset, Affine) else Affine(offset)
+        if pattern is None:
+            pattern = [(1, loc.shape[1])]
+        return AccessPattern(loc.name, tuple(pattern), offset.const, offset.terms,
+                             partition_start, loc.num_partitions if partitions is None
+                             else partitions)
+
+    def dram_ap(self, loc_name: str, offset: Affine, pattern: list[tuple[int, int]]
+                ) -> AccessPattern:
+        return AccessPattern(loc_name, tuple(pattern), offset.const, offset.terms)
+
+    # --- emission --------------------------------------------------------------------------
+    def emit(self, opcode: Opcode, engine: Engine, dst: AccessPattern | None,
+             srcs: dict[str, AccessPattern], **attrs: object) -> Instruction:
+        inst = Instruction(opcode, engine, dst, srcs, attrs, self.origin)
+        self._finalize(inst)
+        return inst
+
+    def _finalize(self, inst: Instruction) -> None:
+        """transformInstruction: id, loop nest, block placement, dependency edges."""
+        inst.id = self._next_id
+        self._next_id += 1
+        inst.loopnest = tuple(self.loopnest)
+        self.block_stack[-1].items.append(inst)
+        self.deps.add(inst, self.function.memory_locations, self.axis_ranges)
+
+    def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
+        queue = self._dma_queue
+        self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
+        return self.emit(Opcode.DMA_COPY, Engine.DMA, dst, {"in": src}, queue=queue)
+
+    def matmul(self, dst: AccessPattern, stationary: AccessPattern, moving: AccessPattern,
+               accumulate: bool) -> Instruction:
+        return self.emit(Opcode.MATMULT, Engine.PE, dst,
+                         {"stationary": stationary, "moving": moving}, accumulate=accumulate)
+
+    def activation(self, dst: AccessPattern, src: AccessPattern, func: str,
+                   scale: float = 1.0, bias: AccessPattern | None = None,
+                   bias_value: float = 0.0) -> Instruction:
+        srcs = {"in": src}
+        if bias is not None:
+            srcs["bias"] = bias
+        return self.emit(Opcode.ACTIVATION, Engine.ACT, dst, srcs, func=str(func),
+                         scale=float(scale), bias_value=float(bias_value))
+
+    def tensor_tensor(self, dst: AccessPattern, in0: AccessPattern, in1: AccessPattern,
+                      op: str, engine: Engine = Engine.DVE) -> Instruction:
+        return self.emit(Opcode.TENSOR_TENSOR, engine, dst, {"in0": in0, "in1": in1}, op=str(op))
+
+    def tensor_scalar(self, dst: AccessPattern, src: AccessPattern, op0: str,
+                      operand0: AccessPattern | float, op1: str | None = None,
+                      operand1: AccessPattern | float | None = None,
+                      reverse0: bool = False, reverse1: bool = False,
+                      engine: Engine = Engine.DVE) -> Instruction:
+        srcs = {"in": src}
+        attrs: dict[str, object] = {"op0": str(op0), "reverse0": reverse0}
+        for index, operand in ((0, operand0), (1, operand1)):
+            if isinstance(operand, AccessPattern):
+                srcs[f"scalar{index}"] = operand
+            elif operand is not None:
+                attrs[f"imm{index}"] = float(operand)
+        if op1 is not None:
+            attrs.update(op1=str(op1), reverse1=reverse1)
+        return self.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
+
+    def tensor_reduce(self, dst: AccessPattern, src: AccessPattern, op: str, axes: int,
+                      negate: bool = False, engine: Engine = Engine.DVE) -> Instruction:
+        return self.emit(Opcode.TENSOR_REDUCE, engine, dst, {"in": src}, op=str(op),
+                         axes=axes, negate=negate)
+
+    def tensor_copy(self, dst: AccessPattern, src: AccessPattern,
+                    engine: Engine = Engine.DVE) -> Instruction:
+        return self.emit(Opcode.TENSOR_COPY, engine, dst, {"in": src})
+
+    def memset(self, dst: AccessPattern, value: float, engine: Engine = Engine.POOL
+               ) -> Instruction:
+        return self.emit(Opcode.MEMSET, engine, dst, {}, value=float(value))
+
+    def fail(self, reason: str) -> CodegenError:
+        """An error naming the current node and rule."""
+        return CodegenError(f"node {self.origin.node!r} ({self.origin.rule}): {reason}")

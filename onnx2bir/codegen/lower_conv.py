@@ -1,0 +1,150 @@
+"""Generic lowering of Conv (1-D and 2-D, any stride, padding, dilation, group, bias).
+
+Shifted-window matmuls accumulating in PSUM (implicit GEMM, no im2col): for each output tile
+of `rows x cols` pixels (≤ 512, one PSUM bank) and each filter tap (i, j),
+
+    psum[C_out, pixels] += W[i, j][C_in, C_out]ᵀ · X_band[C_in, shifted window of (i, j)]
+
+The input channels sit on partitions as the contraction dim, a band of input rows in the free
+dims; the moving operand is the band seen through a strided access pattern, so no data is
+copied per tap. Weights are the stationary operand, laid out [C_in, tap, C_out] in SBUF.
+
+Groups: when a group's channels are few, up to 128 / C_in_per_group groups share one matmul
+through a block-diagonal stationary operand (zeros between the groups' blocks), so a
+depthwise conv costs taps x ceil(C / 128) matmuls per output tile instead of taps x C. A group
+wider than 128 channels is tiled over C_in (accumulating) and C_out.
+
+The bias rides on the PSUM eviction: ScalarE computes `copy(psum + bias[C_out, 1])`.
+"""
+
+from __future__ import annotations
+
+from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.spatial import padded_input, window_geometry
+from onnx2bir.codegen.tiling import Affine, Tile, tiles
+
+
+def tile_index(tile: Tile, size: int) -> Affine:
+    """The ordinal of a tile produced by `tiles(extent, size)` (its start divided by size)."""
+    if tile.start.const % size or any(coef % size for _, coef in tile.start.terms):
+        raise ValueError("tile start is not a multiple of the tile size")
+    return Affine(tile.start.const // size,
+                  tuple((axis, coef // size) for axis, coef in tile.start.terms))
+
+
+@lowering("Conv")
+def lower_conv(cg: BirCodeGen, node: dict) -> None:
+    x_name, w_name = node["inputs"][:2]
+    b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+    out_name = node["outputs"][0]
+    w_shape = tuple(cg.graph.tensors[w_name].shape)
+    x_shape = tuple(cg.graph.tensors[x_name].shape)
+    geo = window_geometry(cg, node, w_shape[2:])
+    batch, channels = x_shape[:2]
+    c_out, c_in_group = w_shape[:2]
+    groups = int(node["attrs"].get("group", 1))
+    c_out_group = c_out // groups
+    taps = geo.taps
+    dtype = cg.graph.tensors[x_name].dtype
+    if dtype is not Dtype.FP32:
+        raise cg.fail(f"the generic conv computes in fp32; input is {dtype}")
+    src, height, width = padded_input(cg, x_name, batch * channels, geo, 0.0)
+    plane = height * width
+
+    # Groups per matmul (block-diagonal stationary) or, for wide groups, one group tiled.
+    if c_in_group <= NUM_PARTITIONS and c_out_group <= NUM_PARTITIONS:
+        per_tile = min(groups, NUM_PARTITIONS // c_in_group, NUM_PARTITIONS // c_out_group)
+    else:
+        per_tile = 1
+    k_extent = per_tile * c_in_group if per_tile > 1 else c_in_group
+    m_extent = per_tile * c_out_group if per_tile > 1 else c_out_group
+    k_tiles = -(-k_extent // NUM_PARTITIONS)
+    m_tile_size = min(m_extent, NUM_PARTITIONS)
+    cols = min(geo.out_w, MATMUL_MAX_MOVING_FREE)
+    rows = max(1, min(geo.out_h, MATMUL_MAX_MOVING_FREE // cols))
+    band = geo.rows_needed(rows) * geo.cols_needed(cols)
+
+    w_sb = cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, Dtype.FP32)
+    x_sb = cg.sb_tile("band", NUM_PARTITIONS, band, Dtype.FP32)
+    bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
+    out_sb = cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+    acc = cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE)
+    w_loc, y_loc = cg.dram(w_name).name, cg.dram(out_name).name
+    b_loc = cg.dram(b_name).name if b_name else None
+    weight_row = c_in_group * taps  # elements of W per output channel
+
+    for n in tiles(cg, batch, 1, "n"):
+        for g in tiles(cg, groups, per_tile, "g"):
+            for m in tiles(cg, m_extent if per_tile > 1 else c_out_group, m_tile_size, "m"):
+                # Output channel of the tile's first row, and the tile's input channel base.
+                m_size = g.size * c_out_group if per_tile > 1 else m.size
+                first_out = g.start * c_out_group + m.start
+                first_in = g.start * c_in_group
+                if per_tile > 1:
+                    cg.memset(cg.ap(w_sb), 0.0)
+                    for member in range(g.size):
+                        cg.dma(
+                            cg.ap(w_sb, [(m_size, taps), (1, c_out_group)],
+                                  member * c_out_group, partitions=c_in_group,
+                                  partition_start=member * c_in_group),
+                            cg.dram_ap(w_loc, (first_out + member * c_out_group) * weight_row,
+                                       [(taps, c_in_group), (1, taps),
+                                        (weight_row, c_out_group)]),
+                        )
+                else:
+                    for k in tiles(cg, c_in_group, NUM_PARTITIONS, "kw"):
+                        cg.dma(
+                            cg.ap(w_sb, [(m_size, taps), (1, m_size)],
+                                  tile_index(k, NUM_PARTITIONS) * (taps * m_size),
+                                  partitions=k.size),
+                            cg.dram_ap(w_loc, first_out * weight_row + k.start * taps,
+                                       [(taps, k.size), (1, taps), (weight_row, m_size)]),
+                        )
+                if b_loc:
+                    cg.dma(cg.ap(bias_sb, partitions=m_size),
+                           cg.dram_ap(b_loc, first_out, [(1, m_size), (1, 1)]))
+                _emit_output_tiles(cg, geo, n, first_in, first_out, m_size, k_extent
+                                   if per_tile == 1 else g.size * c_in_group, rows, cols,
+                                   src, channels, plane, width, x_sb, w_sb, acc, out_sb,
+                                   bias_sb if b_loc else None, y_loc, c_out)
+
+
+def _emit_output_tiles(cg, geo, n, first_in, first_out, m_size, k_extent, rows, cols, src,
+                       channels, plane, width, x_sb, w_sb, acc, out_sb, bias_sb, y_loc,
+                       c_out) -> None:
+    taps = geo.taps
+    out_plane = geo.out_h * geo.out_w
+    for row in tiles(cg, geo.out_h, rows, "oh"):
+        for col in tiles(cg, geo.out_w, cols, "ow"):
+            band_rows = geo.rows_needed(row.size)
+            band_cols = geo.cols_needed(col.size)
+            pixels = row.size * col.size
+            psum = cg.ap(acc, [(1, pixels)], partitions=m_size)
+            for k in tiles(cg, k_extent, NUM_PARTITIONS, "kc", peel_first=True):
+                first_channel = n.start * channels + first_in + k.start
+                cg.dma(
+                    cg.ap(x_sb, [(1, band_rows * band_cols)], partitions=k.size),
+                    cg.dram_ap(src, first_channel * plane
+                               + row.start * (geo.stride_h * width) + col.start * geo.stride_w,
+                               [(plane, k.size), (width, band_rows), (1, band_cols)]),
+                )
+                k_index = tile_index(k, NUM_PARTITIONS)
+                for tap in range(taps):
+                    i, j = divmod(tap, geo.kernel_w)
+                    moving = cg.ap(x_sb, [(geo.stride_h * band_cols, row.size),
+                                          (geo.stride_w, col.size)],
+                                   i * geo.dilation_h * band_cols + j * geo.dilation_w,
+                                   partitions=k.size)
+                    stationary = cg.ap(w_sb, [(1, m_size)], k_index * (taps * m_size)
+                                       + tap * m_size, partitions=k.size)
+                    cg.matmul(psum, stationary, moving, accumulate=not (k.first and tap == 0))
+            result = cg.ap(out_sb, [(1, pixels)], partitions=m_size)
+            bias = cg.ap(bias_sb, partitions=m_size) if bias_sb is not None else None
+            cg.activation(result, psum, ActFunc.COPY, bias=bias)
+            cg.dma(cg.dram_ap(y_loc, (n.start * c_out + first_out) * out_plane
+                              + row.start * geo.out_w + col.start,
+                              [(out_plane, m_size), (geo.out_w, row.size), (1, col.size)]),
+                   result)

@@ -1,0 +1,55 @@
+"""Generic lowering of pure data movement: DMA between DRAM tensors, no engine work.
+
+A reshape of a contiguous tensor keeps every element where it is, so Reshape, Flatten,
+Squeeze, Unsqueeze, Identity and inference-mode Dropout are one DRAM→DRAM copy. Concat
+writes each input into its slice of the output with one strided DMA.
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.tiling import Affine
+
+# One DMA descriptor chain moves at most this many elements; bigger copies are split.
+DMA_CHUNK = 1 << 20
+
+
+def copy_dram(cg: BirCodeGen, dst: str, src: str, count: int) -> None:
+    for start in range(0, count, DMA_CHUNK):
+        size = min(DMA_CHUNK, count - start)
+        cg.dma(cg.dram_ap(dst, Affine(start), [(1, size)]),
+               cg.dram_ap(src, Affine(start), [(1, size)]))
+
+
+@lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+def lower_copy(cg: BirCodeGen, node: dict) -> None:
+    """Same elements, same order, new shape: a contiguous copy."""
+    if node["op_type"] == "Dropout" and len(node["outputs"]) > 1 and node["outputs"][1]:
+        raise cg.fail("Dropout's mask output is not supported (inference only)")
+    src, out = node["inputs"][0], node["outputs"][0]
+    count = math.prod(cg.graph.tensors[out].shape)
+    copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)
+
+
+@lowering("Concat")
+def lower_concat(cg: BirCodeGen, node: dict) -> None:
+    """Each input lands in its slice along `axis`: [outer, length·inner] runs of the output."""
+    out = node["outputs"][0]
+    out_shape = cg.graph.tensors[out].shape
+    axis = node["attrs"]["axis"] % len(out_shape)
+    outer = math.prod(out_shape[:axis])
+    inner = math.prod(out_shape[axis + 1:])
+    row = out_shape[axis] * inner
+    position = 0
+    dst = cg.dram(out).name
+    for tensor in node["inputs"]:
+        if not tensor:
+            continue
+        length = cg.graph.tensors[tensor].shape[axis] * inner
+        if length and outer:
+            cg.dma(cg.dram_ap(dst, Affine(position), [(row, outer), (1, length)]),
+                   cg.dram_ap(cg.dram(tensor).name, Affine(), [(length, outer), (1, length)]))
+        position += length

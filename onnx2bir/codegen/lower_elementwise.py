@@ -1,0 +1,172 @@
+"""Generic lowering of elementwise ops with numpy broadcasting.
+
+The output is walked as [outer..., rows, cols] after merging the dims every operand walks
+contiguously (`merge_broadcast_dims`): rows go on partitions (tiles of 128), cols on the free
+dim (tiles of FREE_TILE), outer dims become loops. Each input tile is brought in by one DMA
+whose DRAM pattern has stride 0 along the dims it broadcasts over, so the compute instruction
+always sees same-shaped tiles. Transcendentals run on ScalarE (ACT), two-input arithmetic on
+VectorE (DVE), and the result goes back to DRAM by DMA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import ActFunc, AluOp
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.tiling import (
+    Affine,
+    broadcast_strides,
+    contiguous_strides,
+    merge_broadcast_dims,
+    tiles,
+)
+
+FREE_TILE = 2048
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A rectangular part of the output walk: outer dims, then rows x cols."""
+
+    base: tuple[int, ...]  # element offset per operand (output first)
+    outer: tuple[tuple[int, tuple[int, ...]], ...]  # (extent, stride per operand)
+    rows: int
+    row_strides: tuple[int, ...]
+    cols: int
+    col_strides: tuple[int, ...]
+
+
+def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[_Piece]:
+    count = len(strides)
+    if not shape:
+        zeros = (0,) * count
+        return [_Piece(zeros, (), 1, zeros, 1, zeros)]
+    if len(shape) == 1:
+        # One run of contiguous-or-broadcast elements: fold it into rows x cols.
+        (total,) = shape
+        step = tuple(s[0] for s in strides)
+        cols = min(FREE_TILE, max(1, -(-total // NUM_PARTITIONS)))
+        rows, rest = divmod(total, cols)
+        pieces = [_Piece((0,) * count, (), rows, tuple(s * cols for s in step), cols, step)]
+        if rest:
+            base = tuple(s * rows * cols for s in step)
+            pieces.append(_Piece(base, (), 1, (0,) * count, rest, step))
+        return [piece for piece in pieces if piece.rows]
+    outer = tuple(
+        (shape[d], tuple(s[d] for s in strides)) for d in range(len(shape) - 2)
+    )
+    return [
+        _Piece(
+            (0,) * count,
+            outer,
+            shape[-2],
+            tuple(s[-2] for s in strides),
+            shape[-1],
+            tuple(s[-1] for s in strides),
+        )
+    ]
+
+
+Compute = Callable[[BirCodeGen, AccessPattern, list[AccessPattern]], None]
+
+
+def emit_elementwise(cg: BirCodeGen, node: dict, compute: Compute) -> None:
+    """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out."""
+    inputs = [t for t in node["inputs"] if t]
+    out = node["outputs"][0]
+    out_shape = tuple(cg.graph.tensors[out].shape)
+    strides = [contiguous_strides(out_shape)] + [
+        broadcast_strides(tuple(cg.graph.tensors[t].shape), out_shape) for t in inputs
+    ]
+    shape, merged = merge_broadcast_dims(out_shape, strides)
+    if math.prod(out_shape) == 0:
+        return
+    locations = [cg.dram(out)] + [cg.dram(t) for t in inputs]
+    sb = [cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, loc.dtype)
+          for index, loc in enumerate(locations)]
+    for piece in _pieces(shape, merged):
+        _emit_piece(cg, piece, locations, sb, compute, 0, [Affine()] * len(locations))
+
+
+def _emit_piece(cg, piece: _Piece, locations, sb, compute, depth: int, offsets) -> None:
+    if depth < len(piece.outer):
+        extent, strides = piece.outer[depth]
+        for tile in tiles(cg, extent, 1, "i"):
+            shifted = [off + tile.start * s for off, s in zip(offsets, strides, strict=True)]
+            _emit_piece(cg, piece, locations, sb, compute, depth + 1, shifted)
+        return
+    for row in tiles(cg, piece.rows, NUM_PARTITIONS, "r"):
+        for col in tiles(cg, piece.cols, FREE_TILE, "c"):
+            aps = []
+            for index, loc in enumerate(locations):
+                start = (piece.base[index] + offsets[index] + row.start * piece.row_strides[index]
+                         + col.start * piece.col_strides[index])
+                dram = cg.dram_ap(loc.name, start, [(piece.row_strides[index], row.size),
+                                                    (piece.col_strides[index], col.size)])
+                aps.append((dram, cg.ap(sb[index], [(1, col.size)], partitions=row.size)))
+            for dram, tile in aps[1:]:
+                cg.dma(tile, dram)
+            compute(cg, aps[0][1], [tile for _, tile in aps[1:]])
+            cg.dma(aps[0][0], aps[0][1])
+
+
+_ACTIVATIONS = {
+    "Relu": ActFunc.RELU,
+    "Sigmoid": ActFunc.SIGMOID,
+    "Tanh": ActFunc.TANH,
+    "Exp": ActFunc.EXP,
+    "Log": ActFunc.LOG,
+    "Sqrt": ActFunc.SQRT,
+    "Abs": ActFunc.ABS,
+    "Reciprocal": ActFunc.RECIPROCAL,
+    "Erf": ActFunc.ERF,
+    "Softplus": ActFunc.SOFTPLUS,
+    "Sign": ActFunc.SIGN,
+}
+
+
+@lowering(*_ACTIVATIONS)
+def lower_activation(cg: BirCodeGen, node: dict) -> None:
+    """Unary math on ScalarE's lookup table."""
+    func = _ACTIVATIONS[node["op_type"]]
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func))
+
+
+@lowering("Neg")
+def lower_neg(cg: BirCodeGen, node: dict) -> None:
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], ActFunc.COPY,
+                                                                   scale=-1.0))
+
+
+_BINARY = {
+    "Add": AluOp.ADD,
+    "Sub": AluOp.SUBTRACT,
+    "Mul": AluOp.MULTIPLY,
+    "Div": AluOp.DIVIDE,
+    "Pow": AluOp.POW,
+    "Max": AluOp.MAX,
+    "Min": AluOp.MIN,
+    "Sum": AluOp.ADD,
+}
+
+
+@lowering(*_BINARY)
+def lower_binary(cg: BirCodeGen, node: dict) -> None:
+    """Two-input arithmetic on VectorE; Sum/Max/Min with more inputs fold left."""
+    op = _BINARY[node["op_type"]]
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        if len(srcs) == 1:
+            cg.tensor_copy(dst, srcs[0])
+            return
+        cg.tensor_tensor(dst, srcs[0], srcs[1], op)
+        for src in srcs[2:]:
+            cg.tensor_tensor(dst, dst, src, op)
+
+    emit_elementwise(cg, node, compute)

@@ -1,0 +1,168 @@
+"""Generic lowering of MatMul (batched, broadcasting) and Gemm on the PE array.
+
+`Y[M, N] = A[M, K] · B[K, N]` is tiled M by 128 (PE columns), N by 512 (one PSUM bank) and
+K by 128 (partitions, the contraction). Per output tile the K tiles accumulate in PSUM:
+`matmul(psum[m, n], stationary=Aᵀ[k, m], moving=B[k, n])`, the first one overwriting, the rest
+adding. The tile is evicted from PSUM by ScalarE (carrying Gemm's alpha), gets beta·C added on
+VectorE, and goes back to DRAM by DMA.
+
+An operand tile is loaded with one DMA when its rows are contiguous in DRAM. When only its
+columns are (the tile is the transpose of a contiguous block, e.g. Aᵀ for a row-major A), the
+contiguous block is loaded and transposed on the PE array against the resident identity
+matrix: `matmul(psum[r, c], stationary=block[c, r], moving=I[c, c])` gives blockᵀ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.tiling import Affine, broadcast_strides, tiles
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """A 2-D window on a DRAM tensor: element (i, j) at offset + i·row_stride + j·col_stride."""
+
+    loc: str
+    offset: Affine
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+
+    @property
+    def T(self) -> MatrixView:  # noqa: N802 - the usual name for a transpose
+        return MatrixView(self.loc, self.offset, self.cols, self.rows, self.col_stride,
+                          self.row_stride)
+
+    def window(self, row0: Affine, rows: int, col0: Affine, cols: int) -> MatrixView:
+        return MatrixView(self.loc, self.offset + row0 * self.row_stride + col0 * self.col_stride,
+                          rows, cols, self.row_stride, self.col_stride)
+
+    def pattern(self) -> list[tuple[int, int]]:
+        return [(self.row_stride, self.rows), (self.col_stride, self.cols)]
+
+
+class MatmulTiles:
+    """The SBUF/PSUM tiles one matmul lowering reuses across all its loop iterations."""
+
+    def __init__(self, cg: BirCodeGen, dtype: Dtype) -> None:
+        p = NUM_PARTITIONS
+        self.stationary = cg.sb_tile("stationary", p, p, dtype)
+        self.moving = cg.sb_tile("moving", p, MATMUL_MAX_MOVING_FREE, dtype)
+        self.staging = cg.sb_tile("staging", p, p, dtype)
+        self.transposed = cg.psum_tile("transposed", p, p)
+        self.acc = cg.psum_tile("acc", p, MATMUL_MAX_MOVING_FREE)
+        self.result = cg.sb_tile("result", p, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+        self.addend = cg.sb_tile("addend", p, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+
+
+def load_tile(cg: BirCodeGen, view: MatrixView, dst_tile, tiles_: MatmulTiles) -> AccessPattern:
+    """Bring `view` (rows ≤ 128) into `dst_tile` as [rows partitions, cols free]."""
+    dst = cg.ap(dst_tile, [(1, view.cols)], partitions=view.rows)
+    if view.col_stride == 1 or view.row_stride != 1 or view.rows > NUM_PARTITIONS:
+        cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
+        return dst
+    # Columns are strided, rows contiguous: load the transpose and flip it on the PE array.
+    for chunk in range(0, view.cols, NUM_PARTITIONS):
+        width = min(NUM_PARTITIONS, view.cols - chunk)
+        block = view.T.window(Affine(chunk), width, Affine(), view.rows)
+        staged = cg.ap(tiles_.staging, [(1, view.rows)], partitions=width)
+        cg.dma(staged, cg.dram_ap(block.loc, block.offset, block.pattern()))
+        flipped = cg.ap(tiles_.transposed, [(1, width)], partitions=view.rows)
+        cg.matmul(flipped, staged, cg.identity(width), accumulate=False)
+        cg.tensor_copy(cg.ap(dst_tile, [(1, width)], chunk, partitions=view.rows), flipped)
+    return dst
+
+
+def emit_gemm(cg: BirCodeGen, a: MatrixView, b: MatrixView, y: MatrixView, mm: MatmulTiles,
+              alpha: float = 1.0, c: MatrixView | None = None, beta: float = 1.0) -> None:
+    """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N]."""
+    for m in tiles(cg, a.rows, NUM_PARTITIONS, "m"):
+        for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
+            acc = cg.ap(mm.acc, [(1, n.size)], partitions=m.size)
+            for k in tiles(cg, a.cols, NUM_PARTITIONS, "k", peel_first=True):
+                stationary = load_tile(cg, a.T.window(k.start, k.size, m.start, m.size),
+                                       mm.stationary, mm)
+                moving = load_tile(cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm)
+                cg.matmul(acc, stationary, moving, accumulate=not k.first)
+            result = cg.ap(mm.result, [(1, n.size)], partitions=m.size)
+            cg.activation(result, acc, ActFunc.COPY, scale=alpha)
+            if c is not None and beta != 0.0:
+                addend = cg.ap(mm.addend, [(1, n.size)], partitions=m.size)
+                window = c.window(m.start, m.size, n.start, n.size)
+                cg.dma(addend, cg.dram_ap(window.loc, window.offset, window.pattern()))
+                if beta != 1.0:
+                    cg.tensor_scalar(addend, addend, AluOp.MULTIPLY, beta)
+                cg.tensor_tensor(result, result, addend, AluOp.ADD)
+            out = y.window(m.start, m.size, n.start, n.size)
+            cg.dma(cg.dram_ap(out.loc, out.offset, out.pattern()), result)
+
+
+def _row_major(loc: str, offset: Affine, rows: int, cols: int) -> MatrixView:
+    return MatrixView(loc, offset, rows, cols, cols, 1)
+
+
+@lowering("MatMul")
+def lower_matmul(cg: BirCodeGen, node: dict) -> None:
+    """numpy matmul: 1-D operands get a unit dim, batch dims broadcast and become loops."""
+    a_name, b_name = node["inputs"][:2]
+    out = node["outputs"][0]
+    a_shape = tuple(cg.graph.tensors[a_name].shape)
+    b_shape = tuple(cg.graph.tensors[b_name].shape)
+    a_mat = (1, a_shape[0]) if len(a_shape) == 1 else a_shape[-2:]
+    b_mat = (b_shape[0], 1) if len(b_shape) == 1 else b_shape[-2:]
+    m, k = a_mat
+    n = b_mat[1]
+    batch = tuple(cg.graph.tensors[out].shape[: max(0, len(cg.graph.tensors[out].shape)
+                                                   - (len(a_shape) > 1) - (len(b_shape) > 1))])
+    a_batch = broadcast_strides(a_shape[:-2], batch) if batch else ()
+    b_batch = broadcast_strides(b_shape[:-2], batch) if batch else ()
+    a_batch = tuple(s * m * k for s in a_batch)
+    b_batch = tuple(s * k * n for s in b_batch)
+    mm = MatmulTiles(cg, cg.graph.tensors[a_name].dtype)
+    a_loc, b_loc, y_loc = cg.dram(a_name).name, cg.dram(b_name).name, cg.dram(out).name
+
+    def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine) -> None:
+        if depth == len(batch):
+            emit_gemm(cg, _row_major(a_loc, a_off, m, k), _row_major(b_loc, b_off, k, n),
+                      _row_major(y_loc, y_off, m, n), mm)
+            return
+        inner = 1
+        for size in batch[depth + 1:]:
+            inner *= size
+        for index in tiles(cg, batch[depth], 1, "b"):
+            walk(depth + 1, a_off + index.start * a_batch[depth],
+                 b_off + index.start * b_batch[depth], y_off + index.start * (inner * m * n))
+
+    walk(0, Affine(), Affine(), Affine())
+
+
+@lowering("Gemm")
+def lower_gemm(cg: BirCodeGen, node: dict) -> None:
+    """Y = alpha·A'·B' + beta·C, A' and B' optionally transposed, C broadcast to [M, N]."""
+    attrs = node["attrs"]
+    a_name, b_name = node["inputs"][:2]
+    c_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+    out = node["outputs"][0]
+    a_shape = cg.graph.tensors[a_name].shape
+    b_shape = cg.graph.tensors[b_name].shape
+    a = _row_major(cg.dram(a_name).name, Affine(), *a_shape)
+    b = _row_major(cg.dram(b_name).name, Affine(), *b_shape)
+    if attrs.get("transA", 0):
+        a = a.T
+    if attrs.get("transB", 0):
+        b = b.T
+    y = _row_major(cg.dram(out).name, Affine(), a.rows, b.cols)
+    c = None
+    if c_name:
+        row_stride, col_stride = broadcast_strides(tuple(cg.graph.tensors[c_name].shape),
+                                                   (a.rows, b.cols))
+        c = MatrixView(cg.dram(c_name).name, Affine(), a.rows, b.cols, row_stride, col_stride)
+    mm = MatmulTiles(cg, cg.graph.tensors[a_name].dtype)
+    emit_gemm(cg, a, b, y, mm, float(attrs.get("alpha", 1.0)), c, float(attrs.get("beta", 1.0)))

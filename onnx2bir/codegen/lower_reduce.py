@@ -1,0 +1,97 @@
+"""Generic lowering of ReduceMean, ReduceSum, ReduceMax and ReduceMin on VectorE.
+
+Kept positions go on partitions (the last kept dim; earlier kept dims become loops), the
+reduced dims on the free dims, read through one strided DMA. Neighbouring reduced dims that are
+contiguous merge; a single reduced run longer than a tile is reduced in chunks whose partial
+results are reduced again. ReduceMean scales the sum by 1/n on ScalarE.
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnx2bir.bir.enums import ActFunc, AluOp
+from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower_conv import tile_index
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
+
+REDUCE_CHUNK = 8192
+_OPS = {"ReduceMean": AluOp.ADD, "ReduceSum": AluOp.ADD, "ReduceMax": AluOp.MAX,
+        "ReduceMin": AluOp.MIN}
+
+
+def reduce_axes(cg: BirCodeGen, node: dict, rank: int) -> list[int]:
+    attrs = node["attrs"]
+    axes = attrs.get("axes")
+    if axes is None and len(node["inputs"]) > 1 and node["inputs"][1]:
+        info = cg.graph.tensors[node["inputs"][1]]
+        if not info.is_const:
+            raise cg.fail("the reduction axes must be a constant")
+        axes = [int(a) for a in info.const.ravel()]
+    if not axes:
+        return [] if attrs.get("noop_with_empty_axes", 0) else list(range(rank))
+    return sorted(a % rank for a in axes)
+
+
+@lowering(*_OPS)
+def lower_reduce(cg: BirCodeGen, node: dict) -> None:
+    op = _OPS[node["op_type"]]
+    x_name, out_name = node["inputs"][0], node["outputs"][0]
+    shape = tuple(cg.graph.tensors[x_name].shape)
+    axes = reduce_axes(cg, node, len(shape))
+    strides = contiguous_strides(shape)
+    kept = [d for d in range(len(shape)) if d not in axes and shape[d] != 1]
+    runs: list[tuple[int, int]] = []  # (stride, count) of the reduced dims, merged
+    for d in axes:
+        if runs and runs[-1][0] == strides[d] * shape[d]:
+            runs[-1] = (strides[d], runs[-1][1] * shape[d])
+        else:
+            runs.append((strides[d], shape[d]))
+    count = math.prod(shape[d] for d in axes)
+    if len(runs) > 1 and count > REDUCE_CHUNK:
+        raise cg.fail(f"reducing {count} elements over non-contiguous axes is not supported")
+    dtype = cg.graph.tensors[x_name].dtype
+    x_loc, y_loc = cg.dram(x_name).name, cg.dram(out_name).name
+    run_length = runs[0][1] if len(runs) == 1 else count
+    chunk = min(run_length, REDUCE_CHUNK) if len(runs) == 1 else count
+    chunks = -(-run_length // chunk)
+    data = cg.sb_tile("data", NUM_PARTITIONS, chunk, dtype)
+    partial = cg.sb_tile("partial", NUM_PARTITIONS, chunks, dtype)
+    total = cg.sb_tile("total", NUM_PARTITIONS, 1, dtype)
+    out_strides = contiguous_strides(tuple(shape[d] for d in kept))
+    part_dim = kept[-1] if kept else None
+    loop_dims = kept[:-1]
+
+    def walk(depth: int, x_off: Affine, y_off: Affine) -> None:
+        if depth < len(loop_dims):
+            d = loop_dims[depth]
+            for index in tiles(cg, shape[d], 1, "i"):
+                walk(depth + 1, x_off + index.start * strides[d],
+                     y_off + index.start * out_strides[depth])
+            return
+        rows = shape[part_dim] if part_dim is not None else 1
+        row_stride = strides[part_dim] if part_dim is not None else 0
+        for p in tiles(cg, rows, NUM_PARTITIONS, "p"):
+            if len(runs) == 1:
+                stride = runs[0][0]
+                for piece in tiles(cg, run_length, chunk, "l"):
+                    src = cg.ap(data, [(1, piece.size)], partitions=p.size)
+                    cg.dma(src, cg.dram_ap(x_loc, x_off + p.start * row_stride
+                                           + piece.start * stride,
+                                           [(row_stride, p.size), (stride, piece.size)]))
+                    cg.tensor_reduce(cg.ap(partial, [(1, 1)], tile_index(piece, chunk),
+                                           partitions=p.size), src, op, axes=1)
+            else:
+                src = cg.ap(data, [(1, count)], partitions=p.size)
+                cg.dma(src, cg.dram_ap(x_loc, x_off + p.start * row_stride,
+                                       [(row_stride, p.size), *runs]))
+                cg.tensor_reduce(cg.ap(partial, [(1, 1)], partitions=p.size), src, op, axes=1)
+            result = cg.ap(total, partitions=p.size)
+            cg.tensor_reduce(result, cg.ap(partial, partitions=p.size), op, axes=1)
+            if node["op_type"] == "ReduceMean":
+                cg.activation(result, result, ActFunc.COPY, scale=1.0 / count)
+            cg.dma(cg.dram_ap(y_loc, y_off + p.start, [(1, p.size), (1, 1)]), result)
+
+    walk(0, Affine(), Affine())

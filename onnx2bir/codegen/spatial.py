@@ -1,0 +1,104 @@
+"""Window geometry shared by convolution and pooling lowerings.
+
+`window_geometry` reads an ONNX Conv/Pool node's kernel, strides, dilations and padding
+(explicit `pads` or `auto_pad`) for 1-D and 2-D windows; a 1-D window is treated as 2-D with
+a unit height. `padded_input` writes the input into a DRAM scratch buffer framed by the pad
+value (0 for convolution, -inf for max pooling), so that every output tile reads a uniform
+window and the tile loops need no edge cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.tiling import Affine, tiles
+
+FILL_TILE = 2048
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    in_h: int
+    in_w: int
+    out_h: int
+    out_w: int
+    kernel_h: int
+    kernel_w: int
+    stride_h: int
+    stride_w: int
+    dilation_h: int
+    dilation_w: int
+    pad_top: int
+    pad_left: int
+
+    @property
+    def taps(self) -> int:
+        return self.kernel_h * self.kernel_w
+
+    def rows_needed(self, out_rows: int) -> int:
+        return (out_rows - 1) * self.stride_h + (self.kernel_h - 1) * self.dilation_h + 1
+
+    def cols_needed(self, out_cols: int) -> int:
+        return (out_cols - 1) * self.stride_w + (self.kernel_w - 1) * self.dilation_w + 1
+
+
+def window_geometry(cg: BirCodeGen, node: dict, kernel: tuple[int, ...]) -> WindowGeometry:
+    attrs = node["attrs"]
+    in_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)
+    out_shape = tuple(cg.graph.tensors[node["outputs"][0]].shape)
+    rank = len(in_shape) - 2
+    if rank not in (1, 2):
+        raise cg.fail(f"{rank}-D windows are not supported (1-D and 2-D are)")
+    strides = list(attrs.get("strides") or [1] * rank)
+    dilations = list(attrs.get("dilations") or [1] * rank)
+    in_sp, out_sp = list(in_shape[2:]), list(out_shape[2:])
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begins = []
+        for i in range(rank):
+            total = max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
+                        - in_sp[i])
+            begins.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+    elif auto_pad == "VALID":
+        begins = [0] * rank
+    else:
+        begins = list((attrs.get("pads") or [0] * (2 * rank))[:rank])
+    kernel = list(kernel)
+    if rank == 1:
+        for values, unit in ((in_sp, 1), (out_sp, 1), (kernel, 1), (strides, 1),
+                             (dilations, 1), (begins, 0)):
+            values.insert(0, unit)
+    return WindowGeometry(in_sp[0], in_sp[1], out_sp[0], out_sp[1], kernel[0], kernel[1],
+                          strides[0], strides[1], dilations[0], dilations[1], begins[0],
+                          begins[1])
+
+
+def padded_input(cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry,
+                 fill: float) -> tuple[str, int, int]:
+    """(DRAM location, height, width) of the input framed by `fill`; no copy if unpadded."""
+    height = max(geo.pad_top + geo.in_h, geo.rows_needed(geo.out_h))
+    width = max(geo.pad_left + geo.in_w, geo.cols_needed(geo.out_w))
+    source = cg.dram(tensor)
+    if (height, width) == (geo.in_h, geo.in_w) and geo.pad_top == geo.pad_left == 0:
+        return source.name, height, width
+    scratch = cg.dram_scratch("padded", (planes, height, width), source.dtype)
+    total = planes * height * width
+    fill_tile = cg.sb_tile("fill", NUM_PARTITIONS, FILL_TILE, source.dtype)
+    cg.memset(cg.ap(fill_tile), fill)
+    rows = total // FILL_TILE
+    for row in tiles(cg, rows, NUM_PARTITIONS, "fill"):
+        cg.dma(cg.dram_ap(scratch.name, row.start * FILL_TILE, [(FILL_TILE, row.size),
+                                                                 (1, FILL_TILE)]),
+               cg.ap(fill_tile, partitions=row.size))
+    if total % FILL_TILE:
+        rest = total % FILL_TILE
+        cg.dma(cg.dram_ap(scratch.name, Affine(rows * FILL_TILE), [(1, 1), (1, rest)]),
+               cg.ap(fill_tile, [(1, rest)], partitions=1))
+    interior = geo.pad_top * width + geo.pad_left
+    cg.dma(cg.dram_ap(scratch.name, Affine(interior),
+                      [(height * width, planes), (width, geo.in_h), (1, geo.in_w)]),
+           cg.dram_ap(source.name, Affine(),
+                      [(geo.in_h * geo.in_w, planes), (geo.in_w, geo.in_h), (1, geo.in_w)]))
+    return scratch.name, height, width

@@ -1,0 +1,125 @@
+"""Affine index arithmetic and the tile loops every lowering is built from.
+
+An `Affine` is `const + Σ coef·axis`, the offset form BIR access patterns take. `tiles()`
+splits an extent into tiles of a fixed size: the whole tiles become one BIR loop (its axis
+value scaled into the tile's start index), a leftover tile is emitted after the loop with
+constant offsets. A lowering written as nested `for tile in tiles(...)` therefore produces
+loops wherever the iterations are uniform and straight-line code only at the edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onnx2bir.codegen.driver import BirCodeGen
+
+
+@dataclass(frozen=True, slots=True)
+class Affine:
+    const: int = 0
+    terms: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def axis(name: str, coef: int = 1) -> Affine:
+        return Affine(0, ((name, coef),))
+
+    def __add__(self, other: Affine | int) -> Affine:
+        if isinstance(other, int):
+            return Affine(self.const + other, self.terms)
+        merged = dict(self.terms)
+        for axis, coef in other.terms:
+            merged[axis] = merged.get(axis, 0) + coef
+        return Affine(
+            self.const + other.const,
+            tuple((axis, coef) for axis, coef in merged.items() if coef),
+        )
+
+    __radd__ = __add__
+
+    def __mul__(self, factor: int) -> Affine:
+        if factor == 0:
+            return Affine()
+        return Affine(self.const * factor, tuple((a, c * factor) for a, c in self.terms))
+
+    __rmul__ = __mul__
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    """One tile of a tiled extent: its first index (possibly loop-dependent) and its size."""
+
+    start: Affine
+    size: int
+    first: bool  # the tile that opens an accumulation (see `tiles(peel_first=True)`)
+
+
+def tiles(
+    cg: BirCodeGen, extent: int, size: int, name: str, peel_first: bool = False
+) -> Iterator[Tile]:
+    """Yield the tiles covering [0, extent), opening a BIR loop around the uniform ones.
+
+    With `peel_first`, the first tile is emitted on its own so that it can carry different
+    flags (a matmul that starts a PSUM accumulation rather than adding to it).
+    """
+    full, rest = divmod(extent, size)
+    first_index = 0
+    if peel_first and full:
+        yield Tile(Affine(0), size, True)
+        first_index = 1
+    remaining = full - first_index
+    if remaining == 1:
+        yield Tile(Affine(first_index * size), size, first_index == 0)
+    elif remaining > 1:
+        with cg.loop(name, first_index, full) as axis:
+            yield Tile(Affine.axis(axis, size), size, False)
+    if rest:
+        yield Tile(Affine(full * size), rest, full == 0)
+
+
+def merge_broadcast_dims(
+    shape: tuple[int, ...], strides: list[tuple[int, ...]]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop unit dims and merge neighbours that every operand walks contiguously.
+
+    `strides[i][d]` is operand i's element stride along output dim d (0 where it broadcasts).
+    Returns the shorter shape and strides describing the same element walk.
+    """
+    dims = [d for d, size in enumerate(shape) if size != 1]
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in strides]
+    for d in dims:
+        size = shape[d]
+        if out_shape and all(
+            s[-1] == st[d] * size for s, st in zip(out_strides, strides, strict=True)
+        ):
+            out_shape[-1] *= size
+            for s, st in zip(out_strides, strides, strict=True):
+                s[-1] = st[d]
+            continue
+        out_shape.append(size)
+        for s, st in zip(out_strides, strides, strict=True):
+            s.append(st[d])
+    return tuple(out_shape), [tuple(s) for s in out_strides]
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= size
+    return tuple(reversed(strides))
+
+
+def broadcast_strides(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a numpy-broadcast input walked along the output's dims."""
+    padded = (1,) * (len(out_shape) - len(in_shape)) + tuple(in_shape)
+    own = contiguous_strides(padded)
+    return tuple(0 if size == 1 else stride for size, stride in zip(padded, own, strict=True))

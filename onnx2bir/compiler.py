@@ -1,0 +1,84 @@
+"""The pipeline: import → pattern passes → BIR code generation.
+
+`compile_model` takes a model (path or ModelProto) and options and returns the imported graph,
+the pass manager (with its statistics), and the BIR module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from onnx2bir.bir.ir import Module
+from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
+from onnx2bir.errors import UserError
+from onnx2bir.graph import Graph
+from onnx2bir.importer import import_model
+from onnx2bir.kernels import KERNEL_REGISTRY
+from onnx2bir.options import CompileOptions
+from onnx2bir.passes import PassManager
+
+
+def default_passes() -> list:
+    """The pattern passes, in the reference pipeline's order."""
+    return []
+
+
+@dataclass
+class Compilation:
+    graph: Graph
+    passes: PassManager
+    module: Module
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def unsupported_ops(graph: Graph) -> Counter:
+    """Op types (with counts) that neither a kernel nor a generic lowering handles."""
+    missing: Counter = Counter()
+    for _, data in graph.nodes():
+        op_type = data["op_type"]
+        if op_type == "NativeKernel":
+            if data["attrs"]["func_name"] not in KERNEL_REGISTRY:
+                missing[f"NativeKernel:{data['attrs']['func_name']}"] += 1
+        elif data["domain"] not in ("", "ai.onnx") or op_type not in GENERIC_LOWERINGS:
+            label = op_type if data["domain"] in ("", "ai.onnx") else f"{data['domain']}.{op_type}"
+            missing[label] += 1
+    return missing
+
+
+def check_supported(graph: Graph) -> None:
+    missing = unsupported_ops(graph)
+    if missing:
+        listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
+        raise UserError(f"unsupported ops in {graph.name}: {listing}")
+
+
+def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=None) -> Graph:
+    return import_model(source, input_shapes, dims)
+
+
+def compile_graph(graph: Graph, options: CompileOptions, passes: list | None = None,
+                  timings: dict[str, float] | None = None) -> Compilation:
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
+    manager = PassManager(default_passes() if passes is None else passes)
+    manager.run(graph, options)
+    timings["passes"] = time.perf_counter() - start
+    check_supported(graph)
+    start = time.perf_counter()
+    module = BirCodeGen(graph, options, GENERIC_LOWERINGS, KERNEL_REGISTRY).run()
+    timings["codegen"] = time.perf_counter() - start
+    return Compilation(graph, manager, module, timings)
+
+
+def compile_model(source: str | Path | onnx.ModelProto, options: CompileOptions | None = None,
+                  input_shapes=None, dims=None) -> Compilation:
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    graph = import_model(source, input_shapes, dims)
+    timings["import"] = time.perf_counter() - start
+    return compile_graph(graph, options or CompileOptions(), timings=timings)

@@ -1,0 +1,113 @@
+"""The dataflow graph every pass and the code generator work on.
+
+A `networkx.MultiDiGraph` with one node per ONNX op and one edge per use of a tensor by an op:
+edge (producer → consumer) carries the tensor name and the consumer's input index, so
+`Mul(x, x)` has two edges. Graph inputs and constants have no producer node; they are known
+from the tensor table. Node data: `op_type`, `domain`, `name` (the ONNX node name, unique),
+`attrs` (plain Python values), `inputs` and `outputs` (tensor names by position, "" for an
+absent optional input). Iteration order is insertion order, which the importer makes the
+ONNX topological order, so every walk is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from onnx2bir.bir.enums import Dtype
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: Dtype
+    const: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+
+@dataclass
+class Graph:
+    name: str
+    nx: nx.MultiDiGraph
+    tensors: dict[str, TensorInfo]
+    inputs: list[str]
+    outputs: list[str]
+    opset: int
+    producers: dict[str, str] = field(default_factory=dict)  # tensor → node that writes it
+    uses: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # tensor → (node, index)
+
+    # --- queries -------------------------------------------------------------------------
+    def nodes(self):
+        """(name, data) for every op node, in topological order."""
+        yield from self.nx.nodes(data=True)
+
+    def node(self, name: str) -> dict:
+        return self.nx.nodes[name]
+
+    def producer(self, tensor: str) -> str | None:
+        return self.producers.get(tensor)
+
+    def consumers(self, tensor: str) -> list[tuple[str, int]]:
+        """(node, input index) for every use of `tensor`, in node order."""
+        return list(self.uses.get(tensor, ()))
+
+    def op_counts(self) -> Counter:
+        return Counter(data["op_type"] for _, data in self.nodes())
+
+    # --- mutation ------------------------------------------------------------------------
+    def add_node(
+        self,
+        name: str,
+        op_type: str,
+        inputs: list[str],
+        outputs: list[str],
+        attrs: dict | None = None,
+        domain: str = "",
+    ) -> None:
+        if name in self.nx:
+            raise ValueError(f"node name {name!r} is used twice")
+        self.nx.add_node(
+            name,
+            op_type=op_type,
+            domain=domain,
+            name=name,
+            attrs=dict(attrs or {}),
+            inputs=list(inputs),
+            outputs=list(outputs),
+        )
+        for index, tensor in enumerate(inputs):
+            if not tensor:
+                continue
+            self.uses.setdefault(tensor, []).append((name, index))
+            producer = self.producers.get(tensor)
+            if producer is not None:
+                self.nx.add_edge(producer, name, tensor=tensor, index=index)
+        for tensor in outputs:
+            if not tensor:
+                continue
+            self.producers[tensor] = name
+            for consumer, index in self.uses.get(tensor, ()):
+                if consumer != name:
+                    self.nx.add_edge(name, consumer, tensor=tensor, index=index)
+
+    def remove_node(self, name: str) -> None:
+        data = self.nx.nodes[name]
+        for tensor in data["outputs"]:
+            if self.producers.get(tensor) == name:
+                del self.producers[tensor]
+        for tensor in data["inputs"]:
+            if tensor in self.uses:
+                self.uses[tensor] = [use for use in self.uses[tensor] if use[0] != name]
+        self.nx.remove_node(name)
+
+    def topological_order(self) -> list[str]:
+        """Node names in a topological order that keeps insertion order wherever it can."""
+        rank = {name: index for index, name in enumerate(self.nx.nodes)}
+        return list(nx.lexicographical_topological_sort(self.nx, key=rank.__getitem__))

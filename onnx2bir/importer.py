@@ -1,0 +1,335 @@
+"""ONNX model → static `Graph`.
+
+In: a path or an `onnx.ModelProto`, optional fixed input shapes (`--input-shape`) and symbol
+values (`--dim`). Out: a `Graph` in which every tensor has a static shape and every value
+that can be computed at compile time (constants, shape arithmetic: Shape, Gather on shapes,
+ConstantOfShape, Range, Concat of shapes, …) is a constant in the tensor table.
+
+The work is done by onnx itself: the checker, shape inference with data propagation, and the
+reference evaluator run on one node at a time for folding. Every failure becomes a
+`UserError` with one line that names the file, node or tensor concerned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import external_data_helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.errors import UserError
+from onnx2bir.graph import Graph, TensorInfo
+
+# Ops whose outputs vary between runs: never folded even with constant inputs.
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                     "Multinomial", "Bernoulli"}
+_FOLD_MAX_ELEMENTS = 1 << 24
+
+
+def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """Read and check a model; external data must live inside the model's folder."""
+    if isinstance(source, onnx.ModelProto):
+        model = source
+        base_dir = None
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise UserError(f"{path}: no such file")
+        if path.is_dir():
+            raise UserError(f"{path}: is a folder, not an ONNX model file")
+        if path.stat().st_size == 0:
+            raise UserError(f"{path}: the file is empty")
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # protobuf raises several types for garbage or truncation
+            raise UserError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from exc
+        if model.ir_version == 0 or not model.HasField("graph"):
+            raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
+        base_dir = path.parent
+        _load_external_data(model, base_dir, path)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise UserError(f"the model fails the ONNX checker: {first_line}") from exc
+    return model
+
+
+def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
+    root = base_dir.resolve()
+    for tensor in external_data_helper._get_all_tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = external_data_helper.ExternalDataInfo(tensor)
+        target = (base_dir / info.location).resolve()
+        if not target.is_relative_to(root):
+            raise UserError(
+                f"{path}: tensor {tensor.name!r} points to external data {info.location!r} "
+                f"outside the model's folder; refusing to read it"
+            )
+        if not target.is_file():
+            raise UserError(
+                f"{path}: external data file {info.location!r} of tensor {tensor.name!r} "
+                "is missing"
+            )
+    try:
+        external_data_helper.load_external_data_for_model(model, str(base_dir))
+    except Exception as exc:
+        raise UserError(f"{path}: could not read external data ({exc})") from exc
+
+
+def import_model(
+    source: str | Path | onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    dims: dict[str, int] | None = None,
+) -> Graph:
+    """Load, check, fix symbolic dimensions, fold compile-time values and build the Graph."""
+    model = load_model(source)
+    model = fix_input_shapes(model, input_shapes or {}, dims or {})
+    model = fold_constants(model)
+    return build_graph(model, _model_name(source, model))
+
+
+def _model_name(source, model: onnx.ModelProto) -> str:
+    if isinstance(source, (str, Path)):
+        return Path(source).name.removesuffix(".onnx")
+    return model.graph.name or "model"
+
+
+def runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are fed at run time (not initializers)."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def fix_input_shapes(
+    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int]
+) -> onnx.ModelProto:
+    """Return a copy of `model` whose runtime inputs all have static shapes."""
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    inputs = runtime_inputs(model_copy)
+    names = [value.name for value in inputs]
+    unknown = sorted(set(input_shapes) - set(names))
+    if unknown:
+        raise UserError(
+            f"--input-shape names {', '.join(unknown)}, but the model's inputs are: "
+            f"{', '.join(names)}"
+        )
+    for value in inputs:
+        shape = value.type.tensor_type.shape
+        if value.name in input_shapes:
+            wanted = input_shapes[value.name]
+            if len(shape.dim) and len(shape.dim) != len(wanted):
+                raise UserError(
+                    f"--input-shape {value.name}: the model's input has rank {len(shape.dim)}, "
+                    f"the given shape {','.join(map(str, wanted))} has rank {len(wanted)}"
+                )
+            del shape.dim[:]
+            for size in wanted:
+                shape.dim.add().dim_value = size
+            continue
+        for index, dim in enumerate(shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            symbol = dim.dim_param if dim.HasField("dim_param") else ""
+            if symbol and symbol in dims:
+                dim.dim_value = dims[symbol]
+                continue
+            how = f"--dim {symbol}=N or " if symbol else ""
+            raise UserError(
+                f"input {value.name!r} dimension {index} is symbolic"
+                f"{f' ({symbol!r})' if symbol else ''}; set it with {how}"
+                f"--input-shape {value.name}=D0,D1,..."
+            )
+    return model_copy
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(
+            model, check_type=True, strict_mode=True, data_prop=True
+        )
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"shape inference failed: {first_line}") from exc
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if all(dim.HasField("dim_value") for dim in dims):
+            shapes[value.name] = tuple(dim.dim_value for dim in dims)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 1
+
+
+def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Evaluate every node whose inputs are known at compile time; drop it from the graph.
+
+    Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by
+    onnx's reference evaluator. Folded values become initializers.
+    """
+    model = _infer(model)
+    graph = model.graph
+    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
+    shapes = _static_shapes(model)
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    kept = []
+    for node in graph.node:
+        values = _fold_node(node, constants, shapes, opsets)
+        if values is None:
+            kept.append(node)
+            continue
+        for name, value in zip(node.output, values, strict=False):
+            if name:
+                constants[name] = value
+    if len(kept) == len(graph.node):
+        return model
+    used = {name for node in kept for name in node.input} | {out.name for out in graph.output}
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    # IR < 4 ignores initializers that are not also graph inputs; folded values are not inputs.
+    folded.ir_version = max(folded.ir_version, 4)
+    del folded.graph.node[:]
+    folded.graph.node.extend(kept)
+    del folded.graph.initializer[:]
+    del folded.graph.value_info[:]
+    runtime = [value for value in folded.graph.input if value.name not in constants]
+    del folded.graph.input[:]
+    folded.graph.input.extend(runtime)
+    folded.graph.initializer.extend(
+        numpy_helper.from_array(np.asarray(value), name)
+        for name, value in constants.items()
+        if name in used
+    )
+    return _infer(folded)
+
+
+def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
+        return None
+    if node.op_type == "Shape" and node.input[0] in shapes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        shape = shapes[node.input[0]]
+        start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+        return [np.array(shape[start:end], dtype=np.int64)]
+    if node.op_type == "Size" and node.input[0] in shapes:
+        return [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+    if any(name and name not in constants for name in node.input):
+        return None
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for a in node.attribute):
+        return None
+    for name in node.output:
+        if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
+            return None
+    try:
+        evaluator = ReferenceEvaluator(node, opsets=opsets)
+        feeds = {name: constants[name] for name in node.input if name}
+        return [np.asarray(value) for value in evaluator.run(None, feeds)]
+    except Exception:
+        return None  # leave the node to the code generator, which reports it if unsupported
+
+
+def build_graph(model: onnx.ModelProto, name: str) -> Graph:
+    """Turn a folded, fully shaped model into a Graph."""
+    onnx_graph = model.graph
+    shapes = _static_shapes(model)
+    dtypes = _dtypes(model)
+    tensors: dict[str, TensorInfo] = {}
+    for init in onnx_graph.initializer:
+        value = numpy_helper.to_array(init)
+        tensors[init.name] = TensorInfo(init.name, value.shape, _dtype(init.name, value.dtype),
+                                        value)
+    graph = Graph(
+        name=name,
+        nx=nx.MultiDiGraph(),
+        tensors=tensors,
+        inputs=[value.name for value in runtime_inputs(model)],
+        outputs=[value.name for value in onnx_graph.output],
+        opset=_opset(model),
+    )
+    used_names: set[str] = set()
+    consumed = {name for node in onnx_graph.node for name in node.input}
+    consumed.update(graph.outputs)
+    for index, node in enumerate(onnx_graph.node):
+        # An output nobody reads (Dropout's mask, say) is dropped rather than shaped.
+        outputs = [tensor if tensor in consumed else "" for tensor in node.output]
+        for tensor in outputs:
+            if not tensor or tensor in tensors:
+                continue
+            if tensor not in shapes:
+                raise UserError(
+                    f"could not infer a static shape for tensor {tensor!r}, output of node "
+                    f"{node.name or index!r} ({node.op_type})"
+                )
+            tensors[tensor] = TensorInfo(tensor, shapes[tensor], _dtype(tensor, dtypes[tensor]))
+        graph.add_node(
+            _unique_name(node, index, used_names),
+            node.op_type,
+            list(node.input),
+            outputs,
+            {a.name: _attr_value(a) for a in node.attribute},
+            node.domain,
+        )
+    for tensor in graph.inputs:
+        tensors[tensor] = TensorInfo(tensor, shapes[tensor], _dtype(tensor, dtypes[tensor]))
+    for tensor in graph.outputs:
+        if tensor not in tensors:
+            raise UserError(f"graph output {tensor!r} is produced by no node")
+    return graph
+
+
+def _dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    result = {}
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        elem_type = value.type.tensor_type.elem_type
+        if elem_type:
+            result[value.name] = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    return result
+
+
+def _dtype(tensor: str, dtype: np.dtype) -> Dtype:
+    try:
+        return Dtype.from_numpy(dtype)
+    except ValueError:
+        raise UserError(f"tensor {tensor!r} has dtype {dtype}, which onnx2bir does not support")
+
+
+def _unique_name(node: onnx.NodeProto, index: int, used: set[str]) -> str:
+    base = node.name or f"{node.op_type}_{index}"
+    name, suffix = base, 1
+    while name in used:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    used.add(name)
+    return name
+
+
+def _attr_value(attr: onnx.AttributeProto):
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [v.decode() if isinstance(v, bytes) else v for v in value]
+    return value

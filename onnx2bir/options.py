@@ -1,0 +1,56 @@
+"""Compile options, one immutable object, spelled as in the reference compiler.
+
+`native_kernel_cast_type` follows the grammar `<what>-to-<type>` with what ∈ {matmult, all}
+and type ∈ {bf16, fp16}; the default `matmult-to-bf16` (seed 003, §4). The policy sets the
+*storage* dtype of a native kernel's matmul operands and intermediates, never the
+accumulation dtype: PSUM accumulates in fp32 whatever is cast (seed 003, "QUIRK").
+`enable_native_kernel_attention` and `enable_native_kernel_attention_bf16` gate the attention
+raise (both default off); `experimental_convolution_kernel_match` opens the experimental conv
+kernel registry (seed 000, default off). The target names the device the attention raise is
+allowed for (the reference compiler compares it with "sunda").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.errors import UserError
+
+CAST_WHAT = ("matmult", "all")
+CAST_TYPES = ("bf16", "fp16")
+DEFAULT_CAST_TYPE = "matmult-to-bf16"
+DEFAULT_TARGET = "sunda"
+CAST_TYPE_GRAMMAR = (
+    "<what>-to-<type> with <what> one of matmult, all and <type> one of bf16, fp16 "
+    "(e.g. matmult-to-bf16)"
+)
+
+
+def parse_cast_type(text: str) -> tuple[str, str]:
+    """Split a cast-type string into (what, type), rejecting anything off the grammar."""
+    what, sep, cast_type = text.partition("-to-")
+    if not sep or what not in CAST_WHAT or cast_type not in CAST_TYPES:
+        raise UserError(
+            f"--native-kernel-cast-type {text!r} is not valid: expected {CAST_TYPE_GRAMMAR}"
+        )
+    return what, cast_type
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    native_kernel_cast_type: str = DEFAULT_CAST_TYPE
+    enable_native_kernel_attention: bool = False
+    enable_native_kernel_attention_bf16: bool = False
+    experimental_convolution_kernel_match: bool = False
+    target: str = DEFAULT_TARGET
+
+    def __post_init__(self) -> None:
+        parse_cast_type(self.native_kernel_cast_type)
+
+    @property
+    def what_to_cast(self) -> str:
+        return parse_cast_type(self.native_kernel_cast_type)[0]
+
+    @property
+    def cast_type(self) -> str:
+        return parse_cast_type(self.native_kernel_cast_type)[1]
