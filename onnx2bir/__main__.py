@@ -1,0 +1,5 @@
+import sys
+
+from onnx2bir.cli import main
+
+sys.exit(main())

@@ -1,0 +1,248 @@
+"""Static checks of a BIR module against the opcode table and the hardware geometry.
+
+In: a `bir.Module`. Out: a list of human-readable problems, empty when the module is well
+formed. A problem with an instruction names its id, opcode and origin (ONNX node, rule), so it
+can be traced to the emitter; other problems name the function and location or loop axis.
+
+Checked, per function:
+- memory locations: SB/PSUM tiles use 1..128 partitions and lie inside one partition's
+  capacity (address + bytes_per_partition ≤ 196608 for SB, 16384 for PSUM; see
+  `opcodes.py`). Overlapping tiles are not reported: that needs lifetimes, which the
+  verifier does not compute.
+- function inputs and outputs name DRAM locations;
+- loop axes are unique within the function;
+- each instruction against `OPCODES`: known opcode, allowed engine, required and no unknown
+  src roles, required attrs, a dst, dst/src memory types;
+- operands name known locations; partition ranges fit the location (and are absent on DRAM);
+  the elements touched in each partition, over all loop values, lie inside the location;
+- compute-engine (non-DMA) operands on SB/PSUM keep the partition-start rule
+  (`partition_start_allowed`);
+- ids are non-negative and unique within the function, and every dependency names an
+  instruction earlier in program order;
+- `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`.
+
+Per module: every Const location has a payload in `module.constants` of its dtype and shape,
+and every payload belongs to a Const location.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType
+from onnx2bir.bir.ir import AccessPattern, BasicBlock, Function, Instruction, Loop, Module
+from onnx2bir.bir.opcodes import (
+    NUM_PARTITIONS,
+    OPCODES,
+    PSUM_BYTES_PER_PARTITION,
+    SBUF_BYTES_PER_PARTITION,
+    partition_start_allowed,
+)
+
+_CAPACITY = {MemoryType.SB: SBUF_BYTES_PER_PARTITION, MemoryType.PSUM: PSUM_BYTES_PER_PARTITION}
+_DEP_KINDS = frozenset(DepKind)
+
+
+def verify_module(module: Module) -> list[str]:
+    """Every problem found in `module`; an empty list means it passed."""
+    problems: list[str] = []
+    for fn in module.functions:
+        problems += _check_locations(fn)
+        problems += _check_io(fn)
+        _FunctionWalk(fn, problems).block(fn.entry, [])
+    problems += _check_constants(module)
+    return problems
+
+
+def describe(inst: Instruction) -> str:
+    """How a problem message names an instruction: id, opcode, origin."""
+    return (
+        f"instruction {inst.id} {inst.opcode} "
+        f"(node {inst.origin.node!r}, rule {inst.origin.rule!r})"
+    )
+
+
+def _check_locations(fn: Function) -> list[str]:
+    problems = []
+    for loc in fn.memory_locations.values():
+        capacity = _CAPACITY.get(loc.memory)
+        if capacity is None:
+            continue
+        where = f"function {fn.name!r}: {loc.memory} location {loc.name!r}"
+        if not 1 <= loc.num_partitions <= NUM_PARTITIONS:
+            problems.append(
+                f"{where} uses {loc.num_partitions} partitions, allowed 1..{NUM_PARTITIONS}"
+            )
+        end = loc.address + loc.bytes_per_partition
+        if loc.address < 0 or end > capacity:
+            problems.append(
+                f"{where} occupies bytes [{loc.address}, {end}) of each partition, "
+                f"outside [0, {capacity})"
+            )
+    return problems
+
+
+def _check_io(fn: Function) -> list[str]:
+    problems = []
+    for role, names in (("input", fn.inputs), ("output", fn.outputs)):
+        for name in names:
+            loc = fn.memory_locations.get(name)
+            if loc is None or loc.memory != MemoryType.DRAM:
+                problems.append(
+                    f"function {fn.name!r}: {role} {name!r} is not a DRAM memory location"
+                )
+    return problems
+
+
+def _check_constants(module: Module) -> list[str]:
+    problems = []
+    const_names = set()
+    for fn in module.functions:
+        for loc in fn.memory_locations.values():
+            if loc.kind != MemoryKind.CONST:
+                continue
+            const_names.add(loc.name)
+            where = f"function {fn.name!r}: Const location {loc.name!r}"
+            if loc.name not in module.constants:
+                problems.append(f"{where} has no payload in module.constants")
+                continue
+            payload = np.asarray(module.constants[loc.name])
+            if payload.dtype != Dtype(loc.dtype).numpy or payload.shape != tuple(loc.shape):
+                problems.append(
+                    f"{where} is {loc.dtype}{list(loc.shape)} but its payload is "
+                    f"{payload.dtype}{list(payload.shape)}"
+                )
+    for name in sorted(set(module.constants) - const_names):
+        problems.append(f"module constant {name!r} has no Const memory location")
+    return problems
+
+
+class _FunctionWalk:
+    """One pass over a function's block tree, in program order."""
+
+    def __init__(self, fn: Function, problems: list[str]) -> None:
+        self.fn = fn
+        self.problems = problems
+        self.seen_ids: set[int] = set()
+        self.seen_axes: set[str] = set()
+
+    def block(self, block: BasicBlock, loops: list[Loop]) -> None:
+        for item in block.items:
+            if isinstance(item, Loop):
+                if item.axis in self.seen_axes:
+                    self.problems.append(
+                        f"function {self.fn.name!r}: loop axis {item.axis!r} is used twice"
+                    )
+                self.seen_axes.add(item.axis)
+                self.block(item.body, [*loops, item])
+            else:
+                self.instruction(item, loops)
+
+    def instruction(self, inst: Instruction, loops: list[Loop]) -> None:
+        found: list[str] = []
+        self._ids(inst, found)
+        self._loopnest(inst, loops, found)
+        self._spec(inst, found)
+        ranges = {loop.axis: (loop.start, loop.last_value) for loop in loops if loop.trip_count > 0}
+        # A zero-trip loop never runs its body: its operands touch nothing.
+        runs = all(loop.trip_count > 0 for loop in loops)
+        for role, ap in _operands(inst):
+            self._operand(inst, role, ap, ranges if runs else None, found)
+        label = describe(inst)
+        self.problems.extend(f"{label}: {problem}" for problem in found)
+
+    def _ids(self, inst: Instruction, found: list[str]) -> None:
+        for dep in inst.deps:
+            if dep.kind not in _DEP_KINDS:
+                found.append(f"dependency on {dep.source} has unknown kind {dep.kind!r}")
+            if dep.source not in self.seen_ids:
+                found.append(f"depends on {dep.source}, not an earlier instruction")
+        if inst.id < 0:
+            found.append("has no id")
+        elif inst.id in self.seen_ids:
+            found.append(f"id {inst.id} is used by an earlier instruction")
+        self.seen_ids.add(inst.id)
+
+    @staticmethod
+    def _loopnest(inst: Instruction, loops: list[Loop], found: list[str]) -> None:
+        enclosing = {loop.axis for loop in loops}
+        for axis in inst.loopnest:
+            if axis not in enclosing:
+                found.append(f"loopnest names {axis!r}, which is not an enclosing loop")
+        for role, ap in _operands(inst):
+            for axis, _ in ap.offset_terms:
+                if axis not in inst.loopnest:
+                    found.append(f"{role} offset depends on {axis!r}, not in its loopnest")
+
+    @staticmethod
+    def _spec(inst: Instruction, found: list[str]) -> None:
+        spec = OPCODES.get(inst.opcode)
+        if spec is None:
+            found.append("has an opcode missing from the opcode table")
+            return
+        if inst.engine not in spec.engines:
+            allowed = ", ".join(sorted(str(engine) for engine in spec.engines))
+            found.append(f"runs on {inst.engine}; {inst.opcode} runs on {allowed}")
+        for role in spec.required_srcs:
+            if role not in inst.srcs:
+                found.append(f"lacks required src {role!r}")
+        known = set(spec.required_srcs) | set(spec.optional_srcs)
+        for role in sorted(set(inst.srcs) - known):
+            found.append(f"has unknown src role {role!r}")
+        for attr in spec.required_attrs:
+            if attr not in inst.attrs:
+                found.append(f"lacks required attr {attr!r}")
+        if inst.dst is None:
+            found.append("has no dst")
+
+    def _operand(
+        self,
+        inst: Instruction,
+        role: str,
+        ap: AccessPattern,
+        ranges: dict[str, tuple[int, int]] | None,
+        found: list[str],
+    ) -> None:
+        loc = self.fn.memory_locations.get(ap.loc)
+        if loc is None:
+            found.append(f"{role} names unknown memory location {ap.loc!r}")
+            return
+        spec = OPCODES.get(inst.opcode)
+        if spec is not None:
+            allowed = spec.dst_memory if role == "dst" else spec.src_memory
+            if loc.memory not in allowed:
+                names = ", ".join(sorted(str(memory) for memory in allowed))
+                found.append(f"{role} {ap.loc!r} is in {loc.memory}, allowed: {names}")
+        if loc.memory == MemoryType.DRAM:
+            if ap.num_partitions or ap.partition_start:
+                found.append(f"{role} {ap.loc!r} is DRAM but selects partitions")
+        else:
+            end = ap.partition_start + ap.num_partitions
+            if ap.num_partitions < 1 or ap.partition_start < 0 or end > loc.num_partitions:
+                found.append(
+                    f"{role} {ap.loc!r} partitions [{ap.partition_start}, {end}) outside "
+                    f"[0, {loc.num_partitions})"
+                )
+            elif inst.engine != Engine.DMA and not partition_start_allowed(
+                ap.partition_start, ap.num_partitions
+            ):
+                found.append(
+                    f"{role} {ap.loc!r} starts at partition {ap.partition_start} with "
+                    f"{ap.num_partitions} partitions, against the partition-start rule"
+                )
+        touches = ranges is not None and all(count > 0 for _, count in ap.pattern)
+        if touches and all(axis in ranges for axis, _ in ap.offset_terms):
+            low, high = ap.element_span(ranges)
+            if low < 0 or high >= loc.num_elements:
+                found.append(
+                    f"{role} {ap.loc!r} touches elements [{low}, {high}] outside "
+                    f"[0, {loc.num_elements})"
+                )
+
+
+def _operands(inst: Instruction) -> list[tuple[str, AccessPattern]]:
+    """(role, access pattern) for every operand, srcs first, the dst named "dst"."""
+    result = sorted(inst.srcs.items())
+    if inst.dst is not None:
+        result.append(("dst", inst.dst))
+    return result

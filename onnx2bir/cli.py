@@ -1,0 +1,243 @@
+"""The `onnx2bir` command: convert, validate, report.
+
+Exit status: 0 success (validate: every output matches onnxruntime), 1 validate found a
+mismatch or the machine rejected the program, 2 bad input or usage, 3 an internal error.
+Bad input is one line on stderr; `--debug` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from onnx2bir import options as compile_options
+from onnx2bir.errors import MachineError, UserError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # usage errors: one line, exit 2
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d <= 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... with positive sizes: {text!r}")
+    return name, shape
+
+
+def _dim_arg(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value.isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"expected SYMBOL=N with N a positive integer: {text!r}")
+    return name, int(value)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="the ONNX model file")
+    parser.add_argument("--input-shape", action="append", type=_shape_arg, default=[],
+                        metavar="NAME=D0,D1,...",
+                        help="fix the shape of input NAME (repeatable)")
+    parser.add_argument("--dim", action="append", type=_dim_arg, default=[],
+                        metavar="SYMBOL=N",
+                        help="give symbolic dimension SYMBOL the size N (repeatable)")
+    group = parser.add_argument_group("compile options (reference compiler spelling)")
+    group.add_argument("--native-kernel-cast-type", default=compile_options.DEFAULT_CAST_TYPE,
+                       metavar="WHAT-to-TYPE",
+                       help=f"storage dtype of native kernel matmul operands: "
+                            f"{compile_options.CAST_TYPE_GRAMMAR}; default %(default)s")
+    group.add_argument("--enable-native-kernel-attention", action="store_true",
+                       help="raise matmul-softmax-matmul attention to a native kernel")
+    group.add_argument("--enable-native-kernel-attention-bf16", action="store_true",
+                       help="raise attention whatever the input dtype, with bf16 intermediates")
+    group.add_argument("--experimental-convolution-kernel-match", action="store_true",
+                       help="also try the experimental convolution kernel registry")
+    group.add_argument("--target", default=compile_options.DEFAULT_TARGET,
+                       help="target device name (default %(default)s)")
+    parser.add_argument("--stats", action="store_true",
+                        help="print the passes' statistic counters")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="onnx2bir",
+        description="Compile an ONNX model to BIR for a NeuronCore-like accelerator, run it on "
+                    "a numpy model of the hardware, and check the numbers against onnxruntime.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    convert = commands.add_parser(
+        "convert", help="compile MODEL and write DIR/<model>.bir.json and its constants",
+        description="Compile MODEL to BIR. Writes DIR/<model>.bir.json and "
+                    "DIR/<model>.consts.bin; nothing is written unless compilation succeeds.")
+    _common(convert)
+    convert.add_argument("-o", "--output", required=True, metavar="DIR",
+                         help="folder for the BIR files (created if missing)")
+    validate = commands.add_parser(
+        "validate", help="compile, simulate and compare every output with onnxruntime",
+        description="Compile MODEL, run it on the NeuronCore model and compare each output "
+                    "with onnxruntime on the same inputs. Exit 0: all outputs match; 1: one "
+                    "does not; 2: bad input.")
+    _common(validate)
+    validate.add_argument("--inputs", metavar="FILE.npz",
+                          help="input arrays by graph-input name (default: seeded random)")
+    validate.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    validate.add_argument("--atol", type=float, help="absolute tolerance (default 1e-4)")
+    validate.add_argument("--rtol", type=float, help="relative tolerance (default 1e-3)")
+    validate.add_argument("--json", action="store_true", help="print the result as JSON")
+    report = commands.add_parser(
+        "report", help="what the compiler found and decided for MODEL",
+        description="List MODEL's ops and what the passes decided, without simulating.")
+    _common(report)
+    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
+    return compile_options.CompileOptions(
+        native_kernel_cast_type=args.native_kernel_cast_type,
+        enable_native_kernel_attention=args.enable_native_kernel_attention,
+        enable_native_kernel_attention_bf16=args.enable_native_kernel_attention_bf16,
+        experimental_convolution_kernel_match=args.experimental_convolution_kernel_match,
+        target=args.target,
+    )
+
+
+def _compile(args: argparse.Namespace):
+    from onnx2bir.compiler import compile_model
+
+    return compile_model(args.model, _options(args), dict(args.input_shape), dict(args.dim))
+
+
+def _print_stats(args, compilation) -> None:
+    if args.stats:
+        from onnx2bir.passes import format_statistics
+
+        print(format_statistics(compilation.passes.statistics) or "(no statistics)",
+              file=sys.stderr)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from onnx2bir.bir.json_io import write_module
+
+    compilation = _compile(args)
+    _print_stats(args, compilation)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder")
+    if not out.parent.is_dir():
+        raise UserError(f"{out.parent}: no such folder")
+    stem = Path(args.model).name.removesuffix(".onnx")
+    staging = Path(tempfile.mkdtemp(prefix=".onnx2bir-", dir=out if out.exists() else out.parent))
+    try:
+        files = write_module(compilation.module, staging, stem)
+        if out.exists():
+            for path in files:
+                os.replace(path, out / path.name)
+            staging.rmdir()
+        else:
+            os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    instructions = sum(1 for _ in compilation.module.functions[0].instructions())
+    print(f"wrote {out / (stem + '.bir.json')} ({instructions} instructions) and "
+          f"{out / (stem + '.consts.bin')}")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from onnx2bir.runtime import compare, oracle
+    from onnx2bir.runtime.interpreter import run_function
+
+    compilation = _compile(args)
+    _print_stats(args, compilation)
+    graph = compilation.graph
+    feeds = (oracle.load_inputs(args.inputs, graph) if args.inputs
+             else oracle.synthesize_inputs(graph, args.seed))
+    timings = dict(compilation.timings)
+    start = time.perf_counter()
+    actual = run_function(compilation.module, feeds)
+    timings["simulate"] = time.perf_counter() - start
+    start = time.perf_counter()
+    expected = oracle.run_onnxruntime(args.model, feeds, graph.outputs)
+    timings["onnxruntime"] = time.perf_counter() - start
+    atol = compare.FP32_ATOL if args.atol is None else args.atol
+    rtol = compare.FP32_RTOL if args.rtol is None else args.rtol
+    results = [compare.compare_output(name, actual[name], expected[name], atol, rtol)
+               for name in graph.outputs]
+    passed = all(result.passed for result in results)
+    if args.json:
+        print(json.dumps({
+            "model": args.model,
+            "passed": passed,
+            "outputs": [result.to_json() for result in results],
+            "timings": {key: round(value, 6) for key, value in timings.items()},
+        }, indent=1))
+    else:
+        print(f"{'PASS' if passed else 'FAIL'}  {args.model}: "
+              f"{sum(r.passed for r in results)}/{len(results)} outputs match onnxruntime")
+        print(f"  {'output':<24} {'shape':<18} {'max abs err':>12} {'max rel err':>12} "
+              f"{'cosine':>10}  {'atol/rtol':<14} verdict")
+        for r in results:
+            print(f"  {r.name:<24} {str(r.shape):<18} {r.max_abs_err:>12.3e} "
+                  f"{r.max_rel_err:>12.3e} {r.cosine:>10.6f}  {r.atol:g}/{r.rtol:g}"
+                  f"{'':<4} {'ok' if r.passed else f'FAIL ({r.mismatches} elements)'}")
+        print("  timings: " + ", ".join(f"{k} {v:.3f}s" for k, v in timings.items()))
+    return EXIT_OK if passed else EXIT_MISMATCH
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from onnx2bir import report
+
+    compilation = _compile(args)
+    _print_stats(args, compilation)
+    doc = report.build_report(args.model, compilation)
+    print(json.dumps(doc, indent=1) if args.json else report.format_report(doc))
+    return EXIT_OK
+
+
+COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"onnx2bir: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MachineError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"onnx2bir: the machine rejected the program: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # an onnx2bir bug: say so, keep the traceback behind --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"onnx2bir: internal error: {type(exc).__name__}: {exc} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
