@@ -54,8 +54,17 @@ def compare_output(
     reference = np.asarray(reference)
     actual = np.asarray(actual)
     if actual.shape != reference.shape:
-        return OutputComparison(name, tuple(reference.shape), float("inf"), float("inf"),
-                                float("nan"), atol, rtol, False, int(reference.size))
+        return OutputComparison(
+            name,
+            tuple(reference.shape),
+            float("inf"),
+            float("inf"),
+            float("nan"),
+            atol,
+            rtol,
+            False,
+            int(reference.size),
+        )
     a = actual.astype(np.float64)
     r = reference.astype(np.float64)
     both_nan = np.isnan(a) & np.isnan(r)

@@ -1,0 +1,134 @@
+"""Run a BIR function on the machine model.
+
+In: a Module, input arrays keyed by DRAM location name, optionally a function name and an observer.
+Out: the function's output DRAM locations, in their declared shapes.
+
+The entry block runs in program order; a Loop runs its body for axis = start, start + step, ...
+< stop, binding the axis in `loop_values` for the access patterns' offset terms (loops nest). Each
+instruction runs through the one semantics table, `onnx2bir.runtime.semantics.SEMANTICS`. Input
+locations (ExternalInput, ExternalInputParameter) come from `inputs`, Const locations from
+`module.constants`; every other location starts as NaN bytes (see `machine.py`). The observer, if
+any, is called as observer(instruction, loop_values) after each execution; loop_values is the live
+dict, so copy it to keep it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from onnx2bir.bir.enums import MemoryKind, MemoryType
+from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop, Module
+from onnx2bir.errors import MachineError
+
+from .machine import Machine, instruction_error
+from .semantics import SEMANTICS
+
+Observer = Callable[[Instruction, dict[str, int]], None]
+_INPUT_KINDS = (MemoryKind.EXTERNAL_INPUT, MemoryKind.EXTERNAL_INPUT_PARAMETER)
+_UNBOUND = object()
+
+
+def run_function(
+    module: Module,
+    inputs: dict[str, np.ndarray],
+    function_name: str | None = None,
+    observer: Observer | None = None,
+) -> dict[str, np.ndarray]:
+    """Run one function of module (the first if unnamed); return copies of its outputs."""
+    function = _select(module, function_name)
+    machine = load_machine(module, function, inputs)
+    execute(machine, function.entry, observer)
+    return {name: machine.read(name) for name in function.outputs}
+
+
+def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarray]) -> Machine:
+    """A fresh machine for function with its input and constant DRAM locations loaded."""
+    machine = Machine(function)
+    locations = function.memory_locations
+    unknown = set(inputs) - {n for n, loc in locations.items() if loc.kind in _INPUT_KINDS}
+    if unknown:
+        raise ValueError(f"inputs {sorted(unknown)} name no input location of {function.name!r}")
+    for name, loc in locations.items():
+        if loc.kind in _INPUT_KINDS:
+            if name in inputs:
+                values, source = inputs[name], "input"
+            elif loc.kind is MemoryKind.EXTERNAL_INPUT_PARAMETER and name in module.constants:
+                values, source = module.constants[name], "constant"
+            else:
+                raise ValueError(f"missing input {name!r} for function {function.name!r}")
+        elif loc.kind is MemoryKind.CONST:
+            if name not in module.constants:
+                raise ValueError(f"module has no payload for constant {name!r}")
+            values, source = module.constants[name], "constant"
+        else:
+            continue
+        if loc.memory is not MemoryType.DRAM:
+            raise MachineError(f"{source} location {name!r} must be in DRAM, is in {loc.memory}")
+        values = np.asarray(values)
+        # Inputs must match exactly; a constant payload may be stored flat.
+        shape_ok = values.shape == loc.shape or (
+            source == "constant" and values.size == loc.num_elements
+        )
+        if not shape_ok or values.dtype != loc.dtype.numpy:
+            raise ValueError(
+                f"{source} {name!r} is {values.dtype}{list(values.shape)}, "
+                f"location wants {loc.dtype}{list(loc.shape)}"
+            )
+        machine.load(name, values)
+    for name in function.outputs:
+        if name not in locations or locations[name].memory is not MemoryType.DRAM:
+            raise ValueError(f"output {name!r} of {function.name!r} is not a DRAM location")
+    return machine
+
+
+def execute(machine: Machine, block: BasicBlock, observer: Observer | None = None) -> None:
+    """Run block (and the loops nested in it) on machine, in program order."""
+    # Hardware raises no floating-point exceptions; NaN and inf just flow through.
+    with np.errstate(all="ignore"):
+        _run(_compile(block), machine, {}, observer)
+
+
+def _select(module: Module, function_name: str | None) -> Function:
+    if function_name is not None:
+        return module.function(function_name)
+    if not module.functions:
+        raise ValueError(f"module {module.name!r} has no function")
+    return module.functions[0]
+
+
+def _compile(block: BasicBlock) -> list[tuple]:
+    """Block items as (semantics, instruction, None) or (None, loop, compiled body)."""
+    steps = []
+    for item in block.items:
+        if isinstance(item, Loop):
+            if item.step <= 0:
+                raise MachineError(f"loop over {item.axis!r} has step {item.step}, must be > 0")
+            steps.append((None, item, _compile(item.body)))
+        else:
+            semantics = SEMANTICS.get(item.opcode)
+            if semantics is None:
+                raise instruction_error(item, "has no semantics")
+            steps.append((semantics, item, None))
+    return steps
+
+
+def _run(
+    steps: list[tuple], machine: Machine, loop_values: dict[str, int], observer: Observer | None
+) -> None:
+    for semantics, item, body in steps:
+        if body is None:
+            semantics(machine, item, loop_values)
+            if observer is not None:
+                observer(item, loop_values)
+            continue
+        axis = item.axis
+        outer = loop_values.get(axis, _UNBOUND)
+        for value in range(item.start, item.stop, item.step):
+            loop_values[axis] = value
+            _run(body, machine, loop_values, observer)
+        if outer is _UNBOUND:
+            loop_values.pop(axis, None)
+        else:
+            loop_values[axis] = outer

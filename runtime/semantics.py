@@ -1,0 +1,465 @@
+"""The instruction-semantics table: one function per BIR opcode, run on a `Machine`.
+
+In: a Machine, an Instruction and the current loop values ({axis: value}). Out: the instruction's
+dst written into machine memory, with real dtype rounding (ml_dtypes bf16, numpy fp16, RNE).
+`SEMANTICS` maps every Opcode to its function; the meaning of each is the docstring of
+`onnx2bir.bir.opcodes`, which this module follows word for word.
+
+Rules enforced, each raising MachineError (trainium_facts.md §1, §3): the engine, operand roles,
+attributes and memories of the opcode table; POOL never touches PSUM; compute-engine tiles keep the
+partition-start rule and at most 4 free dims; elementwise operands share partitions and elements
+per partition ([P, 1] for scalar and bias columns); Matmult K <= 128 on both inputs, M <= 128,
+N <= 512, dst fp32 in PSUM with M partitions and N elements inside one 2 KiB bank, fp32 pairs only
+with fp32; two TensorTensor inputs are never both in PSUM. Static rules are checked the first time
+an instruction runs; loop-dependent bounds (and the Matmult bank) on every run.
+
+Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, §2), except that integer inputs
+are computed exactly in int64. Integer divide truncates toward zero; fp32 to integer truncates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType, Opcode
+from onnx2bir.bir.ir import Instruction
+from onnx2bir.bir.opcodes import (
+    MATMUL_MAX_MOVING_FREE,
+    MATMUL_MAX_STATIONARY_FREE,
+    MAX_FREE_DIMS,
+    NUM_PARTITIONS,
+    OPCODES,
+    PSUM_BANK_BYTES,
+    partition_start_allowed,
+)
+
+from .machine import Machine, Operand, instruction_error
+
+Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
+
+
+def _int_like(dtype: np.dtype) -> bool:
+    return dtype.kind in "iub"  # ml_dtypes bfloat16 has kind "V", so it counts as float
+
+
+def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Convert to dtype: integers to integers directly, anything else through fp32 (§3.5)."""
+    values = np.asarray(values)
+    if values.dtype == dtype:
+        return values
+    if _int_like(values.dtype) and _int_like(dtype):
+        return values.astype(dtype)
+    return values.astype(_F32, copy=False).astype(dtype)
+
+
+def _store(view: np.ndarray, values: np.ndarray) -> None:
+    """Write values into view in row-major element order, rounding to the view's dtype."""
+    view[...] = cast(values, view.dtype).reshape(view.shape)
+
+
+# ---- ALU and activation functions -------------------------------------------------------------
+
+
+def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    quotient = np.abs(a) // np.abs(b)  # a zero divisor gives 0, as numpy's integer division does
+    return np.where((a < 0) != (b < 0), -quotient, quotient)
+
+
+def _int_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    exact = np.power(a, np.maximum(b, 0))
+    return np.where(b >= 0, exact, np.trunc(np.power(np.asarray(a, np.float64), b)))
+
+
+_ALU: dict[AluOp, Callable] = {
+    AluOp.ADD: np.add,
+    AluOp.SUBTRACT: np.subtract,
+    AluOp.MULTIPLY: np.multiply,
+    AluOp.DIVIDE: np.divide,
+    AluOp.MAX: np.maximum,
+    AluOp.MIN: np.minimum,
+    AluOp.POW: np.power,
+    AluOp.IS_EQUAL: np.equal,
+    AluOp.IS_LT: np.less,
+    AluOp.IS_LE: np.less_equal,
+    AluOp.IS_GT: np.greater,
+    AluOp.IS_GE: np.greater_equal,
+    AluOp.LOGICAL_AND: np.logical_and,  # nonzero (and NaN) is true
+    AluOp.LOGICAL_OR: np.logical_or,
+    AluOp.BYPASS: lambda a, b: a,
+}
+_INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow}
+
+
+def alu(op: AluOp, a, b, math_dtype: np.dtype) -> np.ndarray:
+    """`a op b` in math_dtype (fp32, or int64 for integer operands); comparisons give 1 or 0."""
+    result = np.asarray((_INT_ALU if math_dtype == _I64 else _ALU)[op](a, b))
+    return result if result.dtype == math_dtype else result.astype(math_dtype)
+
+
+# erf by its Maclaurin series in float64, Horner form in x². Past |x| = 4, 1 - erf(x) < 2e-8 is
+# below fp32 resolution, so clipping there costs nothing; inside, 64 terms and the float64
+# cancellation (~1e-10) keep the error under 1e-7.
+_ERF_COEFS = [(-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in reversed(range(64))]
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Error function, fp32 result accurate to about 2e-8."""
+    x64 = np.clip(np.asarray(x, np.float64), -4.0, 4.0)
+    z = x64 * x64
+    acc = np.full_like(z, _ERF_COEFS[0])
+    for coef in _ERF_COEFS[1:]:
+        acc *= z
+        acc += coef
+    return (acc * x64 * (2.0 / math.sqrt(math.pi))).astype(_F32)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))  # never overflows
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(_F32)
+
+
+_ACT: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
+    ActFunc.COPY: lambda x: x,
+    ActFunc.RELU: lambda x: np.maximum(x, np.float32(0.0)),
+    ActFunc.SIGMOID: _sigmoid,
+    ActFunc.TANH: np.tanh,
+    ActFunc.EXP: np.exp,
+    ActFunc.LOG: np.log,
+    ActFunc.SQRT: np.sqrt,
+    ActFunc.RSQRT: lambda x: np.float32(1.0) / np.sqrt(x),
+    ActFunc.RECIPROCAL: lambda x: np.float32(1.0) / x,
+    ActFunc.SQUARE: np.square,
+    ActFunc.ABS: np.abs,
+    ActFunc.SIGN: np.sign,
+    ActFunc.ERF: erf,
+    ActFunc.GELU: lambda x: 0.5 * x * (1.0 + erf(x * np.float32(1.0 / math.sqrt(2.0)))),
+    ActFunc.GELU_TANH: lambda x: (
+        0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x**3)))
+    ),
+    ActFunc.SILU: lambda x: x * _sigmoid(x),
+    ActFunc.SOFTPLUS: lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, np.float32(0.0)),
+}
+
+_REDUCE = {
+    AluOp.ADD: np.add,
+    AluOp.MAX: np.maximum,
+    AluOp.MIN: np.minimum,
+    AluOp.MULTIPLY: np.multiply,
+}
+
+# ---- static checks ----------------------------------------------------------------------------
+
+
+def _check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
+    """The opcode table's engines, roles, attributes and memories; PSUM and partition rules."""
+    spec = OPCODES[ins.opcode]
+    if ins.engine not in spec.engines:
+        allowed = ", ".join(sorted(spec.engines))
+        raise instruction_error(ins, f"engine {ins.engine} cannot run it (allowed: {allowed})")
+    roles = set(ins.srcs)
+    missing = set(spec.required_srcs) - roles
+    unknown = roles - set(spec.required_srcs) - set(spec.optional_srcs)
+    if missing or unknown:
+        raise instruction_error(
+            ins, f"operands missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
+    missing_attrs = [name for name in spec.required_attrs if name not in ins.attrs]
+    if missing_attrs:
+        raise instruction_error(ins, f"attributes missing: {missing_attrs}")
+    if "dst" not in ops:
+        raise instruction_error(ins, "has no dst")
+    for role, op in ops.items():
+        allowed = spec.dst_memory if role == "dst" else spec.src_memory
+        if op.memory not in allowed:
+            raise instruction_error(ins, f"operand {role!r} may not be in {op.memory}")
+        if ins.engine is Engine.POOL and op.memory is MemoryType.PSUM:
+            raise instruction_error(ins, f"POOL (GpSimd) cannot access PSUM (operand {role!r})")
+        if ins.opcode is Opcode.DMA_COPY:
+            continue
+        if not partition_start_allowed(op.ap.partition_start, op.partitions):
+            raise instruction_error(
+                ins,
+                f"operand {role!r}: a {op.partitions}-partition tile cannot start at partition "
+                f"{op.ap.partition_start}",
+            )
+        if len(op.ap.pattern) > MAX_FREE_DIMS:
+            raise instruction_error(
+                ins, f"operand {role!r} has {len(op.ap.pattern)} free dims, max {MAX_FREE_DIMS}"
+            )
+
+
+def _check_same_tile(ins: Instruction, dst: Operand, *srcs: Operand) -> None:
+    for src in srcs:
+        if (src.partitions, src.free_size) != (dst.partitions, dst.free_size):
+            raise instruction_error(
+                ins,
+                f"operand {src.role!r} is {src.partitions} partitions x {src.free_size} elements,"
+                f" dst {dst.partitions} x {dst.free_size}; elementwise operands must match",
+            )
+
+
+def _check_column(ins: Instruction, dst: Operand, col: Operand) -> None:
+    if col.partitions != dst.partitions or col.free_size != 1:
+        raise instruction_error(
+            ins,
+            f"operand {col.role!r} must be [{dst.partitions}, 1], is "
+            f"[{col.partitions}, {col.free_size}]",
+        )
+
+
+def _enum(ins: Instruction, kind: type, name: str):
+    try:
+        return kind(ins.attrs[name])
+    except (ValueError, KeyError):
+        raise instruction_error(ins, f"bad {name} {ins.attrs.get(name)!r}") from None
+
+
+def _number(ins: Instruction, name: str, default=None) -> float | int:
+    value = ins.attrs.get(name, default)
+    if isinstance(value, bool | int | float | np.number):
+        return value
+    raise instruction_error(ins, f"attribute {name} must be a number, is {value!r}")
+
+
+def _prepare(m: Machine, ins: Instruction, prepare: Callable) -> tuple:
+    """Bind and check an instruction once; cache what its semantics function needs."""
+    ops = m.operands(ins)
+    _check_common(ins, ops)
+    result = m.prepared[ins] = prepare(ins, ops)
+    return result
+
+
+def _check_bank(ins: Instruction, dst: Operand, offset: int) -> None:
+    first = dst.loc.address + (offset + dst.low) * dst.itemsize
+    last = dst.loc.address + (offset + dst.high + 1) * dst.itemsize - 1
+    if first // PSUM_BANK_BYTES != last // PSUM_BANK_BYTES:
+        raise instruction_error(
+            ins, f"matmul output bytes [{first}, {last}] cross a {PSUM_BANK_BYTES}-byte PSUM bank"
+        )
+
+
+# ---- one function per opcode, each with its one-time preparation -------------------------------
+
+
+def _prep_dma(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    src, dst = ops["in"], ops["dst"]
+    if src.ap.num_elements != dst.ap.num_elements:
+        raise instruction_error(
+            ins, f"copies {src.ap.num_elements} elements into {dst.ap.num_elements}"
+        )
+    return src, dst
+
+
+def dma_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """DmaCopy: row-major element copy between DRAM/SB, through fp32 when dtypes differ."""
+    src, dst = m.prepared.get(ins) or _prepare(m, ins, _prep_dma)
+    _store(dst.view(loop_values), src.view(loop_values))
+
+
+def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    stat, mov, dst = ops["stationary"], ops["moving"], ops["dst"]
+    k, m_size, n_size = stat.partitions, stat.free_size, mov.free_size
+    if mov.partitions != k or k > NUM_PARTITIONS:
+        raise instruction_error(ins, f"contraction K: stationary {k}, moving {mov.partitions}")
+    if m_size > MATMUL_MAX_STATIONARY_FREE or n_size > MATMUL_MAX_MOVING_FREE:
+        raise instruction_error(ins, f"M = {m_size} (max 128) or N = {n_size} (max 512) too big")
+    if (dst.partitions, dst.free_size) != (m_size, n_size):
+        raise instruction_error(
+            ins, f"dst is {dst.partitions} x {dst.free_size}, result is {m_size} x {n_size}"
+        )
+    if dst.loc.dtype is not Dtype.FP32:
+        raise instruction_error(ins, f"PSUM dst must be float32, is {dst.loc.dtype}")
+    dtypes = (stat.loc.dtype, mov.loc.dtype)
+    if not all(d.is_float for d in dtypes) or (dtypes[0] is Dtype.FP32) != (
+        dtypes[1] is Dtype.FP32
+    ):
+        raise instruction_error(ins, f"input dtypes {dtypes[0]}, {dtypes[1]} cannot pair")
+    accumulate = ins.attrs["accumulate"]
+    if not isinstance(accumulate, bool | np.bool_):
+        raise instruction_error(ins, f"accumulate must be True or False, is {accumulate!r}")
+    if not dst.terms:
+        _check_bank(ins, dst, dst.ap.offset)
+    return stat, mov, dst, k, m_size, n_size, bool(accumulate)
+
+
+def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """Matmult: dst[M, N] (+)= stationary[K, M]ᵀ · moving[K, N], fp32 accumulation."""
+    stat, mov, dst, k, m_size, n_size, accumulate = m.prepared.get(ins) or _prepare(
+        m, ins, _prep_matmult
+    )
+    if dst.terms:
+        _check_bank(ins, dst, dst.element_offset(loop_values))
+    a = stat.view(loop_values).reshape(k, m_size).astype(_F32)
+    b = mov.view(loop_values).reshape(k, n_size).astype(_F32)
+    out = dst.view(loop_values)
+    result = np.matmul(a.T, b)
+    if accumulate:
+        result += out.reshape(m_size, n_size)
+    out[...] = result.reshape(out.shape)
+
+
+def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    src, dst, bias = ops["in"], ops["dst"], ops.get("bias")
+    _check_same_tile(ins, dst, src)
+    bias_value = _number(ins, "bias_value", 0.0)
+    if bias is not None:
+        _check_column(ins, dst, bias)
+        if bias_value:
+            raise instruction_error(ins, "has both a bias operand and a nonzero bias_value")
+    func = _ACT[_enum(ins, ActFunc, "func")]
+    return src, dst, bias, func, np.float32(_number(ins, "scale")), np.float32(bias_value)
+
+
+def activation(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """Activation: dst = func(in · scale + bias) in fp32."""
+    src, dst, bias, func, scale, bias_value = m.prepared.get(ins) or _prepare(
+        m, ins, _prep_activation
+    )
+    x = src.view(loop_values).reshape(src.partitions, -1).astype(_F32, copy=False)
+    if bias is not None:
+        bias_value = bias.view(loop_values).reshape(-1, 1).astype(_F32)
+    _store(dst.view(loop_values), func(x * scale + bias_value))
+
+
+def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    a, b, dst = ops["in0"], ops["in1"], ops["dst"]
+    _check_same_tile(ins, dst, a, b)
+    if a.memory is MemoryType.PSUM and b.memory is MemoryType.PSUM:
+        raise instruction_error(ins, "both inputs are in PSUM")
+    math_dtype = _I64 if _int_like(a.dtype) and _int_like(b.dtype) else _F32
+    return a, b, dst, _enum(ins, AluOp, "op"), math_dtype
+
+
+def tensor_tensor(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """TensorTensor: dst = in0 op in1 elementwise."""
+    a, b, dst, op, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_tensor)
+    x = a.view(loop_values).reshape(a.partitions, -1).astype(dt, copy=False)
+    y = b.view(loop_values).reshape(b.partitions, -1).astype(dt, copy=False)
+    _store(dst.view(loop_values), alu(op, x, y, dt))
+
+
+def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    src, dst = ops["in"], ops["dst"]
+    _check_same_tile(ins, dst, src)
+    if ins.attrs.get("op1") is None and "scalar1" in ops:
+        raise instruction_error(ins, "has operand scalar1 but no op1")
+    steps, integer = [], _int_like(src.dtype)
+    for i in (0, 1):
+        if i == 1 and ins.attrs.get("op1") is None:
+            break
+        op, col, imm = _enum(ins, AluOp, f"op{i}"), ops.get(f"scalar{i}"), None
+        if col is not None:
+            _check_column(ins, dst, col)
+            integer = integer and _int_like(col.dtype)
+            if ins.attrs.get(f"imm{i}") is not None:
+                raise instruction_error(ins, f"has both scalar{i} and imm{i}")
+        elif ins.attrs.get(f"imm{i}") is None:
+            raise instruction_error(ins, f"op{i} needs operand scalar{i} or attribute imm{i}")
+        else:
+            imm = _number(ins, f"imm{i}")
+            integer = integer and isinstance(imm, bool | int | np.integer)
+        steps.append((op, col, imm, bool(ins.attrs.get(f"reverse{i}", False))))
+    dt = _I64 if integer else _F32
+    steps = [
+        (op, col, None if col is not None else np.asarray(imm, dt), rev)
+        for op, col, imm, rev in steps
+    ]
+    return src, dst, steps, dt
+
+
+def tensor_scalar(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """TensorScalar: dst = (in op0 s0) op1 s1, `reverse<i>` swapping the operands of step i."""
+    src, dst, steps, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_scalar)
+    x = src.view(loop_values).reshape(src.partitions, -1).astype(dt, copy=False)
+    for op, col, imm, reverse in steps:
+        s = imm if col is None else col.view(loop_values).reshape(-1, 1).astype(dt, copy=False)
+        x = alu(op, s, x, dt) if reverse else alu(op, x, s, dt)
+    _store(dst.view(loop_values), np.broadcast_to(x, (src.partitions, src.free_size)))
+
+
+def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    src, dst = ops["in"], ops["dst"]
+    op = _enum(ins, AluOp, "op")
+    if op not in _REDUCE:
+        raise instruction_error(ins, f"cannot reduce with {op}")
+    counts, axes = src.ap.counts, ins.attrs["axes"]
+    if not isinstance(axes, int) or isinstance(axes, bool) or not 1 <= axes <= len(counts):
+        raise instruction_error(ins, f"axes {axes!r} is not a count of trailing free dims")
+    kept = math.prod(counts[: len(counts) - axes])
+    if (dst.partitions, dst.free_size) != (src.partitions, kept):
+        raise instruction_error(
+            ins, f"dst is {dst.partitions} x {dst.free_size}, result is {src.partitions} x {kept}"
+        )
+    axis = tuple(range(1 + len(counts) - axes, 1 + len(counts)))
+    math_dtype = _I64 if _int_like(src.dtype) else _F32
+    return src, dst, _REDUCE[op], axis, bool(ins.attrs.get("negate", False)), math_dtype
+
+
+def tensor_reduce(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """TensorReduce: reduce the last `axes` free dims with op; `negate` flips the sign."""
+    src, dst, ufunc, axis, negate, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_reduce)
+    result = ufunc.reduce(src.view(loop_values).astype(dt, copy=False), axis=axis)
+    _store(dst.view(loop_values), -result if negate else result)
+
+
+def _prep_tensor_copy(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    _check_same_tile(ins, ops["dst"], ops["in"])
+    return ops["in"], ops["dst"]
+
+
+def tensor_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """TensorCopy: dst = in, bit-exact for equal dtypes, else through fp32."""
+    src, dst = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_copy)
+    _store(dst.view(loop_values), src.view(loop_values))
+
+
+def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    value = _number(ins, "value")
+    dtype = _I64 if isinstance(value, bool | int | np.integer) else _F32
+    return ops["dst"], cast(np.asarray(value, dtype), ops["dst"].dtype)
+
+
+def memset(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """Memset: every element of dst becomes `value`."""
+    dst, fill = m.prepared.get(ins) or _prepare(m, ins, _prep_memset)
+    dst.view(loop_values)[...] = fill
+
+
+def _prep_iota(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    dst = ops["dst"]
+    try:
+        steps = [int(step) for step in ins.attrs["steps"]]
+        base, mult = int(ins.attrs["base"]), int(ins.attrs["channel_multiplier"])
+    except (TypeError, ValueError):
+        raise instruction_error(
+            ins, "base, channel_multiplier and steps must be integers"
+        ) from None
+    if len(steps) != len(dst.ap.counts):
+        raise instruction_error(ins, f"{len(steps)} steps for {len(dst.ap.counts)} free dims")
+    grid = np.indices(dst.ap.shape, dtype=np.int64)
+    values = base + grid[0] * mult + sum(g * s for g, s in zip(grid[1:], steps, strict=True))
+    return dst, cast(values, dst.dtype)
+
+
+def iota(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """Iota: dst[p, i1, …] = base + p · channel_multiplier + Σ i_k · steps[k], integer math."""
+    dst, values = m.prepared.get(ins) or _prepare(m, ins, _prep_iota)
+    dst.view(loop_values)[...] = values
+
+
+SEMANTICS: dict[Opcode, Semantics] = {
+    Opcode.DMA_COPY: dma_copy,
+    Opcode.MATMULT: matmult,
+    Opcode.ACTIVATION: activation,
+    Opcode.TENSOR_TENSOR: tensor_tensor,
+    Opcode.TENSOR_SCALAR: tensor_scalar,
+    Opcode.TENSOR_REDUCE: tensor_reduce,
+    Opcode.TENSOR_COPY: tensor_copy,
+    Opcode.MEMSET: memset,
+    Opcode.IOTA: iota,
+}

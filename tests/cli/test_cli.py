@@ -1,0 +1,194 @@
+"""The command line: exit codes, one-line errors for bad input, atomic and deterministic output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx2bir.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_CNN = ROOT / "models" / "small_cnn.onnx"
+SCHEMA = ROOT / "onnx2bir" / "bir" / "schema.json"
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def _save(model, path):
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_validate_small_cnn_passes_and_reports_json(capsys):
+    code, out, _ = run(["validate", SMALL_CNN, "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] is True
+    (output,) = doc["outputs"]
+    assert set(output) >= {"name", "shape", "max_abs_err", "max_rel_err", "cosine", "atol",
+                           "rtol", "passed"}
+    assert output["name"] == "logits" and output["shape"] == [1, 10]
+    assert output["cosine"] > 0.9999
+    assert {"import", "codegen", "simulate", "onnxruntime"} <= set(doc["timings"])
+
+
+def test_validate_exits_1_when_an_output_differs(capsys, monkeypatch):
+    import onnx2bir.runtime.interpreter as interpreter
+
+    real = interpreter.run_function
+
+    def off_by_a_bit(*args, **kwargs):
+        return {name: value + 0.01 for name, value in real(*args, **kwargs).items()}
+
+    monkeypatch.setattr(interpreter, "run_function", off_by_a_bit)
+    code, out, _ = run(["validate", SMALL_CNN], capsys)
+    assert code == 1
+    assert out.startswith("FAIL")
+
+
+def test_missing_file(capsys):
+    code, _, err = run(["validate", "/no/such/model.onnx"], capsys)
+    assert_one_line_error(code, err, "no such file")
+
+
+def test_empty_file(tmp_path, capsys):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    code, _, err = run(["convert", path, "-o", tmp_path / "out"], capsys)
+    assert_one_line_error(code, err, "empty")
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_file(tmp_path, capsys):
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(SMALL_CNN.read_bytes()[:5000])
+    code, _, err = run(["validate", path], capsys)
+    assert_one_line_error(code, err, "cut.onnx")
+
+
+def test_not_an_onnx_file(tmp_path, capsys):
+    path = tmp_path / "notes.onnx"
+    path.write_text("these are not the weights you are looking for\n" * 20)
+    code, _, err = run(["report", path], capsys)
+    assert_one_line_error(code, err, "notes.onnx", "ONNX")
+
+
+def test_model_failing_the_checker(tmp_path, capsys):
+    graph = helper.make_graph([helper.make_node("Relu", ["ghost"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = _save(helper.make_model(graph, ir_version=9), tmp_path / "bad.onnx")
+    code, _, err = run(["validate", path], capsys)
+    assert_one_line_error(code, err, "checker")
+
+
+def test_every_unsupported_op_is_listed_with_its_count(tmp_path, capsys):
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Celu", ["a"], ["b"]),
+             helper.make_node("Celu", ["b"], ["c"]),
+             helper.make_node("Selu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    path = _save(model, tmp_path / "exotic.onnx")
+    code, _, err = run(["convert", path, "-o", tmp_path / "out"], capsys)
+    assert_one_line_error(code, err, "Celu x2", "Selu x1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unset_symbolic_dimension(tmp_path, capsys):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    path = _save(helper.make_model(graph, ir_version=9), tmp_path / "dyn.onnx")
+    code, _, err = run(["validate", path], capsys)
+    assert_one_line_error(code, err, "'N'", "--dim N=")
+    code, out, _ = run(["validate", path, "--dim", "N=3"], capsys)
+    assert code == 0 and out.startswith("PASS")
+
+
+def test_external_data_outside_the_folder(tmp_path, capsys):
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    model = helper.make_model(graph, ir_version=9)
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    entry = weight.external_data.add()
+    entry.key, entry.value = "location", "/etc/hostname"
+    (tmp_path / "m").mkdir()
+    path = _save(model, tmp_path / "m" / "ext.onnx")
+    code, _, err = run(["validate", path], capsys)
+    assert_one_line_error(code, err, "outside the model's folder")
+
+
+def test_bad_cast_type_states_the_grammar(capsys):
+    code, _, err = run(["report", SMALL_CNN, "--native-kernel-cast-type", "all-to-fp8"], capsys)
+    assert_one_line_error(code, err, "<what>-to-<type>", "matmult, all", "bf16, fp16")
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(SMALL_CNN), "--input-shape", "x=1,a"])
+    assert info.value.code == 2
+
+
+def test_convert_is_deterministic_and_schema_valid(tmp_path, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert run(["convert", SMALL_CNN, "-o", first], capsys)[0] == 0
+    assert run(["convert", SMALL_CNN, "-o", second], capsys)[0] == 0
+    names = sorted(p.name for p in first.iterdir())
+    assert names == ["small_cnn.bir.json", "small_cnn.consts.bin"]
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes()
+    doc = json.loads((first / "small_cnn.bir.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+
+
+def test_convert_into_an_existing_folder_leaves_no_staging_files(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert run(["convert", SMALL_CNN, "-o", tmp_path], capsys)[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "keep.txt", "small_cnn.bir.json", "small_cnn.consts.bin"]
+
+
+def test_report_json_lists_ops(capsys):
+    code, out, _ = run(["report", SMALL_CNN, "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["ops"]["Conv"] == 5 and doc["ops"]["Gemm"] == 1
+    assert doc["instructions"]["per_engine"]["PE"] > 0
+
+
+def test_console_script_and_module_entry_point(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "onnx2bir", "--help"], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0 and "convert" in result.stdout and "validate" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "onnx2bir", "validate", str(SMALL_CNN)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert onnx.load(str(SMALL_CNN)).graph.output[0].name in result.stdout
