@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from onnx2bir.runtime.machine import Machine
-from onnx2bir.runtime.semantics import SEMANTICS
+from onnx2bir.runtime.semantics import SEMANTICS, erf
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import AccessPattern, Function, Instruction, MemoryLocation, Origin
@@ -163,6 +163,14 @@ REFERENCE = {
     ActFunc.SILU: lambda x: x / (1 + np.exp(-x)),
     ActFunc.SOFTPLUS: lambda x: np.log(1 + np.exp(x)),
 }
+
+
+def test_erf_is_accurate_to_1e7():
+    x = np.linspace(-7, 7, 40001).astype(np.float32)
+    assert erf(x).dtype == np.float32
+    assert np.abs(erf(x) - _erf(x.astype(np.float64))).max() < 1e-7
+
+
 POSITIVE_ONLY = {ActFunc.LOG, ActFunc.SQRT, ActFunc.RSQRT, ActFunc.RECIPROCAL}
 
 
