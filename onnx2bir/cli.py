@@ -102,9 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print the result as JSON")
     report = commands.add_parser(
         "report", help="what the compiler found and decided for MODEL",
-        description="List MODEL's ops and what the passes decided, without simulating.")
+        description="List what the passes decided for MODEL — each convolution's kernel or "
+                    "why it fell back to the generic path, attention and MLP blocks — and "
+                    "whether the model compiles, without simulating.")
     _common(report)
     report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument("--explain", metavar="NODE",
+                        help="print the whole kernel-registry walk for convolution NODE")
     return parser
 
 
@@ -118,10 +122,11 @@ def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
     )
 
 
-def _compile(args: argparse.Namespace):
+def _compile(args: argparse.Namespace, keep_going: bool = False):
     from onnx2bir.compiler import compile_model
 
-    return compile_model(args.model, _options(args), dict(args.input_shape), dict(args.dim))
+    return compile_model(args.model, _options(args), dict(args.input_shape), dict(args.dim),
+                         keep_going=keep_going)
 
 
 def _print_stats(args, compilation) -> None:
@@ -205,9 +210,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from onnx2bir import report
 
-    compilation = _compile(args)
+    compilation = _compile(args, keep_going=True)
     _print_stats(args, compilation)
     doc = report.build_report(args.model, compilation)
+    if args.explain:
+        try:
+            print(report.explain_conv(doc, args.explain))
+        except KeyError as exc:
+            raise UserError(exc.args[0]) from exc
+        return EXIT_OK
     print(json.dumps(doc, indent=1) if args.json else report.format_report(doc))
     return EXIT_OK
 
@@ -231,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_MISMATCH
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:  # an onnx2bir bug: say so, keep the traceback behind --debug
         if args.debug:
             traceback.print_exc()

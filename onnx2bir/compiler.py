@@ -18,22 +18,25 @@ from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
-from onnx2bir.kernels import KERNEL_REGISTRY
+from onnx2bir.kernels import load_kernels
 from onnx2bir.options import CompileOptions
 from onnx2bir.passes import PassManager
 
 
 def default_passes() -> list:
     """The pattern passes, in the reference pipeline's order."""
-    return []
+    from onnx2bir.patterns.conv import TransformConvOp
+
+    return [TransformConvOp()]
 
 
 @dataclass
 class Compilation:
     graph: Graph
     passes: PassManager
-    module: Module
+    module: Module | None  # None when code generation was not asked for or failed
     timings: dict[str, float] = field(default_factory=dict)
+    codegen_error: str | None = None
 
 
 def unsupported_ops(graph: Graph) -> Counter:
@@ -42,7 +45,7 @@ def unsupported_ops(graph: Graph) -> Counter:
     for _, data in graph.nodes():
         op_type = data["op_type"]
         if op_type == "NativeKernel":
-            if data["attrs"]["func_name"] not in KERNEL_REGISTRY:
+            if data["attrs"]["func_name"] not in load_kernels():
                 missing[f"NativeKernel:{data['attrs']['func_name']}"] += 1
         elif data["domain"] not in ("", "ai.onnx") or op_type not in GENERIC_LOWERINGS:
             label = op_type if data["domain"] in ("", "ai.onnx") else f"{data['domain']}.{op_type}"
@@ -62,23 +65,36 @@ def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=N
 
 
 def compile_graph(graph: Graph, options: CompileOptions, passes: list | None = None,
-                  timings: dict[str, float] | None = None) -> Compilation:
+                  timings: dict[str, float] | None = None,
+                  keep_going: bool = False) -> Compilation:
+    """Run the passes, then generate BIR.
+
+    With `keep_going`, a failure to generate code is recorded in `codegen_error` instead of
+    raised, so a report can still show what the passes found.
+    """
     timings = {} if timings is None else timings
     start = time.perf_counter()
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
     timings["passes"] = time.perf_counter() - start
-    check_supported(graph)
+    compilation = Compilation(graph, manager, None, timings)
     start = time.perf_counter()
-    module = BirCodeGen(graph, options, GENERIC_LOWERINGS, KERNEL_REGISTRY).run()
+    try:
+        check_supported(graph)
+        compilation.module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
+    except UserError as exc:
+        if not keep_going:
+            raise
+        compilation.codegen_error = str(exc)
     timings["codegen"] = time.perf_counter() - start
-    return Compilation(graph, manager, module, timings)
+    return compilation
 
 
 def compile_model(source: str | Path | onnx.ModelProto, options: CompileOptions | None = None,
-                  input_shapes=None, dims=None) -> Compilation:
+                  input_shapes=None, dims=None, keep_going: bool = False) -> Compilation:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     graph = import_model(source, input_shapes, dims)
     timings["import"] = time.perf_counter() - start
-    return compile_graph(graph, options or CompileOptions(), timings=timings)
+    return compile_graph(graph, options or CompileOptions(), timings=timings,
+                         keep_going=keep_going)

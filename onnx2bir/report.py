@@ -1,9 +1,17 @@
 """What the compiler found and decided for a model, as JSON and as text.
 
-In: a `Compilation`. Out: `{"model", "ops": {op_type: count}, "instructions": {...},
-"statistics": [...], "convs": [...], "attention": [...], "mlp": [...]}`. The per-block lists
-are filled from the findings of the passes that recognise those blocks; keys follow the
-public contract in DESIGN.md and are never renamed.
+In: a `Compilation` (code generation may have failed; the report says so). Out, following
+DESIGN.md's contract:
+
+    {"model", "compiles", "codegen_error", "ops": {op_type: count},
+     "convs": [{"node", "kernel" | null, "fallback_reason" | null, ...attrs, "walk"}],
+     "statistics": {"total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage",
+                    "per_kernel": {name: count}},
+     "attention": [...], "mlp": [...],
+     "pass_statistics": [{"pass", "name", "description", "value"}],
+     "instructions": {"total", "per_engine"} | null}
+
+Keys are a public interface: add freely, never rename or drop.
 """
 
 from __future__ import annotations
@@ -12,32 +20,94 @@ from collections import Counter
 
 from onnx2bir.compiler import Compilation
 
+_CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
+
 
 def build_report(model: str, compilation: Compilation) -> dict:
-    fn = compilation.module.functions[0]
-    engines: Counter = Counter(inst.engine.value for inst in fn.instructions())
     findings = {record.name: record.result.findings for record in compilation.passes.records}
+    conv_stats = compilation.passes.result_of("TransformConvOp")
+    statistics: dict = {"per_kernel": {}}
+    for stat in conv_stats.statistics if conv_stats else []:
+        if stat.name in _CONV_STAT_KEYS:
+            statistics[stat.name] = (float(stat.value) if stat.name ==
+                                     "conv_kernel_match_percentage" else stat.value)
+        else:
+            statistics["per_kernel"][stat.name.removeprefix("kernel_")] = stat.value
+    instructions = None
+    if compilation.module is not None:
+        engines = Counter(i.engine.value for i in compilation.module.functions[0].instructions())
+        instructions = {"total": sum(engines.values()), "per_engine": dict(sorted(engines.items()))}
     return {
         "model": model,
+        "compiles": compilation.module is not None,
+        "codegen_error": compilation.codegen_error,
         "ops": dict(sorted(compilation.graph.op_counts().items())),
-        "instructions": {"total": sum(engines.values()), "per_engine": dict(sorted(
-            engines.items()))},
-        "statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "convs": findings.get("TransformConvOp", []),
+        "statistics": statistics,
         "attention": findings.get("LowerToCustomNativeKernel", []),
         "mlp": findings.get("LowerToNKIKernelCC", []),
+        "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
+        "instructions": instructions,
     }
 
 
+def _conv_geometry(conv: dict) -> str:
+    kernel = "x".join(str(d) for d in conv["kernel_shape"][2:])
+    stride = "x".join(str(s) for s in conv["stride"])
+    return (f"{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride} "
+            f"g{conv['feature_group_count']}")
+
+
 def format_report(doc: dict) -> str:
-    lines = [f"model {doc['model']}", "", "ops:"]
+    lines = [f"model {doc['model']}: "
+             + ("compiles" if doc["compiles"] else f"does NOT compile: {doc['codegen_error']}")]
+    stats = doc["statistics"]
+    if "total_conv_ops" in stats:
+        lines += ["", f"convolutions: {stats['matched_conv_ops']} of {stats['total_conv_ops']} "
+                      f"matched to kernels ({stats['conv_kernel_match_percentage']:.2f}%)"]
+        for name, count in stats["per_kernel"].items():
+            if count:
+                lines.append(f"  {count:>4}  {name}")
+    if doc["convs"]:
+        width = max(len(conv["node"]) for conv in doc["convs"])
+        lines += ["", f"  {'node':<{width}}  {'geometry':<22} kernel / why it fell back"]
+        for conv in doc["convs"]:
+            outcome = conv["kernel"] or f"GENERIC - {_first_reasons(conv)}"
+            lines.append(f"  {conv['node']:<{width}}  {_conv_geometry(conv):<22} {outcome}")
+    lines += ["", "ops:"]
     width = max((len(op) for op in doc["ops"]), default=0)
-    for op, count in doc["ops"].items():
-        lines.append(f"  {op:<{width}}  {count}")
-    inst = doc["instructions"]
-    per_engine = ", ".join(f"{engine} {count}" for engine, count in inst["per_engine"].items())
-    lines += ["", f"BIR instructions: {inst['total']} ({per_engine})"]
-    if doc["statistics"]:
-        lines += ["", "statistics:"]
-        lines += [f"  {s['value']!s:>8}  {s['description']}" for s in doc["statistics"]]
+    lines += [f"  {op:<{width}}  {count}" for op, count in doc["ops"].items()]
+    if doc["instructions"]:
+        inst = doc["instructions"]
+        per_engine = ", ".join(f"{e} {n}" for e, n in inst["per_engine"].items())
+        lines += ["", f"BIR instructions: {inst['total']} ({per_engine})"]
     return "\n".join(lines)
+
+
+def _first_reasons(conv: dict, count: int = 3) -> str:
+    """The refusals of the first registry entries, shortened for the table."""
+    walk = conv["walk"]
+    text = "; ".join(f"{step['entry']}: {step['refused']}" for step in walk[:count])
+    return text + (f"; … ({len(walk) - count} more, see --explain)" if len(walk) > count else "")
+
+
+def explain_conv(doc: dict, node: str) -> str:
+    """The whole registry walk for one conv."""
+    for conv in doc["convs"]:
+        if conv["node"] == node:
+            lines = [f"{conv['op_type']} {node}: {_conv_geometry(conv)}",
+                     f"  input {conv['input_shape']} kernel {conv['kernel_shape']} "
+                     f"result {conv['result_shape']}",
+                     f"  stride {conv['stride']} padding {conv['padding']} rhs_dilation "
+                     f"{conv['rhs_dilation']} lhs_dilation {conv['lhs_dilation']} "
+                     f"dtype {conv['dtype']}"]
+            for index, step in enumerate(conv["walk"], 1):
+                lines.append(f"  {index:>2}. {step['entry']:<22} refused: {step['refused']}")
+            if conv["kernel"]:
+                lines.append(f"  {len(conv['walk']) + 1:>2}. {conv['registry_entry']:<22} "
+                             f"MATCHED -> {conv['kernel']}")
+            else:
+                lines.append("  -> no kernel: the generic conv lowering runs it")
+            return "\n".join(lines)
+    names = ", ".join(conv["node"] for conv in doc["convs"]) or "none"
+    raise KeyError(f"no convolution named {node!r}; the model's convolutions: {names}")

@@ -20,3 +20,14 @@ def kernel(name: str) -> Callable[[Callable], Callable]:
         return function
 
     return register
+
+
+def load_kernels() -> dict[str, Callable]:
+    """Import every kernel module (each registers its tracers) and return the registry."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(__path__):
+        if module.name.startswith("conv_") or module.name.endswith("_kernel"):
+            importlib.import_module(f"{__name__}.{module.name}")
+    return KERNEL_REGISTRY
