@@ -37,6 +37,7 @@ class Compilation:
     module: Module | None  # None when code generation was not asked for or failed
     timings: dict[str, float] = field(default_factory=dict)
     codegen_error: str | None = None
+    source_ops: Counter = field(default_factory=Counter)  # op types as imported, before passes
 
 
 def unsupported_ops(graph: Graph) -> Counter:
@@ -73,11 +74,12 @@ def compile_graph(graph: Graph, options: CompileOptions, passes: list | None = N
     raised, so a report can still show what the passes found.
     """
     timings = {} if timings is None else timings
+    source_ops = graph.op_counts()
     start = time.perf_counter()
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
     timings["passes"] = time.perf_counter() - start
-    compilation = Compilation(graph, manager, None, timings)
+    compilation = Compilation(graph, manager, None, timings, source_ops=source_ops)
     start = time.perf_counter()
     try:
         check_supported(graph)

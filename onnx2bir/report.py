@@ -4,6 +4,7 @@ In: a `Compilation` (code generation may have failed; the report says so). Out, 
 DESIGN.md's contract:
 
     {"model", "compiles", "codegen_error", "ops": {op_type: count},
+     "ops_after_passes": {op_type: count},
      "convs": [{"node", "kernel" | null, "fallback_reason" | null, ...attrs, "walk"}],
      "statistics": {"total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage",
                     "per_kernel": {name: count}},
@@ -41,7 +42,8 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "model": model,
         "compiles": compilation.module is not None,
         "codegen_error": compilation.codegen_error,
-        "ops": dict(sorted(compilation.graph.op_counts().items())),
+        "ops": dict(sorted(compilation.source_ops.items())),
+        "ops_after_passes": dict(sorted(compilation.graph.op_counts().items())),
         "convs": findings.get("TransformConvOp", []),
         "statistics": statistics,
         "attention": findings.get("LowerToCustomNativeKernel", []),

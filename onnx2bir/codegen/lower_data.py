@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
+from onnx2bir.bir.opcodes import DMA_MAX_DIMS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine
+from onnx2bir.codegen.tiling import Affine, contiguous_strides, merge_broadcast_dims, tiles
 
 # One DMA descriptor chain moves at most this many elements; bigger copies are split.
 DMA_CHUNK = 1 << 20
@@ -53,3 +54,35 @@ def lower_concat(cg: BirCodeGen, node: dict) -> None:
             cg.dma(cg.dram_ap(dst, Affine(position), [(row, outer), (1, length)]),
                    cg.dram_ap(cg.dram(tensor).name, Affine(), [(length, outer), (1, length)]))
         position += length
+
+
+@lowering("Transpose")
+def lower_transpose(cg: BirCodeGen, node: dict) -> None:
+    """One strided DMA: the destination walked contiguously, the source through permuted
+    strides. Dims both sides walk contiguously are merged; leading dims beyond what a DMA
+    descriptor takes become loops."""
+    src, out = node["inputs"][0], node["outputs"][0]
+    in_shape = tuple(cg.graph.tensors[src].shape)
+    perm = node["attrs"].get("perm") or list(reversed(range(len(in_shape))))
+    out_shape = tuple(in_shape[axis] for axis in perm)
+    in_strides = contiguous_strides(in_shape)
+    shape, (dst_strides, src_strides) = merge_broadcast_dims(
+        out_shape, [contiguous_strides(out_shape), tuple(in_strides[a] for a in perm)])
+    if math.prod(out_shape) == 0:
+        return
+    if not shape:
+        shape, dst_strides, src_strides = (1,), (1,), (1,)
+    dst_loc, src_loc = cg.dram(out).name, cg.dram(src).name
+
+    def walk(depth: int, dst_off: Affine, src_off: Affine) -> None:
+        if len(shape) - depth <= DMA_MAX_DIMS:
+            cg.dma(cg.dram_ap(dst_loc, dst_off, list(zip(dst_strides[depth:], shape[depth:],
+                                                         strict=True))),
+                   cg.dram_ap(src_loc, src_off, list(zip(src_strides[depth:], shape[depth:],
+                                                         strict=True))))
+            return
+        for index in tiles(cg, shape[depth], 1, "t"):
+            walk(depth + 1, dst_off + index.start * dst_strides[depth],
+                 src_off + index.start * src_strides[depth])
+
+    walk(0, Affine(), Affine())

@@ -37,22 +37,33 @@ class MatrixView:
 
     @property
     def T(self) -> MatrixView:  # noqa: N802 - the usual name for a transpose
-        return MatrixView(self.loc, self.offset, self.cols, self.rows, self.col_stride,
-                          self.row_stride)
+        return MatrixView(
+            self.loc, self.offset, self.cols, self.rows, self.col_stride, self.row_stride
+        )
 
     def window(self, row0: Affine, rows: int, col0: Affine, cols: int) -> MatrixView:
-        return MatrixView(self.loc, self.offset + row0 * self.row_stride + col0 * self.col_stride,
-                          rows, cols, self.row_stride, self.col_stride)
+        return MatrixView(
+            self.loc,
+            self.offset + row0 * self.row_stride + col0 * self.col_stride,
+            rows,
+            cols,
+            self.row_stride,
+            self.col_stride,
+        )
 
     def pattern(self) -> list[tuple[int, int]]:
         return [(self.row_stride, self.rows), (self.col_stride, self.cols)]
 
 
 class MatmulTiles:
-    """The SBUF/PSUM tiles one matmul lowering reuses across all its loop iterations."""
+    """The SBUF/PSUM tiles one matmul lowering reuses across all its loop iterations.
 
-    def __init__(self, cg: BirCodeGen, dtype: Dtype) -> None:
-        p = NUM_PARTITIONS
+    Operand tiles are fp32 whatever the tensors' dtype: the loading DMA converts, and the PE
+    transposes then pair them with the resident fp32 identity (fp32 pairs only with fp32).
+    """
+
+    def __init__(self, cg: BirCodeGen) -> None:
+        p, dtype = NUM_PARTITIONS, Dtype.FP32
         self.stationary = cg.sb_tile("stationary", p, p, dtype)
         self.moving = cg.sb_tile("moving", p, MATMUL_MAX_MOVING_FREE, dtype)
         self.staging = cg.sb_tile("staging", p, p, dtype)
@@ -80,15 +91,24 @@ def load_tile(cg: BirCodeGen, view: MatrixView, dst_tile, tiles_: MatmulTiles) -
     return dst
 
 
-def emit_gemm(cg: BirCodeGen, a: MatrixView, b: MatrixView, y: MatrixView, mm: MatmulTiles,
-              alpha: float = 1.0, c: MatrixView | None = None, beta: float = 1.0) -> None:
+def emit_gemm(
+    cg: BirCodeGen,
+    a: MatrixView,
+    b: MatrixView,
+    y: MatrixView,
+    mm: MatmulTiles,
+    alpha: float = 1.0,
+    c: MatrixView | None = None,
+    beta: float = 1.0,
+) -> None:
     """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N]."""
     for m in tiles(cg, a.rows, NUM_PARTITIONS, "m"):
         for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
             acc = cg.ap(mm.acc, [(1, n.size)], partitions=m.size)
             for k in tiles(cg, a.cols, NUM_PARTITIONS, "k", peel_first=True):
-                stationary = load_tile(cg, a.T.window(k.start, k.size, m.start, m.size),
-                                       mm.stationary, mm)
+                stationary = load_tile(
+                    cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm
+                )
                 moving = load_tile(cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm)
                 cg.matmul(acc, stationary, moving, accumulate=not k.first)
             result = cg.ap(mm.result, [(1, n.size)], partitions=m.size)
@@ -119,26 +139,38 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     b_mat = (b_shape[0], 1) if len(b_shape) == 1 else b_shape[-2:]
     m, k = a_mat
     n = b_mat[1]
-    batch = tuple(cg.graph.tensors[out].shape[: max(0, len(cg.graph.tensors[out].shape)
-                                                   - (len(a_shape) > 1) - (len(b_shape) > 1))])
+    batch = tuple(
+        cg.graph.tensors[out].shape[
+            : max(0, len(cg.graph.tensors[out].shape) - (len(a_shape) > 1) - (len(b_shape) > 1))
+        ]
+    )
     a_batch = broadcast_strides(a_shape[:-2], batch) if batch else ()
     b_batch = broadcast_strides(b_shape[:-2], batch) if batch else ()
     a_batch = tuple(s * m * k for s in a_batch)
     b_batch = tuple(s * k * n for s in b_batch)
-    mm = MatmulTiles(cg, cg.graph.tensors[a_name].dtype)
+    mm = MatmulTiles(cg)
     a_loc, b_loc, y_loc = cg.dram(a_name).name, cg.dram(b_name).name, cg.dram(out).name
 
     def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine) -> None:
         if depth == len(batch):
-            emit_gemm(cg, _row_major(a_loc, a_off, m, k), _row_major(b_loc, b_off, k, n),
-                      _row_major(y_loc, y_off, m, n), mm)
+            emit_gemm(
+                cg,
+                _row_major(a_loc, a_off, m, k),
+                _row_major(b_loc, b_off, k, n),
+                _row_major(y_loc, y_off, m, n),
+                mm,
+            )
             return
         inner = 1
-        for size in batch[depth + 1:]:
+        for size in batch[depth + 1 :]:
             inner *= size
         for index in tiles(cg, batch[depth], 1, "b"):
-            walk(depth + 1, a_off + index.start * a_batch[depth],
-                 b_off + index.start * b_batch[depth], y_off + index.start * (inner * m * n))
+            walk(
+                depth + 1,
+                a_off + index.start * a_batch[depth],
+                b_off + index.start * b_batch[depth],
+                y_off + index.start * (inner * m * n),
+            )
 
     walk(0, Affine(), Affine(), Affine())
 
@@ -161,8 +193,9 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
     y = _row_major(cg.dram(out).name, Affine(), a.rows, b.cols)
     c = None
     if c_name:
-        row_stride, col_stride = broadcast_strides(tuple(cg.graph.tensors[c_name].shape),
-                                                   (a.rows, b.cols))
+        row_stride, col_stride = broadcast_strides(
+            tuple(cg.graph.tensors[c_name].shape), (a.rows, b.cols)
+        )
         c = MatrixView(cg.dram(c_name).name, Affine(), a.rows, b.cols, row_stride, col_stride)
-    mm = MatmulTiles(cg, cg.graph.tensors[a_name].dtype)
+    mm = MatmulTiles(cg)
     emit_gemm(cg, a, b, y, mm, float(attrs.get("alpha", 1.0)), c, float(attrs.get("beta", 1.0)))

@@ -1,9 +1,11 @@
 """Generic lowering of ReduceMean, ReduceSum, ReduceMax and ReduceMin on VectorE.
 
 Kept positions go on partitions (the last kept dim; earlier kept dims become loops), the
-reduced dims on the free dims, read through one strided DMA. Neighbouring reduced dims that are
-contiguous merge; a single reduced run longer than a tile is reduced in chunks whose partial
-results are reduced again. ReduceMean scales the sum by 1/n on ScalarE.
+reduced dims on the free dims, read through strided DMAs. Neighbouring reduced dims that are
+contiguous merge into runs. The innermost runs that fit in a chunk of REDUCE_CHUNK elements are
+read whole, the run before them in pieces, and any earlier runs loop; each piece leaves a
+partial result, and the partial results are reduced again. ReduceMean scales the sum by 1/n on
+ScalarE.
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ from __future__ import annotations
 import math
 
 from onnx2bir.bir.enums import ActFunc, AluOp
-from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
 
 REDUCE_CHUNK = 8192
-_OPS = {"ReduceMean": AluOp.ADD, "ReduceSum": AluOp.ADD, "ReduceMax": AluOp.MAX,
-        "ReduceMin": AluOp.MIN}
+_OPS = {
+    "ReduceMean": AluOp.ADD,
+    "ReduceSum": AluOp.ADD,
+    "ReduceMax": AluOp.MAX,
+    "ReduceMin": AluOp.MIN,
+}
 
 
 def reduce_axes(cg: BirCodeGen, node: dict, rank: int) -> list[int]:
@@ -49,45 +55,71 @@ def lower_reduce(cg: BirCodeGen, node: dict) -> None:
             runs[-1] = (strides[d], runs[-1][1] * shape[d])
         else:
             runs.append((strides[d], shape[d]))
+    runs = runs or [(0, 1)]  # no axes (noop_with_empty_axes): each element reduces alone
     count = math.prod(shape[d] for d in axes)
-    if len(runs) > 1 and count > REDUCE_CHUNK:
-        raise cg.fail(f"reducing {count} elements over non-contiguous axes is not supported")
+    # Chunking: the innermost runs that fit in a chunk are read whole, the run before them in
+    # pieces of `step`, the runs before that loop. Each piece leaves one partial result.
+    split = len(runs) - 1
+    while split > 0 and math.prod(c for _, c in runs[split:]) <= REDUCE_CHUNK:
+        split -= 1
+    inner = math.prod(c for _, c in runs[split + 1 :])
+    if len(runs) - split > DMA_MAX_DIMS - 1:
+        raise cg.fail(f"reading the reduced runs {runs} needs more than {DMA_MAX_DIMS} DMA dims")
+    outer_runs, (chunk_stride, chunk_count) = runs[:split], runs[split]
+    step = min(chunk_count, REDUCE_CHUNK // inner)
+    pieces = -(-chunk_count // step)
+    partials = math.prod(c for _, c in outer_runs) * pieces
+    if partials > REDUCE_CHUNK:
+        raise cg.fail(f"reducing {count} elements needs {partials} partial results")
     dtype = cg.graph.tensors[x_name].dtype
     x_loc, y_loc = cg.dram(x_name).name, cg.dram(out_name).name
-    run_length = runs[0][1] if len(runs) == 1 else count
-    chunk = min(run_length, REDUCE_CHUNK) if len(runs) == 1 else count
-    chunks = -(-run_length // chunk)
-    data = cg.sb_tile("data", NUM_PARTITIONS, chunk, dtype)
-    partial = cg.sb_tile("partial", NUM_PARTITIONS, chunks, dtype)
+    data = cg.sb_tile("data", NUM_PARTITIONS, step * inner, dtype)
+    partial = cg.sb_tile("partial", NUM_PARTITIONS, partials, dtype)
     total = cg.sb_tile("total", NUM_PARTITIONS, 1, dtype)
     out_strides = contiguous_strides(tuple(shape[d] for d in kept))
     part_dim = kept[-1] if kept else None
     loop_dims = kept[:-1]
 
+    def reduce_runs(p, x_off: Affine, slot: Affine, depth: int) -> None:
+        """Partial results of the reduced runs from `depth` on, starting at `slot`."""
+        if depth < len(outer_runs):
+            stride, extent = outer_runs[depth]
+            weight = math.prod(c for _, c in outer_runs[depth + 1 :]) * pieces
+            for index in tiles(cg, extent, 1, "j"):
+                reduce_runs(p, x_off + index.start * stride, slot + index.start * weight, depth + 1)
+            return
+        for piece in tiles(cg, chunk_count, step, "l"):
+            src = cg.ap(data, [(1, piece.size * inner)], partitions=p.size)
+            cg.dma(
+                src,
+                cg.dram_ap(
+                    x_loc,
+                    x_off + piece.start * chunk_stride,
+                    [(row_stride, p.size), (chunk_stride, piece.size), *runs[split + 1 :]],
+                ),
+            )
+            cg.tensor_reduce(
+                cg.ap(partial, [(1, 1)], slot + tile_index(piece, step), partitions=p.size),
+                src,
+                op,
+                axes=1,
+            )
+
+    rows = shape[part_dim] if part_dim is not None else 1
+    row_stride = strides[part_dim] if part_dim is not None else 0
+
     def walk(depth: int, x_off: Affine, y_off: Affine) -> None:
         if depth < len(loop_dims):
             d = loop_dims[depth]
             for index in tiles(cg, shape[d], 1, "i"):
-                walk(depth + 1, x_off + index.start * strides[d],
-                     y_off + index.start * out_strides[depth])
+                walk(
+                    depth + 1,
+                    x_off + index.start * strides[d],
+                    y_off + index.start * out_strides[depth],
+                )
             return
-        rows = shape[part_dim] if part_dim is not None else 1
-        row_stride = strides[part_dim] if part_dim is not None else 0
         for p in tiles(cg, rows, NUM_PARTITIONS, "p"):
-            if len(runs) == 1:
-                stride = runs[0][0]
-                for piece in tiles(cg, run_length, chunk, "l"):
-                    src = cg.ap(data, [(1, piece.size)], partitions=p.size)
-                    cg.dma(src, cg.dram_ap(x_loc, x_off + p.start * row_stride
-                                           + piece.start * stride,
-                                           [(row_stride, p.size), (stride, piece.size)]))
-                    cg.tensor_reduce(cg.ap(partial, [(1, 1)], tile_index(piece, chunk),
-                                           partitions=p.size), src, op, axes=1)
-            else:
-                src = cg.ap(data, [(1, count)], partitions=p.size)
-                cg.dma(src, cg.dram_ap(x_loc, x_off + p.start * row_stride,
-                                       [(row_stride, p.size), *runs]))
-                cg.tensor_reduce(cg.ap(partial, [(1, 1)], partitions=p.size), src, op, axes=1)
+            reduce_runs(p, x_off + p.start * row_stride, Affine(), 0)
             result = cg.ap(total, partitions=p.size)
             cg.tensor_reduce(result, cg.ap(partial, partitions=p.size), op, axes=1)
             if node["op_type"] == "ReduceMean":
