@@ -27,17 +27,31 @@ def validate(model_path: Path, seed: int = 0):
                          for name in compilation.graph.outputs]
 
 
+def kernel_counts(compilation) -> dict:
+    findings = compilation.passes.result_of("TransformConvOp").findings
+    counts: dict = {}
+    for finding in findings:
+        counts[finding["kernel"]] = counts.get(finding["kernel"], 0) + 1
+    return counts
+
+
 def test_small_cnn_exported_from_pytorch():
     compilation, results = validate(ROOT / "models" / "small_cnn.onnx")
     assert all(r.passed for r in results), results
-    assert compilation.graph.op_counts()["Conv"] == 5
+    assert compilation.source_ops["Conv"] == 5
+    # Four dense convs fit rep_nhwc (C_in x kH <= 128); the grouped conv (g=4) falls back.
+    assert kernel_counts(compilation) == {"Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh": 4,
+                                          None: 1}
 
 
 def test_light_squeezenet_with_random_weights():
     compilation, results = validate(light_model_path("squeezenet"))
     assert all(r.passed for r in results), results
-    counts = compilation.graph.op_counts()
+    counts = compilation.source_ops
     assert counts["Conv"] == 26 and counts["Concat"] == 8 and "ConstantOfShape" not in counts
+    # The 1x1 convs reading 256 or more channels exceed 128 partitions and fall back.
+    assert kernel_counts(compilation) == {"Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh": 20,
+                                          None: 6}
     # Random weights make the output informative: a constant softmax would hide errors.
     (result,) = results
     assert result.cosine > 0.99999
