@@ -15,6 +15,7 @@ import onnx
 
 from onnx2bir.bir.ir import Module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
+from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
@@ -45,9 +46,10 @@ def unsupported_ops(graph: Graph) -> Counter:
     missing: Counter = Counter()
     for _, data in graph.nodes():
         op_type = data["op_type"]
-        if op_type == "NativeKernel":
-            if data["attrs"]["func_name"] not in load_kernels():
-                missing[f"NativeKernel:{data['attrs']['func_name']}"] += 1
+        kernel_name = kernel_name_of(data)
+        if kernel_name is not None:
+            if kernel_name not in load_kernels():
+                missing[f"{op_type}:{kernel_name}"] += 1
         elif data["domain"] not in ("", "ai.onnx") or op_type not in GENERIC_LOWERINGS:
             label = op_type if data["domain"] in ("", "ai.onnx") else f"{data['domain']}.{op_type}"
             missing[label] += 1

@@ -54,6 +54,16 @@ IDENTITY = "identity_fp32"  # the SBUF tile (seed 004: "identity_%s")
 IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
 
 
+def kernel_name_of(data: dict) -> str | None:
+    """The kernel a node asks for: a NativeKernel's `func_name` (conv selection) or a
+    CustomCall's `custom_call_target` (attention and MLP raises); None for a plain op."""
+    if data["op_type"] == "NativeKernel":
+        return data["attrs"]["func_name"]
+    if data["op_type"] == "CustomCall":
+        return data["attrs"]["custom_call_target"]
+    return None
+
+
 class CodegenError(UserError):
     """A node the code generator cannot lower; the message names the node and the rule."""
 
@@ -123,12 +133,13 @@ class BirCodeGen:
     def transform_node(self, name: str) -> None:
         data = self.graph.node(name)
         op_type = data["op_type"]
-        if op_type == "NativeKernel":
-            func_name = data["attrs"]["func_name"]
-            lower = self.kernels.get(func_name)
-            rule = f"kernel.{func_name}"
+        kernel_name = kernel_name_of(data)
+        if kernel_name is not None:
+            lower = self.kernels.get(kernel_name)
+            rule = f"kernel.{kernel_name}"
             if lower is None:
-                raise CodegenError(f"node {name!r}: no kernel named {func_name!r} in the registry")
+                raise CodegenError(f"node {name!r}: no kernel named {kernel_name!r} in the "
+                                   "registry")
         else:
             lower = self.lowerings.get(op_type)
             rule = f"generic.{op_type}"
