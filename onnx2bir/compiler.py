@@ -26,9 +26,10 @@ from onnx2bir.passes import PassManager
 
 def default_passes() -> list:
     """The pattern passes, in the reference pipeline's order."""
+    from onnx2bir.patterns.attention import LowerToCustomNativeKernel
     from onnx2bir.patterns.conv import TransformConvOp
 
-    return [TransformConvOp()]
+    return [LowerToCustomNativeKernel(), TransformConvOp()]
 
 
 @dataclass

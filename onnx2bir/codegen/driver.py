@@ -271,12 +271,11 @@ class BirCodeGen:
         return self.function.add_memory_location(loc)
 
     def psum_tile(self, tag: str, partitions: int, free: int) -> MemoryLocation:
-        """Allocate a PSUM tile (fp32) in whole 2 KiB banks, rotating through the 8 banks."""
+        """Allocate a PSUM tile (fp32) in whole 2 KiB banks; a node has the 8 banks to itself."""
         banks = -(-free * 4 // PSUM_BANK_BYTES)
         if self._psum_next_bank + banks > PSUM_NUM_BANKS:
-            self._psum_next_bank = 0
-        if banks > PSUM_NUM_BANKS:
-            raise CodegenError(f"node {self.origin.node!r}: PSUM tile of {free} fp32 is too big")
+            raise self.fail(f"PSUM tile {tag!r} needs {banks} bank(s); "
+                            f"{self._psum_next_bank} of {PSUM_NUM_BANKS} are in use")
         loc = MemoryLocation(self._tile_name(tag), MemoryType.PSUM, MemoryKind.INTERNAL,
                              Dtype.FP32, (partitions, free), partitions,
                              self._psum_next_bank * PSUM_BANK_BYTES, banks * PSUM_BANK_BYTES)
