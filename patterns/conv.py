@@ -172,13 +172,15 @@ def is_low_channel_conv_1(op: ConvOp) -> bool:
 
 
 def match_low_channel_conv(op: ConvOp) -> Reason:
-    return _first(
+    reason = _first(
         (op.feature_group_count == 1, f"feature_group_count {op.feature_group_count} != 1"),
         (op.batch_group_count == 1, f"batch_group_count {op.batch_group_count} != 1"),
         (_unit(op.lhs_dilation) and not op.rhs_reversal, "backward form"),
-        (is_low_channel_conv_1(op),
-         f"C_in {op.in_channels} is not low (> {LOW_CHANNEL_MAX}) or a 1x1 kernel"),
     )
+    # The gate's assertions hold only for forward convs, so it runs after the form checks.
+    if reason is None and not is_low_channel_conv_1(op):
+        reason = f"C_in {op.in_channels} is not low (> {LOW_CHANNEL_MAX}) or a 1x1 kernel"
+    return reason
 
 
 def match_replication_conv(op: ConvOp) -> Reason:

@@ -27,6 +27,7 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import (
+    DMA_MAX_DIMS,
     MATMUL_MAX_MOVING_FREE,
     MATMUL_MAX_STATIONARY_FREE,
     MAX_FREE_DIMS,
@@ -248,6 +249,12 @@ def _check_bank(ins: Instruction, dst: Operand, offset: int) -> None:
 
 def _prep_dma(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     src, dst = ops["in"], ops["dst"]
+    for side in (src, dst):
+        if len(side.ap.shape) > DMA_MAX_DIMS:
+            raise instruction_error(
+                ins, f"a DMA descriptor walks at most {DMA_MAX_DIMS} dims, "
+                f"{side.loc.name!r} is accessed with {len(side.ap.shape)}"
+            )
     if src.ap.num_elements != dst.ap.num_elements:
         raise instruction_error(
             ins, f"copies {src.ap.num_elements} elements into {dst.ap.num_elements}"
