@@ -1,0 +1,100 @@
+"""The rep-NHWC dense conv kernel (C_in x kH rows on partitions) against onnxruntime.
+
+Rows 1 (rep_nhwc: C_in·kH ≤ 128) and 9 (replication: C_in ≤ 64, kernel rows taken in groups)
+both select this kernel; the sweep covers both, and a direct rewrite covers C_in > 128
+(channel tiles), which no registry row sends to it from an NCHW model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx2bir.bir.enums import Opcode
+from onnx2bir.bir.verify import verify_module
+from onnx2bir.compiler import compile_graph, compile_model, import_graph
+from onnx2bir.options import CompileOptions
+from onnx2bir.patterns.conv import FUNCTIONAL_KERNEL_REGISTRY, REP_NHWC, lower_to_conv_kernel
+from onnx2bir.patterns.conv_op import conv_op_from_node
+from onnx2bir.runtime.compare import compare_output
+from onnx2bir.runtime.interpreter import run_function
+from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+
+
+def conv_model(x_shape, c_out, kernel, bias, seed, **attrs) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    inits = {"w": rng.standard_normal((c_out, x_shape[1], *kernel)).astype(np.float32)}
+    if bias:
+        inits["b"] = rng.standard_normal(c_out).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", *inits], ["y"], name="conv", **attrs)], "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def run_and_compare(compilation, model, seed=0):
+    assert not verify_module(compilation.module)
+    rule = f"kernel.{REP_NHWC}"
+    matmuls = [i for i in compilation.module.functions[0].instructions()
+               if i.origin.rule == rule and i.opcode is Opcode.MATMULT]
+    assert matmuls, "the kernel emitted no matmul"
+    feeds = synthesize_inputs(compilation.graph, seed)
+    got = run_function(compilation.module, feeds)["y"]
+    result = compare_output("y", got, run_onnxruntime(model, feeds)["y"], 1e-4, 1e-3)
+    assert result.passed, result.to_json()
+    return matmuls
+
+
+CASES = [
+    # x_shape, c_out, kernel, bias, attrs, registry row
+    ((1, 3, 32, 32), 16, (3, 3), True, {"pads": [1, 1, 1, 1]}, "rep_nhwc"),
+    ((1, 3, 64, 64), 24, (7, 7), True, {"pads": [3, 3, 3, 3], "strides": [2, 2]}, "rep_nhwc"),
+    ((2, 16, 15, 17), 40, (3, 3), False, {"pads": [0, 1, 2, 1]}, "rep_nhwc"),
+    ((1, 8, 20, 20), 130, (5, 5), True, {"dilations": [2, 2], "pads": [4, 4, 4, 4]},
+     "rep_nhwc"),
+    ((1, 128, 9, 9), 200, (1, 1), True, {}, "rep_nhwc"),
+    ((1, 4, 3, 700), 8, (3, 3), False, {"pads": [1, 1, 1, 1]}, "rep_nhwc"),
+    ((1, 4, 30, 30), 8, (3, 3), True, {"strides": [3, 2], "auto_pad": "SAME_UPPER"},
+     "rep_nhwc"),
+    ((1, 64, 12, 12), 64, (3, 3), True, {"pads": [1, 1, 1, 1]}, "replication"),
+    ((2, 48, 10, 11), 96, (5, 3), False, {"pads": [2, 1, 2, 1], "strides": [2, 1]},
+     "replication"),
+    ((1, 40, 8, 8), 32, (7, 7), True, {"pads": [3, 3, 3, 3]}, "replication"),
+]
+
+
+@pytest.mark.parametrize("x_shape, c_out, kernel, bias, attrs, row", CASES)
+def test_rep_nhwc_matches_onnxruntime(x_shape, c_out, kernel, bias, attrs, row):
+    model = conv_model(x_shape, c_out, kernel, bias, seed=sum(x_shape), **attrs)
+    compilation = compile_model(model)
+    (finding,) = compilation.passes.result_of("TransformConvOp").findings
+    assert (finding["kernel"], finding["registry_entry"]) == (REP_NHWC, row), finding["walk"]
+    matmuls = run_and_compare(compilation, model)
+    rows_per_matmul = {m.srcs["moving"].num_partitions for m in matmuls}
+    c_in, k_h = x_shape[1], kernel[0]
+    # Replication: every matmul contracts over whole groups of kernel rows x all channels.
+    assert max(rows_per_matmul) == min(k_h, 128 // c_in) * c_in
+
+
+def test_one_matmul_per_column_tap_when_all_rows_fit():
+    model = conv_model((1, 3, 16, 16), 8, (3, 5), False, seed=1, pads=[1, 2, 1, 2])
+    compilation = compile_model(model)
+    matmuls = run_and_compare(compilation, model)
+    # 16x16 output = 256 pixels, one PSUM tile: kW = 5 matmuls in all (the generic path: 15).
+    assert len(matmuls) == 5
+
+
+def test_wide_channels_take_channel_tiles():
+    """C_in = 200 > 128: no row selects rep_nhwc, so force it to cover the channel tiles."""
+    model = conv_model((1, 200, 6, 6), 20, (3, 3), True, seed=3, pads=[1, 1, 1, 1])
+    graph = import_graph(model)
+    op = conv_op_from_node(graph, "conv")
+    lower_to_conv_kernel(graph, op, FUNCTIONAL_KERNEL_REGISTRY[0])
+    compilation = compile_graph(graph, CompileOptions(), passes=[])
+    matmuls = run_and_compare(compilation, model)
+    assert {m.srcs["moving"].num_partitions for m in matmuls} == {128, 72}
