@@ -51,12 +51,33 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
             raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
         base_dir = path.parent
         _load_external_data(model, base_dir, path)
+    _fill_output_shapes(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first_line = str(exc).strip().splitlines()[0]
         raise UserError(f"the model fails the ONNX checker: {first_line}") from exc
     return model
+
+
+def _fill_output_shapes(model: onnx.ModelProto) -> None:
+    """Give graph outputs declared without a shape the shape onnx infers for them.
+
+    onnxruntime runs such models, but onnx's checker rejects a graph output with no shape.
+    """
+    missing = [out for out in model.graph.output
+               if out.type.HasField("tensor_type") and not out.type.tensor_type.HasField("shape")]
+    if not missing:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        return  # the checker reports what is wrong
+    shapes = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
+    for out in missing:
+        known = shapes.get(out.name)
+        if known is not None and known.type.tensor_type.HasField("shape"):
+            out.type.tensor_type.shape.CopyFrom(known.type.tensor_type.shape)
 
 
 def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
@@ -90,6 +111,7 @@ def import_model(
     """Load, check, fix symbolic dimensions, fold compile-time values and build the Graph."""
     model = load_model(source)
     model = fix_input_shapes(model, input_shapes or {}, dims or {})
+    model = normalize_pool_ceil_mode(model)
     model = fold_constants(model)
     return build_graph(model, _model_name(source, model))
 
@@ -147,6 +169,58 @@ def fix_input_shapes(
                 f"--input-shape {value.name}=D0,D1,..."
             )
     return model_copy
+
+
+def normalize_pool_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite ceil_mode=1 pools as ceil_mode=0 with extra high padding.
+
+    With ceil_mode, PyTorch and onnxruntime drop a last window that would start inside the
+    high padding; onnx's shape inference keeps it, so it disagrees with the shape PyTorch
+    exports declare. Padding the high side enough for the floor formula to give the same
+    count is exact for MaxPool (the pad is -inf) and for AveragePool without
+    count_include_pad (padding is not counted); other pools are left alone.
+    """
+    pools = [n for n in model.graph.node if n.op_type in ("MaxPool", "AveragePool")
+             and any(a.name == "ceil_mode" and a.i == 1 for a in n.attribute)]
+    if not pools:
+        return model
+    shapes = _static_shapes(onnx.shape_inference.infer_shapes(model, strict_mode=False))
+    for node in pools:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.input[0] not in shapes or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        if node.op_type == "AveragePool" and attrs.get("count_include_pad", 0):
+            continue
+        spatial = shapes[node.input[0]][2:]
+        rank = len(spatial)
+        kernel = attrs["kernel_shape"]
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        pads = list(attrs.get("pads") or [0] * (2 * rank))
+        out_dims = list(shapes[node.input[0]][:2])
+        for i in range(rank):
+            span = (kernel[i] - 1) * dilations[i] + 1
+            padded = spatial[i] + pads[i] + pads[i + rank]
+            out = -(-(padded - span) // strides[i]) + 1
+            if (out - 1) * strides[i] >= spatial[i] + pads[i]:
+                out -= 1  # the last window would start in the high padding
+            pads[i + rank] += max(0, (out - 1) * strides[i] + span - padded)
+            out_dims.append(out)
+        for value in model.graph.output:
+            if value.name == node.output[0]:
+                dims = value.type.tensor_type.shape.dim
+                del dims[:]
+                for size in out_dims:
+                    dims.add().dim_value = size
+        for attr in list(node.attribute):
+            if attr.name in ("ceil_mode", "pads"):
+                node.attribute.remove(attr)
+        node.attribute.extend([onnx.helper.make_attribute("pads", pads),
+                               onnx.helper.make_attribute("ceil_mode", 0)])
+    for value in list(model.graph.value_info):
+        if value.name in {n.output[0] for n in pools}:
+            model.graph.value_info.remove(value)
+    return model
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:

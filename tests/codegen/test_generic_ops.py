@@ -375,20 +375,23 @@ MAXPOOL_CASES = {
 }
 
 
-# onnx shape inference keeps a ceil_mode window that starts in the end padding (7 + 2 pads,
-# kernel 2, stride 2: 5 rows), onnxruntime and the ONNX reference drop it (4 rows). The importer
-# takes onnx's shape, so the output has one row and one column too many. The lowering is right
-# for the right shape; the fix belongs in the importer.
-MAXPOOL_PARAMS = [pytest.param(*case, id=name) for name, case in MAXPOOL_CASES.items()] + [
-    pytest.param(
-        (1, 3, 7, 9),
-        {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
-        id="ceil_mode_window_in_padding",
-        marks=pytest.mark.xfail(
-            strict=True, reason="importer: onnx infers [1,3,5,6], onnxruntime gives [1,3,4,5]"
-        ),
-    ),
-]
+MAXPOOL_PARAMS = [pytest.param(*case, id=name) for name, case in MAXPOOL_CASES.items()]
+
+
+@pytest.mark.parametrize("declared", [[1, 3, 4, 5], None], ids=["pytorch_shape", "undeclared"])
+def test_maxpool_ceil_mode_window_starting_in_the_padding(declared) -> None:
+    """7 rows + 2 pads, kernel 2, stride 2: onnx's shape inference keeps a fifth window that
+    would start in the high padding; PyTorch and onnxruntime drop it (4 rows). The importer
+    rewrites the pool to ceil_mode 0 with the padding that gives onnxruntime's count."""
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                            pads=[1, 1, 1, 1], ceil_mode=1)
+    graph = helper.make_graph([node], "pool",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    if declared is None:
+        graph.output[0].type.tensor_type.ClearField("shape")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    check(model)
 
 
 @pytest.mark.parametrize(("shape", "attrs"), MAXPOOL_PARAMS)
