@@ -28,35 +28,77 @@ from onnx2bir.graph import Graph, TensorInfo
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                      "Multinomial", "Bernoulli"}
 _FOLD_MAX_ELEMENTS = 1 << 24
+# Initializers this large are held aside as numpy arrays while onnx checks and infers the rest.
+WEIGHT_ELEMENTS = 4096
 
 
-def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
-    """Read and check a model; external data must live inside the model's folder."""
+def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """Read a model (and its external data, which must live inside the model's folder)."""
     if isinstance(source, onnx.ModelProto):
-        model = source
-        base_dir = None
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise UserError(f"{path}: no such file")
-        if path.is_dir():
-            raise UserError(f"{path}: is a folder, not an ONNX model file")
-        if path.stat().st_size == 0:
-            raise UserError(f"{path}: the file is empty")
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        return model
+    path = Path(source)
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder, not an ONNX model file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{path}: the file is empty")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises several types for garbage or truncation
+        raise UserError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from exc
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
+    _load_external_data(model, path.parent, path)
+    return model
+
+
+def split_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Move large initializers out of `model` (in place) into arrays; they become typed graph
+    inputs of the remaining skeleton.
+
+    The checker and shape inference serialise the whole model, several times; without the
+    weights they run in milliseconds instead of seconds on a large CNN, and they only need a
+    weight's type and shape. Weights stay constants for everything after the import.
+    """
+    weights: dict[str, np.ndarray] = {}
+    kept = []
+    listed = {value.name for value in model.graph.input}
+    for init in model.graph.initializer:
+        if np.prod(init.dims, dtype=np.int64) < WEIGHT_ELEMENTS:
+            kept.append(init)
+            continue
         try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:  # protobuf raises several types for garbage or truncation
-            raise UserError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from exc
-        if model.ir_version == 0 or not model.HasField("graph"):
-            raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
-        base_dir = path.parent
-        _load_external_data(model, base_dir, path)
+            weights[init.name] = numpy_helper.to_array(init)
+        except Exception as exc:
+            raise UserError(f"initializer {init.name!r} cannot be read: {exc}") from exc
+        if init.name not in listed:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    if weights:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+    return weights
+
+
+def check_model(model: onnx.ModelProto) -> None:
     _fill_output_shapes(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first_line = str(exc).strip().splitlines()[0]
         raise UserError(f"the model fails the ONNX checker: {first_line}") from exc
+
+
+def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """Read and check a model; external data must live inside the model's folder."""
+    model = read_model(source)
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    split_weights(skeleton)
+    check_model(skeleton)
     return model
 
 
@@ -109,11 +151,13 @@ def import_model(
     dims: dict[str, int] | None = None,
 ) -> Graph:
     """Load, check, fix symbolic dimensions, fold compile-time values and build the Graph."""
-    model = load_model(source)
-    model = fix_input_shapes(model, input_shapes or {}, dims or {})
+    model = read_model(source)
+    weights = split_weights(model)
+    check_model(model)
+    model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
     model = normalize_pool_ceil_mode(model)
-    model = fold_constants(model)
-    return build_graph(model, _model_name(source, model))
+    model = fold_constants(model, weights)
+    return build_graph(model, _model_name(source, model), weights)
 
 
 def _model_name(source, model: onnx.ModelProto) -> str:
@@ -122,19 +166,20 @@ def _model_name(source, model: onnx.ModelProto) -> str:
     return model.graph.name or "model"
 
 
-def runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Graph inputs that are fed at run time (not initializers)."""
-    initializers = {init.name for init in model.graph.initializer}
-    return [value for value in model.graph.input if value.name not in initializers]
+def runtime_inputs(model: onnx.ModelProto, weights=()) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are fed at run time (not initializers, not weights held aside)."""
+    constants = {init.name for init in model.graph.initializer} | set(weights)
+    return [value for value in model.graph.input if value.name not in constants]
 
 
 def fix_input_shapes(
-    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int]
+    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int],
+    weights=(),
 ) -> onnx.ModelProto:
     """Return a copy of `model` whose runtime inputs all have static shapes."""
     model_copy = onnx.ModelProto()
     model_copy.CopyFrom(model)
-    inputs = runtime_inputs(model_copy)
+    inputs = runtime_inputs(model_copy, weights)
     names = [value.name for value in inputs]
     unknown = sorted(set(input_shapes) - set(names))
     if unknown:
@@ -255,7 +300,8 @@ def _opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_constants(model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
+                   ) -> onnx.ModelProto:
     """Evaluate every node whose inputs are known at compile time; drop it from the graph.
 
     Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by
@@ -265,7 +311,9 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     opsets = {entry.domain or "": entry.version for entry in model.opset_import}
     shapes = _static_shapes(model)
+    weights = {} if weights is None else weights
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    constants.update(weights)
     kept = []
     for node in graph.node:
         values = _fold_node(node, constants, shapes, opsets)
@@ -289,11 +337,16 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     runtime = [value for value in folded.graph.input if value.name not in constants]
     del folded.graph.input[:]
     folded.graph.input.extend(runtime)
-    folded.graph.initializer.extend(
-        numpy_helper.from_array(np.asarray(value), name)
-        for name, value in constants.items()
-        if name in used
-    )
+    for name, value in constants.items():
+        if name not in used:
+            continue
+        value = np.asarray(value)
+        if value.size >= WEIGHT_ELEMENTS:  # a large folded value joins the weights held aside
+            weights[name] = value
+            folded.graph.input.append(onnx.helper.make_tensor_value_info(
+                name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+        else:
+            folded.graph.initializer.append(numpy_helper.from_array(value, name))
     return _infer(folded)
 
 
@@ -323,12 +376,17 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
         return None  # leave the node to the code generator, which reports it if unsupported
 
 
-def build_graph(model: onnx.ModelProto, name: str) -> Graph:
-    """Turn a folded, fully shaped model into a Graph."""
+def build_graph(model: onnx.ModelProto, name: str,
+                weights: dict[str, np.ndarray] | None = None) -> Graph:
+    """Turn a folded, fully shaped model (and the weights held aside) into a Graph."""
     onnx_graph = model.graph
     shapes = _static_shapes(model)
     dtypes = _dtypes(model)
-    tensors: dict[str, TensorInfo] = {}
+    weights = weights or {}
+    tensors: dict[str, TensorInfo] = {
+        tensor: TensorInfo(tensor, value.shape, _dtype(tensor, value.dtype), value)
+        for tensor, value in weights.items()
+    }
     for init in onnx_graph.initializer:
         value = numpy_helper.to_array(init)
         tensors[init.name] = TensorInfo(init.name, value.shape, _dtype(init.name, value.dtype),
@@ -337,7 +395,7 @@ def build_graph(model: onnx.ModelProto, name: str) -> Graph:
         name=name,
         nx=nx.MultiDiGraph(),
         tensors=tensors,
-        inputs=[value.name for value in runtime_inputs(model)],
+        inputs=[value.name for value in runtime_inputs(model, weights)],
         outputs=[value.name for value in onnx_graph.output],
         opset=_opset(model),
     )

@@ -23,7 +23,7 @@ from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.spatial import padded_input, window_geometry
+from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import Affine, Tile, tiles
 
 
@@ -39,19 +39,27 @@ def tile_index(tile: Tile, size: int) -> Affine:
 def lower_conv(cg: BirCodeGen, node: dict) -> None:
     x_name, w_name = node["inputs"][:2]
     b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
-    out_name = node["outputs"][0]
     w_shape = tuple(cg.graph.tensors[w_name].shape)
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     geo = window_geometry(cg, node, w_shape[2:])
     batch, channels = x_shape[:2]
-    c_out, c_in_group = w_shape[:2]
-    groups = int(node["attrs"].get("group", 1))
-    c_out_group = c_out // groups
-    taps = geo.taps
     dtype = cg.graph.tensors[x_name].dtype
     if dtype is not Dtype.FP32:
         raise cg.fail(f"the generic conv computes in fp32; input is {dtype}")
     src, height, width = padded_input(cg, x_name, batch * channels, geo, 0.0)
+    emit_conv(cg, geo, src, height, width, batch, channels, cg.dram(w_name).name, w_shape[0],
+              w_shape[1], int(node["attrs"].get("group", 1)),
+              cg.dram(b_name).name if b_name else None, cg.dram(node["outputs"][0]).name)
+
+
+def emit_conv(cg: BirCodeGen, geo: WindowGeometry, src: str, height: int, width: int,
+              batch: int, channels: int, w_loc: str, c_out: int, c_in_group: int, groups: int,
+              b_loc: str | None, y_loc: str) -> None:
+    """Conv of the already padded DRAM input `src` [batch, channels, height, width] by the
+    OIHW weights at `w_loc` [c_out, c_in_group, kernel_h, kernel_w] into `y_loc`; `geo`
+    gives the window (its pads are already in `src`)."""
+    c_out_group = c_out // groups
+    taps = geo.taps
     plane = height * width
 
     # Groups per matmul (block-diagonal stationary) or, for wide groups, one group tiled.
@@ -72,8 +80,6 @@ def lower_conv(cg: BirCodeGen, node: dict) -> None:
     bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
     acc = cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE)
-    w_loc, y_loc = cg.dram(w_name).name, cg.dram(out_name).name
-    b_loc = cg.dram(b_name).name if b_name else None
     weight_row = c_in_group * taps  # elements of W per output channel
 
     for n in tiles(cg, batch, 1, "n"):

@@ -56,6 +56,35 @@ def lower_concat(cg: BirCodeGen, node: dict) -> None:
         position += length
 
 
+def copy_strided(cg: BirCodeGen, dst: str, dst_offset: Affine, src: str, src_offset: Affine,
+                 shape: tuple[int, ...], dst_strides: tuple[int, ...],
+                 src_strides: tuple[int, ...]) -> None:
+    """DRAM→DRAM: dst[i] = src[i] for every index i of `shape`, each side through its strides.
+
+    Dims both sides walk contiguously (or both broadcast) are merged; strides may be negative
+    or 0. Leading dims beyond what one DMA descriptor takes become loops.
+    """
+    if math.prod(shape) == 0:
+        return
+    shape, (dst_strides, src_strides) = merge_broadcast_dims(
+        tuple(shape), [tuple(dst_strides), tuple(src_strides)])
+    if not shape:
+        shape, dst_strides, src_strides = (1,), (1,), (1,)
+
+    def walk(depth: int, dst_off: Affine, src_off: Affine) -> None:
+        if len(shape) - depth <= DMA_MAX_DIMS:
+            cg.dma(cg.dram_ap(dst, dst_off, list(zip(dst_strides[depth:], shape[depth:],
+                                                     strict=True))),
+                   cg.dram_ap(src, src_off, list(zip(src_strides[depth:], shape[depth:],
+                                                     strict=True))))
+            return
+        for index in tiles(cg, shape[depth], 1, "t"):
+            walk(depth + 1, dst_off + index.start * dst_strides[depth],
+                 src_off + index.start * src_strides[depth])
+
+    walk(0, dst_offset, src_offset)
+
+
 @lowering("Transpose")
 def lower_transpose(cg: BirCodeGen, node: dict) -> None:
     """One strided DMA: the destination walked contiguously, the source through permuted
@@ -66,23 +95,5 @@ def lower_transpose(cg: BirCodeGen, node: dict) -> None:
     perm = node["attrs"].get("perm") or list(reversed(range(len(in_shape))))
     out_shape = tuple(in_shape[axis] for axis in perm)
     in_strides = contiguous_strides(in_shape)
-    shape, (dst_strides, src_strides) = merge_broadcast_dims(
-        out_shape, [contiguous_strides(out_shape), tuple(in_strides[a] for a in perm)])
-    if math.prod(out_shape) == 0:
-        return
-    if not shape:
-        shape, dst_strides, src_strides = (1,), (1,), (1,)
-    dst_loc, src_loc = cg.dram(out).name, cg.dram(src).name
-
-    def walk(depth: int, dst_off: Affine, src_off: Affine) -> None:
-        if len(shape) - depth <= DMA_MAX_DIMS:
-            cg.dma(cg.dram_ap(dst_loc, dst_off, list(zip(dst_strides[depth:], shape[depth:],
-                                                         strict=True))),
-                   cg.dram_ap(src_loc, src_off, list(zip(src_strides[depth:], shape[depth:],
-                                                         strict=True))))
-            return
-        for index in tiles(cg, shape[depth], 1, "t"):
-            walk(depth + 1, dst_off + index.start * dst_strides[depth],
-                 src_off + index.start * src_strides[depth])
-
-    walk(0, Affine(), Affine())
+    copy_strided(cg, cg.dram(out).name, Affine(), cg.dram(src).name, Affine(), out_shape,
+                 contiguous_strides(out_shape), tuple(in_strides[a] for a in perm))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from onnx2bir.bir.enums import ActFunc, AluOp
-from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
@@ -74,6 +74,16 @@ def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[_Pie
 
 
 Compute = Callable[[BirCodeGen, AccessPattern, list[AccessPattern]], None]
+
+
+def scratch_tile(cg: BirCodeGen, tag: str, dtype: Dtype = Dtype.FP32) -> MemoryLocation:
+    """An SBUF tile as large as `emit_elementwise`'s, for intermediates of a `compute`."""
+    return cg.sb_tile(tag, NUM_PARTITIONS, FREE_TILE, dtype)
+
+
+def like(ap: AccessPattern, loc: MemoryLocation) -> AccessPattern:
+    """The same partitions and free pattern as `ap`, on tile `loc`."""
+    return replace(ap, loc=loc.name)
 
 
 def emit_elementwise(cg: BirCodeGen, node: dict, compute: Compute) -> None:

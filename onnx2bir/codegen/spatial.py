@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import Affine, tiles
@@ -75,6 +77,29 @@ def window_geometry(cg: BirCodeGen, node: dict, kernel: tuple[int, ...]) -> Wind
                           begins[1])
 
 
+def fill_dram(cg: BirCodeGen, loc: str, total: int, dtype: Dtype,
+              fill: float | AccessPattern) -> None:
+    """Write `fill` to elements [0, total) of DRAM location `loc`, from one SBUF tile.
+
+    `fill` is a constant (Memset) or a one-element DRAM access pattern whose value a
+    broadcasting DMA (stride 0 on both dims) spreads over the tile.
+    """
+    fill_tile = cg.sb_tile("fill", NUM_PARTITIONS, FILL_TILE, dtype)
+    if isinstance(fill, AccessPattern):
+        cg.dma(cg.ap(fill_tile), cg.dram_ap(fill.loc, Affine(fill.offset),
+                                            [(0, NUM_PARTITIONS), (0, FILL_TILE)]))
+    else:
+        cg.memset(cg.ap(fill_tile), fill)
+    rows = total // FILL_TILE
+    for row in tiles(cg, rows, NUM_PARTITIONS, "fill"):
+        cg.dma(cg.dram_ap(loc, row.start * FILL_TILE, [(FILL_TILE, row.size), (1, FILL_TILE)]),
+               cg.ap(fill_tile, partitions=row.size))
+    if total % FILL_TILE:
+        rest = total % FILL_TILE
+        cg.dma(cg.dram_ap(loc, Affine(rows * FILL_TILE), [(1, 1), (1, rest)]),
+               cg.ap(fill_tile, [(1, rest)], partitions=1))
+
+
 def padded_input(cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry,
                  fill: float) -> tuple[str, int, int]:
     """(DRAM location, height, width) of the input framed by `fill`; no copy if unpadded."""
@@ -84,18 +109,7 @@ def padded_input(cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry,
     if (height, width) == (geo.in_h, geo.in_w) and geo.pad_top == geo.pad_left == 0:
         return source.name, height, width
     scratch = cg.dram_scratch("padded", (planes, height, width), source.dtype)
-    total = planes * height * width
-    fill_tile = cg.sb_tile("fill", NUM_PARTITIONS, FILL_TILE, source.dtype)
-    cg.memset(cg.ap(fill_tile), fill)
-    rows = total // FILL_TILE
-    for row in tiles(cg, rows, NUM_PARTITIONS, "fill"):
-        cg.dma(cg.dram_ap(scratch.name, row.start * FILL_TILE, [(FILL_TILE, row.size),
-                                                                 (1, FILL_TILE)]),
-               cg.ap(fill_tile, partitions=row.size))
-    if total % FILL_TILE:
-        rest = total % FILL_TILE
-        cg.dma(cg.dram_ap(scratch.name, Affine(rows * FILL_TILE), [(1, 1), (1, rest)]),
-               cg.ap(fill_tile, [(1, rest)], partitions=1))
+    fill_dram(cg, scratch.name, planes * height * width, source.dtype, fill)
     interior = geo.pad_top * width + geo.pad_left
     cg.dma(cg.dram_ap(scratch.name, Affine(interior),
                       [(height * width, planes), (width, geo.in_h), (1, geo.in_w)]),
