@@ -94,12 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "with onnxruntime on the same inputs. Exit 0: all outputs match; 1: one "
                     "does not; 2: bad input.")
     _common(validate)
-    validate.add_argument("--inputs", metavar="FILE.npz",
-                          help="input arrays by graph-input name (default: seeded random)")
-    validate.add_argument("--seed", type=int, default=0, help="seed for random inputs")
-    validate.add_argument("--atol", type=float, help="absolute tolerance (default 1e-4)")
-    validate.add_argument("--rtol", type=float, help="relative tolerance (default 1e-3)")
-    validate.add_argument("--json", action="store_true", help="print the result as JSON")
+    _validate_options(validate)
     report = commands.add_parser(
         "report", help="what the compiler found and decided for MODEL",
         description="List what the passes decided for MODEL — each convolution's kernel or "
@@ -109,7 +104,49 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.add_argument("--explain", metavar="NODE",
                         help="print the whole kernel-registry walk for convolution NODE")
+    report.add_argument("--annotate", metavar="OUT.onnx",
+                        help="also write the model with each node's kernel, fallback reason, "
+                             "idiom and lowering as node metadata (shown by Netron)")
     return parser
+
+
+def _validate_options(validate: argparse.ArgumentParser) -> None:
+    data = validate.add_argument_group("inputs and outputs")
+    data.add_argument("--inputs", metavar="FILE.npz|DIR",
+                      help="input arrays by graph-input name: an .npz file, or an ONNX "
+                           "test_data_set_N folder of input_K.pb (default: seeded random; "
+                           "gather indices bounded by their table, attention masks in {0, 1})")
+    data.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    data.add_argument("--save-inputs", metavar="FILE.npz|DIR",
+                      help="write the inputs used (.npz, or a test_data_set folder)")
+    data.add_argument("--save-outputs", metavar="FILE.npz|DIR",
+                      help="write the machine's (not onnxruntime's) outputs (.npz, or a "
+                           "test_data_set folder of output_K.pb)")
+    tol = validate.add_argument_group(
+        "tolerance (|machine - onnxruntime| <= atol + rtol*|onnxruntime|; defaults: fp32 path "
+        "atol 1e-4 rtol 1e-3, bf16/fp16 paths grow with the reduction length, integers exact)")
+    tol.add_argument("--atol", type=float, help="absolute tolerance for every tensor")
+    tol.add_argument("--rtol", type=float, help="relative tolerance for every tensor")
+    tol.add_argument("--tolerance", action="append", default=[], metavar="NAME=ATOL,RTOL",
+                     help="tolerance of one output or intermediate tensor (repeatable; leave a "
+                          "number empty to keep the default, e.g. logits=,1e-2)")
+    tol.add_argument("--op-tolerance", action="append", default=[], metavar="OP=ATOL,RTOL",
+                     help="tolerance of tensors produced by op type OP (repeatable)")
+    tol.add_argument("--tolerance-file", metavar="FILE.json",
+                     help='tolerances from JSON: {"default", "paths", "op_types", "tensors"}, '
+                          'each {"atol", "rtol"} (see onnx2bir.runtime.tolerance)')
+    loc = validate.add_argument_group("localisation")
+    loc.add_argument("--localize", action="store_true",
+                     help="compare every intermediate tensor with onnxruntime; report the "
+                          "first node over tolerance (its own error vs error carried in), the "
+                          "first NaN/inf, and each conv's kernel next to its error")
+    loc.add_argument("--localize-budget", type=float, default=256, metavar="MB",
+                     help="onnxruntime holds at most this many MB of intermediates at once "
+                          "(default %(default)s)")
+    validate.add_argument("--json", action="store_true", help="print the result as JSON")
+    validate.add_argument("--no-progress", action="store_true",
+                          help="no progress bar (it is drawn on stderr only when stderr is a "
+                               "terminal and the simulation runs over a second)")
 
 
 def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
@@ -166,53 +203,66 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from onnx2bir.runtime import compare, oracle
-    from onnx2bir.runtime.interpreter import run_function
+def _policy(args: argparse.Namespace):
+    from onnx2bir.runtime.tolerance import (
+        TolerancePolicy,
+        load_tolerance_file,
+        parse_override,
+    )
 
-    compilation = _compile(args)
-    _print_stats(args, compilation)
-    graph = compilation.graph
-    feeds = (oracle.load_inputs(args.inputs, graph) if args.inputs
-             else oracle.synthesize_inputs(graph, args.seed))
-    timings = dict(compilation.timings)
-    start = time.perf_counter()
-    actual = run_function(compilation.module, feeds)
-    timings["simulate"] = time.perf_counter() - start
-    start = time.perf_counter()
-    expected = oracle.run_onnxruntime(args.model, feeds, graph.outputs)
-    timings["onnxruntime"] = time.perf_counter() - start
-    atol = compare.FP32_ATOL if args.atol is None else args.atol
-    rtol = compare.FP32_RTOL if args.rtol is None else args.rtol
-    results = [compare.compare_output(name, actual[name], expected[name], atol, rtol)
-               for name in graph.outputs]
-    passed = all(result.passed for result in results)
-    if args.json:
-        print(json.dumps({
-            "model": args.model,
-            "passed": passed,
-            "outputs": [result.to_json() for result in results],
-            "timings": {key: round(value, 6) for key, value in timings.items()},
-        }, indent=1))
-    else:
-        print(f"{'PASS' if passed else 'FAIL'}  {args.model}: "
-              f"{sum(r.passed for r in results)}/{len(results)} outputs match onnxruntime")
-        print(f"  {'output':<24} {'shape':<18} {'max abs err':>12} {'max rel err':>12} "
-              f"{'cosine':>10}  {'atol/rtol':<14} verdict")
-        for r in results:
-            print(f"  {r.name:<24} {str(r.shape):<18} {r.max_abs_err:>12.3e} "
-                  f"{r.max_rel_err:>12.3e} {r.cosine:>10.6f}  {r.atol:g}/{r.rtol:g}"
-                  f"{'':<4} {'ok' if r.passed else f'FAIL ({r.mismatches} elements)'}")
-        print("  timings: " + ", ".join(f"{k} {v:.3f}s" for k, v in timings.items()))
-    return EXIT_OK if passed else EXIT_MISMATCH
+    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if value is not None and not value >= 0:
+            raise UserError(f"{flag} {value}: must be a number >= 0")
+    policy = TolerancePolicy(atol=args.atol, rtol=args.rtol)
+    if args.tolerance_file:
+        load_tolerance_file(args.tolerance_file, policy)
+    for text in args.tolerance:
+        name, partial = parse_override(text, "tolerance")
+        policy.tensors[name] = partial
+    for text in args.op_tolerance:
+        name, partial = parse_override(text, "op-tolerance")
+        policy.op_types[name] = partial
+    return policy
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from onnx2bir import validation_report
+
+    if args.localize_budget <= 0:
+        raise UserError(f"--localize-budget {args.localize_budget}: must be > 0")
+    policy = _policy(args)
+    doc, feeds, outputs = validation_report.run_validate(
+        args.model, _options(args), policy, input_shapes=dict(args.input_shape),
+        dims=dict(args.dim), inputs=args.inputs, seed=args.seed, localize_nodes=args.localize,
+        budget_bytes=int(args.localize_budget * (1 << 20)), progress=not args.no_progress,
+        on_compiled=lambda compilation: _print_stats(args, compilation))
+    if args.save_inputs:
+        validation_report.save_inputs(args.save_inputs, feeds)
+    if args.save_outputs:
+        validation_report.save_outputs(args.save_outputs, outputs)
+    print(json.dumps(doc, indent=1) if args.json else validation_report.format_text(doc))
+    return EXIT_OK if doc["passed"] else EXIT_MISMATCH
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from onnx2bir import report
 
-    compilation = _compile(args, keep_going=True)
+    prepared = None
+    if args.annotate:  # the annotation needs the folded model to name unnamed nodes
+        from onnx2bir.runtime.localize import prepare
+
+        prepared = prepare(args.model, _options(args), dict(args.input_shape), dict(args.dim),
+                           keep_going=True)
+        compilation = prepared.compilation
+    else:
+        compilation = _compile(args, keep_going=True)
     _print_stats(args, compilation)
     doc = report.build_report(args.model, compilation)
+    if prepared is not None:
+        from onnx2bir.annotate import annotate_model
+
+        count = annotate_model(args.model, prepared, doc, args.annotate)
+        print(f"wrote {args.annotate} ({count} nodes annotated)", file=sys.stderr)
     if args.explain:
         try:
             print(report.explain_conv(doc, args.explain))

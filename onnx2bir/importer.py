@@ -12,6 +12,7 @@ reference evaluator run on one node at a time for folding. Every failure becomes
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import networkx as nx
@@ -371,7 +372,10 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
     try:
         evaluator = ReferenceEvaluator(node, opsets=opsets)
         feeds = {name: constants[name] for name in node.input if name}
-        return [np.asarray(value) for value in evaluator.run(None, feeds)]
+        # log(0) = -inf and the like are values here, not problems worth a warning.
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [np.asarray(value) for value in evaluator.run(None, feeds)]
     except Exception:
         return None  # leave the node to the code generator, which reports it if unsupported
 

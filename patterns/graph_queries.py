@@ -46,7 +46,7 @@ def walk_up(graph: Graph, tensor: str, through: set[str], limit: int = 6
     return chain
 
 
-def cone_ops(graph: Graph, tensor: str, limit: int = 40) -> set[str]:
+def cone_ops(graph: Graph, tensor: str, limit: int = 80) -> set[str]:
     """Op types in the backward cone of `tensor` (up to `limit` nodes)."""
     seen: set[str] = set()
     ops: set[str] = set()

@@ -7,6 +7,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_conv,
     lower_data,
     lower_elementwise,
+    lower_layout,
     lower_logic,
     lower_matmul,
     lower_nonlinear,

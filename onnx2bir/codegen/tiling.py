@@ -123,3 +123,20 @@ def broadcast_strides(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> 
     padded = (1,) * (len(out_shape) - len(in_shape)) + tuple(in_shape)
     own = contiguous_strides(padded)
     return tuple(0 if size == 1 else stride for size, stride in zip(padded, own, strict=True))
+
+
+def nested_loops(
+    cg: BirCodeGen, sizes: tuple[int, ...], strides: list[tuple[int, ...]], name: str = "i"
+) -> Iterator[tuple[Affine, ...]]:
+    """One BIR loop per dim of `sizes` (none for a unit dim), nested outermost first.
+
+    `strides[k][d]` is operand k's element stride along dim d; yields the operands' offsets
+    (Affine in the loop axes) for the body.
+    """
+    if not sizes:
+        yield (Affine(),) * len(strides)
+        return
+    for index in tiles(cg, sizes[0], 1, name):
+        inner = [s[1:] for s in strides]
+        for rest in nested_loops(cg, sizes[1:], inner, name):
+            yield tuple(index.start * s[0] + r for s, r in zip(strides, rest, strict=True))
