@@ -64,7 +64,7 @@ def format_report(doc: dict) -> str:
     lines = [f"model {doc['model']}: "
              + ("compiles" if doc["compiles"] else f"does NOT compile: {doc['codegen_error']}")]
     stats = doc["statistics"]
-    if "total_conv_ops" in stats:
+    if stats.get("total_conv_ops"):
         lines += ["", f"convolutions: {stats['matched_conv_ops']} of {stats['total_conv_ops']} "
                       f"matched to kernels ({stats['conv_kernel_match_percentage']:.2f}%)"]
         for name, count in stats["per_kernel"].items():
@@ -76,6 +76,21 @@ def format_report(doc: dict) -> str:
         for conv in doc["convs"]:
             outcome = conv["kernel"] or f"GENERIC - {_first_reasons(conv)}"
             lines.append(f"  {conv['node']:<{width}}  {_conv_geometry(conv):<22} {outcome}")
+    blocks = [a for a in doc["attention"] if a.get("is_attention", True)]
+    if doc["attention"]:
+        raised = sum(1 for a in blocks if a["target"])
+        lines += ["", f"attention: {len(blocks)} block(s) found, {raised} raised"]
+        for a in doc["attention"]:
+            head = a["nodes"][0] if a["nodes"] else "?"
+            outcome = a["target"] or f"not raised: {a['reason']}"
+            lines.append(f"  {head}: {a['variant'] or '-'}")
+            lines.append(f"      -> {outcome}")
+    if doc["mlp"]:
+        raised = sum(1 for m in doc["mlp"] if m["target"])
+        lines += ["", f"MLP: {raised} block(s) raised to AwsNeuronMLPNKI"]
+        for m in doc["mlp"]:
+            outcome = m["target"] or f"not raised: {m['reason']}"
+            lines.append(f"  {m['nodes'][0]}: {m['activation'] or '-'} -> {outcome}")
     lines += ["", "ops:"]
     width = max((len(op) for op in doc["ops"]), default=0)
     lines += [f"  {op:<{width}}  {count}" for op, count in doc["ops"].items()]
