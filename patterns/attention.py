@@ -41,9 +41,9 @@ from onnx2bir.graph import Graph, TensorInfo
 from onnx2bir.options import CompileOptions
 from onnx2bir.passes import PassResult, Statistic
 from onnx2bir.patterns.graph_queries import (
-    const_value,
     cone_ops,
     cone_reaches_input,
+    const_value,
     other_input,
     scalar_const,
     walk_up,
@@ -206,10 +206,30 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
         block.extras.append(inputs[0])
         block.steps.append({"op": "masked_fill", "input": len(block.extras) - 1, "value": fill,
                             "fill_on_true": fill_at == 1})
-        causal = "causal " if "Trilu" in cone_ops(graph, inputs[0]) else ""
-        block.variant.append(f"{causal}masked_fill Where({fill:g})")
+        cond = const_value(graph, inputs[0])
+        masked = None if cond is None else (cond.astype(bool) if fill_at == 1
+                                            else ~cond.astype(bool))
+        if masked is not None and fill <= -1e4 and _is_causal_mask(
+                np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k):
+            block.causal_const = True
+            block.variant.append(f"causal masked_fill Where({fill:g}) (constant)")
+        else:
+            causal = "causal " if "Trilu" in cone_ops(graph, inputs[0]) else ""
+            block.variant.append(f"{causal}masked_fill Where({fill:g})")
         return None
     return f"unexpected op {op}"
+
+
+def _is_causal_step(graph: Graph, step: dict, tensor: str, block: AttentionBlock) -> bool:
+    """Whether an add or masked_fill step applies exactly a constant causal triangle."""
+    value = const_value(graph, tensor)
+    if value is None:
+        return False
+    if step["op"] == "add":
+        return _is_causal_mask(value, block.seq_q, block.seq_k)
+    masked = value.astype(bool) if step["fill_on_true"] else ~value.astype(bool)
+    return step["value"] <= -1e4 and _is_causal_mask(np.where(masked, -np.inf, 0.0),
+                                                      block.seq_q, block.seq_k)
 
 
 def _is_causal_mask(mask: np.ndarray, seq_q: int, seq_k: int) -> bool:
@@ -297,12 +317,10 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     extras = list(block.extras)
     if target == CAUSAL_ATTENTION_WITHOUT_SWAP:
         # The kernel masks causally itself: the constant triangle's Add becomes that step.
-        causal = [i for i, s in enumerate(steps) if s["op"] == "add"
-                  and const_value(graph, extras[s["input"]]) is not None
-                  and _is_causal_mask(const_value(graph, extras[s["input"]]), block.seq_q,
-                                      block.seq_k)]
-        for i in causal:
-            steps[i] = {"op": "causal"}
+        for i, step in enumerate(steps):
+            if step["op"] in ("add", "masked_fill") and _is_causal_step(
+                    graph, step, extras[step["input"]], block):
+                steps[i] = {"op": "causal"}
     anchor = block.match["pv"]
     for node in block.nodes:
         graph.remove_node(node)

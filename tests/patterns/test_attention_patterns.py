@@ -1,0 +1,294 @@
+"""LowerToCustomNativeKernel: one match and one no-match test per exported variant, the gates
+in the seed's order, the target choice, and the cast policy's Casts around the raised node."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx2bir.importer import import_model
+from onnx2bir.options import CompileOptions
+from onnx2bir.patterns.attention import (
+    ATTENTION,
+    ATTENTION_WITHOUT_SWAP,
+    CAUSAL_ATTENTION_WITHOUT_SWAP,
+    LowerToCustomNativeKernel,
+)
+
+B, H, D = 1, 2, 8
+RAISE = CompileOptions(enable_native_kernel_attention=True,
+                       enable_native_kernel_attention_bf16=True)
+
+
+class Builder:
+    """Writes an attention graph node by node; `t(name)` declares a float tensor input."""
+
+    def __init__(self, seq_q: int = 16, seq_k: int | None = None):
+        self.sq, self.sk = seq_q, seq_k or seq_q
+        self.nodes, self.inputs, self.inits, self.count = [], [], [], 0
+
+    def input(self, name, shape, dtype=TensorProto.FLOAT):
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(shape)))
+        return name
+
+    def const(self, value, dtype=np.float32):
+        name = f"c{self.count}"
+        self.count += 1
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def op(self, op_type, inputs, name=None, **attrs):
+        out = f"t{self.count}"
+        self.count += 1
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name or out, **attrs))
+        return out
+
+    def qkv(self):
+        q = self.input("q", (B, H, self.sq, D))
+        k = self.input("k", (B, H, self.sk, D))
+        v = self.input("v", (B, H, self.sk, D))
+        return q, k, v
+
+    def model(self, output, extra_outputs=()):
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                for o in (output, *extra_outputs)]
+        graph = helper.make_graph(self.nodes, "attention", self.inputs, outs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                                  ir_version=10)
+        return onnx.shape_inference.infer_shapes(model)
+
+
+def run_pass(model, options=CompileOptions()):
+    graph = import_model(model)
+    result = LowerToCustomNativeKernel().run(graph, options)
+    return graph, result.findings
+
+
+def core(b: Builder, scores, v, guard=False):
+    p = b.op("Softmax", [scores], name="softmax", axis=-1)
+    if guard:
+        nan = b.op("IsNaN", [p])
+        p = b.op("Where", [nan, b.const(0.0), p])
+    return b.op("MatMul", [p, v], name="pv")
+
+
+def standard(step_kinds=("mul",), guard=False, **builder):
+    b = Builder(**builder)
+    q, k, v = b.qkv()
+    kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
+    s = b.op("MatMul", [q, kt], name="qk")
+    for kind in step_kinds:
+        if kind == "mul":
+            s = b.op("Mul", [s, b.const(D ** -0.5)])
+        elif kind == "div":
+            s = b.op("Div", [s, b.const(D ** 0.5)])
+        elif kind == "mask":
+            s = b.op("Add", [s, b.input(f"mask{b.count}", (B, 1, 1, b.sk))])
+        elif kind == "bias_const":
+            s = b.op("Add", [b.const(np.random.default_rng(0).standard_normal(
+                (1, H, b.sq, b.sk))), s])
+        elif kind == "causal_const":
+            tri = np.triu(np.full((b.sq, b.sk), -1e9, np.float32), k=1)
+            s = b.op("Add", [s, b.const(tri)])
+        elif kind == "masked_fill":
+            cond = b.const(np.triu(np.ones((b.sq, b.sk), bool), k=1), dtype=bool)
+            s = b.op("Where", [cond, b.const(-np.inf), s])
+        elif kind == "cast":
+            s = b.op("Cast", [s], to=TensorProto.FLOAT)
+    return b, b.model(core(b, s, v, guard))
+
+
+@pytest.mark.parametrize("steps, fragment", [
+    (("mul",), "scale Mul(0.353553) after QK"),
+    (("div",), "scale Div(2.82843) after QK"),
+    ((), "no scale"),
+    (("mul", "mask"), "additive mask/bias (runtime)"),
+    (("mask", "mask"), "additive mask/bias (runtime), additive mask/bias (runtime)"),
+    (("bias_const", "mask"), "additive mask/bias (constant)"),
+    (("div", "masked_fill"), "causal masked_fill Where(-inf) (constant)"),
+    (("mul", "causal_const"), "causal mask (constant)"),
+    (("cast", "mask"), "Cast around softmax"),
+])
+def test_score_step_variants_match(steps, fragment):
+    _, model = standard(steps)
+    _, findings = run_pass(model)
+    (block,) = findings
+    assert block["is_attention"] and fragment in block["variant"]
+    assert block["nodes"][0] == "qk" and "pv" in block["nodes"] and "softmax" in block["nodes"]
+
+
+def test_nan_guard_after_softmax_is_part_of_the_block():
+    _, model = standard(("mul", "mask"), guard=True)
+    _, (block,) = run_pass(model)
+    assert "NaN guard after softmax" in block["variant"] and len(block["nodes"]) == 7
+
+
+def test_scale_folded_into_q_and_split_over_q_and_k():
+    b = Builder()
+    q, k, v = b.qkv()
+    q_scaled = b.op("Mul", [q, b.const(D ** -0.5)])
+    kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
+    _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [q_scaled, kt], name="qk"), v)))
+    assert "scale folded into Q" in block["variant"]
+    b = Builder()
+    q, k, v = b.qkv()
+    root = D ** -0.25
+    kt = b.op("Mul", [b.op("Transpose", [k], perm=[0, 1, 3, 2]), b.const(root)])
+    qs = b.op("Mul", [q, b.const(root)])
+    _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [qs, kt], name="qk"), v)))
+    assert "scale split as √scale on Q and Kᵀ" in block["variant"]
+
+
+def test_heads_split_packed_qkv_and_k_transpose_chain():
+    b = Builder()
+    x = b.input("x", (B, 16, 3 * H * D))
+    q, k, v = (b.op("Transpose", [b.op("Reshape", [part, b.const([B, 16, H, D], np.int64)])],
+                    perm=[0, 2, 1, 3])
+               for part in b.op_multi("Split", [x], 3, axis=2, num_outputs=3))
+    flat = b.op("Reshape", [k, b.const([B * H, 16, D], np.int64)])
+    kt = b.op("Reshape", [b.op("Transpose", [flat], perm=[0, 2, 1]),
+                          b.const([B, H, D, 16], np.int64)])
+    _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [q, kt], name="qk"), v)))
+    for fragment in ("packed QKV (Split)", "heads split by Reshape/Transpose",
+                     "Kᵀ by a Reshape/Transpose chain"):
+        assert fragment in block["variant"]
+
+
+def _op_multi(self, op_type, inputs, count, **attrs):
+    outs = [f"t{self.count + i}" for i in range(count)]
+    self.count += count
+    self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
+    return outs
+
+
+Builder.op_multi = _op_multi
+
+
+def test_grouped_query_kv_by_expand():
+    b = Builder()
+    q = b.input("q", (B, 4, 16, D))
+    k = b.input("k", (B, 2, 16, D))
+    v = b.input("v", (B, 2, 16, D))
+
+    def repeat(t):
+        t = b.op("Unsqueeze", [t, b.const([2], np.int64)])
+        t = b.op("Expand", [t, b.const([B, 2, 2, 16, D], np.int64)])
+        return b.op("Reshape", [t, b.const([B, 4, 16, D], np.int64)])
+
+    kt = b.op("Transpose", [repeat(k)], perm=[0, 1, 3, 2])
+    _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [q, kt], name="qk"), repeat(v))))
+    assert "grouped-query K/V (Expand)" in block["variant"]
+
+
+# --- no-match ------------------------------------------------------------------------------------
+def test_softmax_over_another_axis_is_not_attention():
+    b = Builder()
+    q, k, v = b.qkv()
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
+    p = b.op("Softmax", [s], name="softmax", axis=2)
+    _, (finding,) = run_pass(b.model(b.op("MatMul", [p, v], name="pv")))
+    assert not finding["is_attention"] and "softmax over axis 2" in finding["reason"]
+
+
+def test_constant_divided_by_scores_is_refused():
+    b = Builder()
+    q, k, v = b.qkv()
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
+    s = b.op("Div", [b.const(2.0), s])
+    _, findings = run_pass(b.model(core(b, s, v)))
+    assert findings and not findings[0]["is_attention"]
+    assert "divides a constant by the scores" in findings[0]["reason"]
+
+
+def test_where_without_a_scalar_fill_is_refused():
+    b = Builder()
+    q, k, v = b.qkv()
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
+    s = b.op("Where", [b.input("cond", (16, 16), TensorProto.BOOL), b.input("fill", (16, 16)), s])
+    _, findings = run_pass(b.model(core(b, s, v)))
+    assert "Where without a scalar fill value" in findings[0]["reason"]
+
+
+def test_probabilities_used_outside_the_block_are_not_absorbed():
+    b = Builder()
+    q, k, v = b.qkv()
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
+    p = b.op("Softmax", [s], name="softmax", axis=-1)
+    out = b.op("MatMul", [p, v], name="pv")
+    graph, (finding,) = run_pass(b.model(out, extra_outputs=[p]), RAISE)
+    assert not finding["is_attention"] and "is a graph output" in finding["reason"]
+    assert graph.op_counts()["Softmax"] == 1
+
+
+def test_projection_matmul_with_constant_weight_is_not_attention():
+    b = Builder()
+    x = b.input("x", (B, 16, D))
+    s = b.op("MatMul", [x, b.const(np.ones((D, 16)))], name="qk")
+    _, findings = run_pass(b.model(core(b, s, b.input("v", (B, 16, D)))))
+    assert "constant operand" in findings[0]["reason"]
+
+
+# --- gates, target, cast policy ------------------------------------------------------------------
+@pytest.mark.parametrize("options, seq, reason", [
+    (CompileOptions(), 1024, "enable-native-kernel-attention is off"),
+    (CompileOptions(enable_native_kernel_attention=True, target="inf2"), 1024,
+     "target 'inf2' is not 'sunda'"),
+    (CompileOptions(enable_native_kernel_attention=True), 1024,
+     "tensors are float32, not bfloat16, and enable-native-kernel-attention-bf16 is off"),
+    (RAISE, 1007, "sequence 1007 <= 1007"),
+])
+def test_gates_in_order(options, seq, reason):
+    _, model = standard(("mul",), seq_q=seq)
+    graph, (block,) = run_pass(model, options)
+    assert block["target"] is None and block["reason"] == reason
+    assert graph.op_counts()["Softmax"] == 1
+
+
+def test_head_dim_and_sbuf_gates():
+    global D
+    saved, D = D, 160
+    try:
+        _, model = standard(("mul",), seq_q=1024)
+        _, (block,) = run_pass(model, RAISE)
+        assert block["reason"] == "head dim 160 > 128"
+    finally:
+        D = saved
+    _, model = standard((), seq_q=1008, seq_k=30000)
+    _, (block,) = run_pass(model, RAISE)
+    assert block["reason"].startswith("SBUF bytes 240000 > 196608")
+
+
+@pytest.mark.parametrize("steps, seq_k, target", [
+    (("mul", "mask"), None, ATTENTION_WITHOUT_SWAP),
+    (("mul", "mask"), 2048, ATTENTION),
+    (("mul", "causal_const"), None, CAUSAL_ATTENTION_WITHOUT_SWAP),
+    (("div", "masked_fill"), None, CAUSAL_ATTENTION_WITHOUT_SWAP),
+])
+def test_target_choice_and_raise(steps, seq_k, target):
+    _, model = standard(steps, seq_q=1024, seq_k=seq_k)
+    graph, (block,) = run_pass(model, RAISE)
+    assert block["target"] == target and block["reason"] is None
+    (node,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
+    assert node["attrs"]["custom_call_target"] == target
+    assert node["attrs"]["api_version"] == 1
+    config = __import__("json").loads(node["attrs"]["backend_config"])
+    assert list(config) == ["psum_shape", "sb_shape", "auto_cast", "auto_cast_type",
+                            "kernel_name"]
+    assert config["kernel_name"] == target and config["auto_cast_type"] == "bf16"
+    # matmult-to-bf16: q, kᵀ, v stored as bf16 by Casts in front; the result cast back.
+    casts = [d for _, d in graph.nodes() if d["op_type"] == "Cast"]
+    assert len(casts) == 4 and node["attrs"]["storage_dtype"] == "bfloat16"
+    assert "Softmax" not in graph.op_counts() and "MatMul" not in graph.op_counts()
+    if target == CAUSAL_ATTENTION_WITHOUT_SWAP:
+        assert {"op": "causal"} in __import__("json").loads(node["attrs"]["steps"])
+
+
+def test_fp16_cast_policy():
+    _, model = standard(("mul",), seq_q=1024)
+    graph, (block,) = run_pass(model, CompileOptions(
+        enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True,
+        native_kernel_cast_type="all-to-fp16"))
+    (node,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
+    assert node["attrs"]["storage_dtype"] == "float16"
