@@ -24,8 +24,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
-         "shufflenet", "squeezenet", "vgg19", "zfnet512"]
+LIGHT = [
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+]
 
 
 def _resolve(name: str) -> Path:
@@ -64,13 +73,22 @@ def _measure(name: str, queue) -> None:
         expected = session.run(None, feeds)
         run_time = time.perf_counter() - start
         names = [out.name for out in session.get_outputs()]
-        passed = all(compare_output(n, actual[n], e).passed
-                     for n, e in zip(names, expected, strict=True))
+        passed = all(
+            compare_output(n, actual[n], e).passed for n, e in zip(names, expected, strict=True)
+        )
         instructions = sum(1 for _ in compilation.module.functions[0].instructions())
-        queue.put({"model": name, "convert": convert, "simulate": simulate,
-                   "ort_session": session_time, "ort_run": run_time, "passed": passed,
-                   "instructions": instructions,
-                   "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        queue.put(
+            {
+                "model": name,
+                "convert": convert,
+                "simulate": simulate,
+                "ort_session": session_time,
+                "ort_run": run_time,
+                "passed": passed,
+                "instructions": instructions,
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
     except Exception as exc:  # report and keep going with the next model
         queue.put({"model": name, "error": f"{type(exc).__name__}: {exc}"[:200]})
 
@@ -85,9 +103,11 @@ def measure(name: str) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | convert s | ORT session s | convert/session | simulate s | ORT run s "
-             "| simulate/run | peak MiB | BIR instructions | validates |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| model | convert s | ORT session s | convert/session | simulate s | ORT run s "
+        "| simulate/run | peak MiB | BIR instructions | validates |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for row in rows:
         if "error" in row:
             lines.append(f"| {row['model']} | error: {row['error']} |||||||||")
@@ -97,7 +117,8 @@ def table(rows: list[dict]) -> str:
             f"{row['convert'] / row['ort_session']:.2f} | {row['simulate']:.2f} | "
             f"{row['ort_run']:.3f} | {row['simulate'] / row['ort_run']:.0f}x | "
             f"{row['peak_mib']:.0f} | {row['instructions']} | "
-            f"{'yes' if row['passed'] else 'NO'} |")
+            f"{'yes' if row['passed'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -109,8 +130,9 @@ def main() -> None:
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--json", type=Path, help="also write the raw figures as JSON")
     args = parser.parse_args()
-    names = args.models or [str(p.relative_to(ROOT)) for p in sorted((ROOT / "models").glob(
-        "*.onnx"))]
+    names = args.models or [
+        str(p.relative_to(ROOT)) for p in sorted((ROOT / "models").glob("*.onnx"))
+    ]
     if not args.models and not args.no_light:
         names += [f"light:{name}" for name in LIGHT]
     if args.large:

@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -240,7 +239,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validation_report.save_inputs(args.save_inputs, feeds)
     if args.save_outputs:
         validation_report.save_outputs(args.save_outputs, outputs)
-    print(json.dumps(doc, indent=1) if args.json else validation_report.format_text(doc))
+    print(validation_report.to_json_text(doc) if args.json
+          else validation_report.format_text(doc))
     return EXIT_OK if doc["passed"] else EXIT_MISMATCH
 
 
@@ -249,7 +249,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     prepared = None
     if args.annotate:  # the annotation needs the folded model to name unnamed nodes
-        from onnx2bir.runtime.localize import prepare
+        from onnx2bir.runtime.prepared import prepare
 
         prepared = prepare(args.model, _options(args), dict(args.input_shape), dict(args.dim),
                            keep_going=True)

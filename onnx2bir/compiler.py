@@ -68,9 +68,13 @@ def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=N
     return import_model(source, input_shapes, dims)
 
 
-def compile_graph(graph: Graph, options: CompileOptions, passes: list | None = None,
-                  timings: dict[str, float] | None = None,
-                  keep_going: bool = False) -> Compilation:
+def compile_graph(
+    graph: Graph,
+    options: CompileOptions,
+    passes: list | None = None,
+    timings: dict[str, float] | None = None,
+    keep_going: bool = False,
+) -> Compilation:
     """Run the passes, then generate BIR.
 
     With `keep_going`, a failure to generate code is recorded in `codegen_error` instead of
@@ -95,11 +99,15 @@ def compile_graph(graph: Graph, options: CompileOptions, passes: list | None = N
     return compilation
 
 
-def compile_model(source: str | Path | onnx.ModelProto, options: CompileOptions | None = None,
-                  input_shapes=None, dims=None, keep_going: bool = False) -> Compilation:
+def compile_model(
+    source: str | Path | onnx.ModelProto,
+    options: CompileOptions | None = None,
+    input_shapes=None,
+    dims=None,
+    keep_going: bool = False,
+) -> Compilation:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     graph = import_model(source, input_shapes, dims)
     timings["import"] = time.perf_counter() - start
-    return compile_graph(graph, options or CompileOptions(), timings=timings,
-                         keep_going=keep_going)
+    return compile_graph(graph, options or CompileOptions(), timings=timings, keep_going=keep_going)

@@ -26,8 +26,14 @@ from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph, TensorInfo
 
 # Ops whose outputs vary between runs: never folded even with constant inputs.
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                     "Multinomial", "Bernoulli"}
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
 _FOLD_MAX_ELEMENTS = 1 << 24
 # Initializers this large are held aside as numpy arrays while onnx checks and infers the rest.
 WEIGHT_ELEMENTS = 4096
@@ -76,8 +82,9 @@ def split_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         except Exception as exc:
             raise UserError(f"initializer {init.name!r} cannot be read: {exc}") from exc
         if init.name not in listed:
-            model.graph.input.append(onnx.helper.make_tensor_value_info(
-                init.name, init.data_type, list(init.dims)))
+            model.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
     if weights:
         del model.graph.initializer[:]
         model.graph.initializer.extend(kept)
@@ -108,8 +115,11 @@ def _fill_output_shapes(model: onnx.ModelProto) -> None:
 
     onnxruntime runs such models, but onnx's checker rejects a graph output with no shape.
     """
-    missing = [out for out in model.graph.output
-               if out.type.HasField("tensor_type") and not out.type.tensor_type.HasField("shape")]
+    missing = [
+        out
+        for out in model.graph.output
+        if out.type.HasField("tensor_type") and not out.type.tensor_type.HasField("shape")
+    ]
     if not missing:
         return
     try:
@@ -137,8 +147,7 @@ def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> N
             )
         if not target.is_file():
             raise UserError(
-                f"{path}: external data file {info.location!r} of tensor {tensor.name!r} "
-                "is missing"
+                f"{path}: external data file {info.location!r} of tensor {tensor.name!r} is missing"
             )
     try:
         external_data_helper.load_external_data_for_model(model, str(base_dir))
@@ -174,7 +183,9 @@ def runtime_inputs(model: onnx.ModelProto, weights=()) -> list[onnx.ValueInfoPro
 
 
 def fix_input_shapes(
-    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]], dims: dict[str, int],
+    model: onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]],
+    dims: dict[str, int],
     weights=(),
 ) -> onnx.ModelProto:
     """Return a copy of `model` whose runtime inputs all have static shapes."""
@@ -226,8 +237,12 @@ def normalize_pool_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
     count is exact for MaxPool (the pad is -inf) and for AveragePool without
     count_include_pad (padding is not counted); other pools are left alone.
     """
-    pools = [n for n in model.graph.node if n.op_type in ("MaxPool", "AveragePool")
-             and any(a.name == "ceil_mode" and a.i == 1 for a in n.attribute)]
+    pools = [
+        n
+        for n in model.graph.node
+        if n.op_type in ("MaxPool", "AveragePool")
+        and any(a.name == "ceil_mode" and a.i == 1 for a in n.attribute)
+    ]
     if not pools:
         return model
     shapes = _static_shapes(onnx.shape_inference.infer_shapes(model, strict_mode=False))
@@ -261,8 +276,9 @@ def normalize_pool_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
         for attr in list(node.attribute):
             if attr.name in ("ceil_mode", "pads"):
                 node.attribute.remove(attr)
-        node.attribute.extend([onnx.helper.make_attribute("pads", pads),
-                               onnx.helper.make_attribute("ceil_mode", 0)])
+        node.attribute.extend(
+            [onnx.helper.make_attribute("pads", pads), onnx.helper.make_attribute("ceil_mode", 0)]
+        )
     for value in list(model.graph.value_info):
         if value.name in {n.output[0] for n in pools}:
             model.graph.value_info.remove(value)
@@ -301,8 +317,9 @@ def _opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def fold_constants(model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
-                   ) -> onnx.ModelProto:
+def fold_constants(
+    model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
+) -> onnx.ModelProto:
     """Evaluate every node whose inputs are known at compile time; drop it from the graph.
 
     Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by
@@ -344,8 +361,11 @@ def fold_constants(model: onnx.ModelProto, weights: dict[str, np.ndarray] | None
         value = np.asarray(value)
         if value.size >= WEIGHT_ELEMENTS:  # a large folded value joins the weights held aside
             weights[name] = value
-            folded.graph.input.append(onnx.helper.make_tensor_value_info(
-                name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+            folded.graph.input.append(
+                onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
+                )
+            )
         else:
             folded.graph.initializer.append(numpy_helper.from_array(value, name))
     return _infer(folded)
@@ -363,8 +383,9 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
         return [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
     if any(name and name not in constants for name in node.input):
         return None
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for a in node.attribute):
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    ):
         return None
     for name in node.output:
         if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
@@ -380,8 +401,9 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
         return None  # leave the node to the code generator, which reports it if unsupported
 
 
-def build_graph(model: onnx.ModelProto, name: str,
-                weights: dict[str, np.ndarray] | None = None) -> Graph:
+def build_graph(
+    model: onnx.ModelProto, name: str, weights: dict[str, np.ndarray] | None = None
+) -> Graph:
     """Turn a folded, fully shaped model (and the weights held aside) into a Graph."""
     onnx_graph = model.graph
     shapes = _static_shapes(model)
@@ -393,8 +415,9 @@ def build_graph(model: onnx.ModelProto, name: str,
     }
     for init in onnx_graph.initializer:
         value = numpy_helper.to_array(init)
-        tensors[init.name] = TensorInfo(init.name, value.shape, _dtype(init.name, value.dtype),
-                                        value)
+        tensors[init.name] = TensorInfo(
+            init.name, value.shape, _dtype(init.name, value.dtype), value
+        )
     graph = Graph(
         name=name,
         nx=nx.MultiDiGraph(),
@@ -447,8 +470,10 @@ def _dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
 def _dtype(tensor: str, dtype: np.dtype) -> Dtype:
     try:
         return Dtype.from_numpy(dtype)
-    except ValueError:
-        raise UserError(f"tensor {tensor!r} has dtype {dtype}, which onnx2bir does not support")
+    except ValueError as exc:
+        raise UserError(
+            f"tensor {tensor!r} has dtype {dtype}, which onnx2bir does not support"
+        ) from exc
 
 
 def _unique_name(node: onnx.NodeProto, index: int, used: set[str]) -> str:

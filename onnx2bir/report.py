@@ -30,8 +30,9 @@ def build_report(model: str, compilation: Compilation) -> dict:
     statistics: dict = {"per_kernel": {}}
     for stat in conv_stats.statistics if conv_stats else []:
         if stat.name in _CONV_STAT_KEYS:
-            statistics[stat.name] = (float(stat.value) if stat.name ==
-                                     "conv_kernel_match_percentage" else stat.value)
+            statistics[stat.name] = (
+                float(stat.value) if stat.name == "conv_kernel_match_percentage" else stat.value
+            )
         else:
             statistics["per_kernel"][stat.name.removeprefix("kernel_")] = stat.value
     instructions = None
@@ -56,17 +57,24 @@ def build_report(model: str, compilation: Compilation) -> dict:
 def _conv_geometry(conv: dict) -> str:
     kernel = "x".join(str(d) for d in conv["kernel_shape"][2:])
     stride = "x".join(str(s) for s in conv["stride"])
-    return (f"{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride} "
-            f"g{conv['feature_group_count']}")
+    return (
+        f"{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride} "
+        f"g{conv['feature_group_count']}"
+    )
 
 
 def format_report(doc: dict) -> str:
-    lines = [f"model {doc['model']}: "
-             + ("compiles" if doc["compiles"] else f"does NOT compile: {doc['codegen_error']}")]
+    lines = [
+        f"model {doc['model']}: "
+        + ("compiles" if doc["compiles"] else f"does NOT compile: {doc['codegen_error']}")
+    ]
     stats = doc["statistics"]
     if stats.get("total_conv_ops"):
-        lines += ["", f"convolutions: {stats['matched_conv_ops']} of {stats['total_conv_ops']} "
-                      f"matched to kernels ({stats['conv_kernel_match_percentage']:.2f}%)"]
+        lines += [
+            "",
+            f"convolutions: {stats['matched_conv_ops']} of {stats['total_conv_ops']} "
+            f"matched to kernels ({stats['conv_kernel_match_percentage']:.2f}%)",
+        ]
         for name, count in stats["per_kernel"].items():
             if count:
                 lines.append(f"  {count:>4}  {name}")
@@ -112,17 +120,21 @@ def explain_conv(doc: dict, node: str) -> str:
     """The whole registry walk for one conv."""
     for conv in doc["convs"]:
         if conv["node"] == node:
-            lines = [f"{conv['op_type']} {node}: {_conv_geometry(conv)}",
-                     f"  input {conv['input_shape']} kernel {conv['kernel_shape']} "
-                     f"result {conv['result_shape']}",
-                     f"  stride {conv['stride']} padding {conv['padding']} rhs_dilation "
-                     f"{conv['rhs_dilation']} lhs_dilation {conv['lhs_dilation']} "
-                     f"dtype {conv['dtype']}"]
+            lines = [
+                f"{conv['op_type']} {node}: {_conv_geometry(conv)}",
+                f"  input {conv['input_shape']} kernel {conv['kernel_shape']} "
+                f"result {conv['result_shape']}",
+                f"  stride {conv['stride']} padding {conv['padding']} rhs_dilation "
+                f"{conv['rhs_dilation']} lhs_dilation {conv['lhs_dilation']} "
+                f"dtype {conv['dtype']}",
+            ]
             for index, step in enumerate(conv["walk"], 1):
                 lines.append(f"  {index:>2}. {step['entry']:<22} refused: {step['refused']}")
             if conv["kernel"]:
-                lines.append(f"  {len(conv['walk']) + 1:>2}. {conv['registry_entry']:<22} "
-                             f"MATCHED -> {conv['kernel']}")
+                lines.append(
+                    f"  {len(conv['walk']) + 1:>2}. {conv['registry_entry']:<22} "
+                    f"MATCHED -> {conv['kernel']}"
+                )
             else:
                 lines.append("  -> no kernel: the generic conv lowering runs it")
             return "\n".join(lines)

@@ -68,18 +68,32 @@ def _build_patterns() -> list[Pattern]:
     patterns = []
     tails = {
         "none": ([], [("softmax", "pv", 0)]),
-        "cast": ([PNode.of("tail_cast", "Cast")],
-                 [("softmax", "tail_cast", 0), ("tail_cast", "pv", 0)]),
-        "identity": ([PNode.of("tail_identity", "Dropout", "Identity")],
-                     [("softmax", "tail_identity", 0), ("tail_identity", "pv", 0)]),
-        "nan_guard": ([PNode.of("isnan", "IsNaN"), PNode.of("guard", "Where")],
-                      [("softmax", "isnan", 0), ("isnan", "guard", 0), ("softmax", "guard", 2),
-                       ("guard", "pv", 0)]),
+        "cast": (
+            [PNode.of("tail_cast", "Cast")],
+            [("softmax", "tail_cast", 0), ("tail_cast", "pv", 0)],
+        ),
+        "identity": (
+            [PNode.of("tail_identity", "Dropout", "Identity")],
+            [("softmax", "tail_identity", 0), ("tail_identity", "pv", 0)],
+        ),
+        "nan_guard": (
+            [PNode.of("isnan", "IsNaN"), PNode.of("guard", "Where")],
+            [
+                ("softmax", "isnan", 0),
+                ("isnan", "guard", 0),
+                ("softmax", "guard", 2),
+                ("guard", "pv", 0),
+            ],
+        ),
     }
     for steps in range(MAX_SCORE_STEPS, -1, -1):
         for tail, (tail_nodes, tail_edges) in tails.items():
-            nodes = [PNode.of("qk", "MatMul"), PNode.of("softmax", "Softmax"),
-                     PNode.of("pv", "MatMul"), *tail_nodes]
+            nodes = [
+                PNode.of("qk", "MatMul"),
+                PNode.of("softmax", "Softmax"),
+                PNode.of("pv", "MatMul"),
+                *tail_nodes,
+            ]
             edges = list(tail_edges)
             previous = "qk"
             for step in range(steps):
@@ -88,8 +102,14 @@ def _build_patterns() -> list[Pattern]:
                 edges.append((previous, key, ANY_INDEX))
                 previous = key
             edges.append((previous, "softmax", 0))
-            patterns.append(Pattern(f"attention.mm_softmax_mm[{steps} steps, {tail}]",
-                                    tuple(nodes), tuple(edges), "softmax"))
+            patterns.append(
+                Pattern(
+                    f"attention.mm_softmax_mm[{steps} steps, {tail}]",
+                    tuple(nodes),
+                    tuple(edges),
+                    "softmax",
+                )
+            )
     return sorted(patterns, key=lambda p: -p.size)
 
 
@@ -121,12 +141,12 @@ class AttentionBlock:
         return list(self.match.values())
 
 
-def check_block(graph: Graph, match: dict[str, str], pattern: str) -> tuple[AttentionBlock | None,
-                                                                          str | None]:
+def check_block(
+    graph: Graph, match: dict[str, str], pattern: str
+) -> tuple[AttentionBlock | None, str | None]:
     """Read the matched block; None and a reason when it is not an attention block."""
     block = AttentionBlock(match, pattern)
-    qk, softmax, pv = graph.node(match["qk"]), graph.node(match["softmax"]), graph.node(
-        match["pv"])
+    qk, softmax, pv = graph.node(match["qk"]), graph.node(match["softmax"]), graph.node(match["pv"])
     block.q, block.kt = qk["inputs"][:2]
     block.v, block.output = pv["inputs"][1], pv["outputs"][0]
     if const_value(graph, block.q) is not None or const_value(graph, block.kt) is not None:
@@ -204,13 +224,23 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
         if fill is None:
             return "Where without a scalar fill value"
         block.extras.append(inputs[0])
-        block.steps.append({"op": "masked_fill", "input": len(block.extras) - 1, "value": fill,
-                            "fill_on_true": fill_at == 1})
+        block.steps.append(
+            {
+                "op": "masked_fill",
+                "input": len(block.extras) - 1,
+                "value": fill,
+                "fill_on_true": fill_at == 1,
+            }
+        )
         cond = const_value(graph, inputs[0])
-        masked = None if cond is None else (cond.astype(bool) if fill_at == 1
-                                            else ~cond.astype(bool))
-        if masked is not None and fill <= -1e4 and _is_causal_mask(
-                np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k):
+        masked = (
+            None if cond is None else (cond.astype(bool) if fill_at == 1 else ~cond.astype(bool))
+        )
+        if (
+            masked is not None
+            and fill <= -1e4
+            and _is_causal_mask(np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k)
+        ):
             block.causal_const = True
             block.variant.append(f"causal masked_fill Where({fill:g}) (constant)")
         else:
@@ -228,8 +258,9 @@ def _is_causal_step(graph: Graph, step: dict, tensor: str, block: AttentionBlock
     if step["op"] == "add":
         return _is_causal_mask(value, block.seq_q, block.seq_k)
     masked = value.astype(bool) if step["fill_on_true"] else ~value.astype(bool)
-    return step["value"] <= -1e4 and _is_causal_mask(np.where(masked, -np.inf, 0.0),
-                                                      block.seq_q, block.seq_k)
+    return step["value"] <= -1e4 and _is_causal_mask(
+        np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k
+    )
 
 
 def _is_causal_mask(mask: np.ndarray, seq_q: int, seq_k: int) -> bool:
@@ -243,13 +274,32 @@ def _is_causal_mask(mask: np.ndarray, seq_q: int, seq_k: int) -> bool:
 
 
 def _classify_paths(graph: Graph, block: AttentionBlock) -> None:
-    path_ops = {"Transpose", "Reshape", "Mul", "Div", "Expand", "Unsqueeze", "Squeeze",
-                "Split", "Slice", "Gather", "Add", "Cast"}
-    paths = {name: walk_up(graph, tensor, path_ops, limit=8)
-             for name, tensor in (("q", block.q), ("k", block.kt), ("v", block.v))}
-    scaled = [name for name in ("q", "k") if any(
-        d["op_type"] in ("Mul", "Div") and scalar_const(graph, d["inputs"][1]) is not None
-        for _, d in paths[name][:3])]
+    path_ops = {
+        "Transpose",
+        "Reshape",
+        "Mul",
+        "Div",
+        "Expand",
+        "Unsqueeze",
+        "Squeeze",
+        "Split",
+        "Slice",
+        "Gather",
+        "Add",
+        "Cast",
+    }
+    paths = {
+        name: walk_up(graph, tensor, path_ops, limit=8)
+        for name, tensor in (("q", block.q), ("k", block.kt), ("v", block.v))
+    }
+    scaled = [
+        name
+        for name in ("q", "k")
+        if any(
+            d["op_type"] in ("Mul", "Div") and scalar_const(graph, d["inputs"][1]) is not None
+            for _, d in paths[name][:3]
+        )
+    ]
     if scaled == ["q", "k"]:
         block.variant.append("scale split as √scale on Q and Kᵀ")
     elif scaled == ["q"]:
@@ -286,8 +336,10 @@ def gate(block: AttentionBlock, options: CompileOptions) -> tuple[str | None, st
     if block.dtype not in (Dtype.BF16, Dtype.FP16, Dtype.FP32):
         return None, f"dtype {block.dtype} is not eligible"
     if not options.enable_native_kernel_attention_bf16 and block.dtype is not Dtype.BF16:
-        return None, (f"tensors are {block.dtype}, not bfloat16, and "
-                      "enable-native-kernel-attention-bf16 is off")
+        return None, (
+            f"tensors are {block.dtype}, not bfloat16, and "
+            "enable-native-kernel-attention-bf16 is off"
+        )
     if block.seq_q <= MIN_SEQUENCE:
         return None, f"sequence {block.seq_q} <= {MIN_SEQUENCE}"
     if block.head_dim > MAX_HEAD_DIM:
@@ -309,8 +361,7 @@ def storage_dtype(block: AttentionBlock, options: CompileOptions) -> Dtype:
 
 
 # --- the rewrite -------------------------------------------------------------------------------
-def raise_block(graph: Graph, block: AttentionBlock, target: str, options: CompileOptions
-                ) -> None:
+def raise_block(graph: Graph, block: AttentionBlock, target: str, options: CompileOptions) -> None:
     """Replace the block by one CustomCall, with Casts around it when the policy casts."""
     storage = storage_dtype(block, options)
     steps = list(block.steps)
@@ -319,7 +370,8 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
         # The kernel masks causally itself: the constant triangle's Add becomes that step.
         for i, step in enumerate(steps):
             if step["op"] in ("add", "masked_fill") and _is_causal_step(
-                    graph, step, extras[step["input"]], block):
+                graph, step, extras[step["input"]], block
+            ):
                 steps[i] = {"op": "causal"}
     anchor = block.match["pv"]
     for node in block.nodes:
@@ -339,17 +391,29 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
         "auto_cast_type": options.cast_type,
         "kernel_name": target,
     }
-    graph.add_node(anchor, "CustomCall", [*operands, *extras], [kernel_out], {
-        "custom_call_target": target,
-        "backend_config": json.dumps(config),
-        "api_version": 1,
-        "steps": json.dumps(steps),
-        "post_steps": json.dumps(block.post_steps),
-        "storage_dtype": str(storage),
-    }, domain="onnx2bir")
+    graph.add_node(
+        anchor,
+        "CustomCall",
+        [*operands, *extras],
+        [kernel_out],
+        {
+            "custom_call_target": target,
+            "backend_config": json.dumps(config),
+            "api_version": 1,
+            "steps": json.dumps(steps),
+            "post_steps": json.dumps(block.post_steps),
+            "storage_dtype": str(storage),
+        },
+        domain="onnx2bir",
+    )
     if kernel_out != output:
-        graph.add_node(f"{anchor}/cast_out", "Cast", [kernel_out], [output],
-                       {"to": _onnx_type(graph.tensors[output].dtype)})
+        graph.add_node(
+            f"{anchor}/cast_out",
+            "Cast",
+            [kernel_out],
+            [output],
+            {"to": _onnx_type(graph.tensors[output].dtype)},
+        )
 
 
 def _onnx_type(dtype: Dtype) -> int:
@@ -405,22 +469,35 @@ class LowerToCustomNativeKernel:
     def run(self, graph: Graph, options: CompileOptions) -> PassResult:
         if not options.enable_native_kernel_attention:
             # The reference logs this at WARNING on every compile; here it is a report line.
-            log.info("LowerToCustomNativeKernel pass is enabled but none of the kernels is "
-                     "enabled.")
+            log.info(
+                "LowerToCustomNativeKernel pass is enabled but none of the kernels is enabled."
+            )
         findings, raised = [], 0
         blocks = find_blocks(graph)
         for block, match, reason in blocks:
             if block is None:
-                findings.append({"nodes": list(match.values()), "variant": None,
-                                 "target": None, "reason": f"not attention: {reason}",
-                                 "is_attention": False})
+                findings.append(
+                    {
+                        "nodes": list(match.values()),
+                        "variant": None,
+                        "target": None,
+                        "reason": f"not attention: {reason}",
+                        "is_attention": False,
+                    }
+                )
                 continue
             target, why = gate(block, options)
             entry = {
-                "nodes": block.nodes, "variant": ", ".join(block.variant) or "plain",
-                "target": target, "reason": why, "is_attention": True,
-                "pattern": block.pattern, "seq_q": block.seq_q, "seq_k": block.seq_k,
-                "head_dim": block.head_dim, "dtype": str(block.dtype),
+                "nodes": block.nodes,
+                "variant": ", ".join(block.variant) or "plain",
+                "target": target,
+                "reason": why,
+                "is_attention": True,
+                "pattern": block.pattern,
+                "seq_q": block.seq_q,
+                "seq_k": block.seq_k,
+                "head_dim": block.head_dim,
+                "dtype": str(block.dtype),
             }
             if target is not None:
                 raise_block(graph, block, target, options)
@@ -429,9 +506,17 @@ class LowerToCustomNativeKernel:
             findings.append(entry)
         found = sum(1 for block, _, _ in blocks if block is not None)
         stats = [
-            Statistic(self.name, "attention_blocks_found",
-                      "Number of matmul-softmax-matmul attention blocks found", found),
-            Statistic(self.name, "attention_blocks_raised",
-                      "Number of attention blocks lowered to a native kernel", raised),
+            Statistic(
+                self.name,
+                "attention_blocks_found",
+                "Number of matmul-softmax-matmul attention blocks found",
+                found,
+            ),
+            Statistic(
+                self.name,
+                "attention_blocks_raised",
+                "Number of attention blocks lowered to a native kernel",
+                raised,
+            ),
         ]
         return PassResult(raised > 0, stats, findings)

@@ -78,13 +78,12 @@ def _unit(values: list[int]) -> bool:
 
 def _replicated_input_bytes(op: ConvOp) -> int:
     """Bytes per partition of one image's rows replicated per kernel row (the Pcinh tile)."""
-    (out_h, _), (in_h, in_w) = op.out_spatial, op.in_spatial
+    (out_h, _), (_, in_w) = op.out_spatial, op.in_spatial
     padded_w = in_w + sum(op.padding[1])
     return op.dtype.itemsize * out_h * padded_w
 
 
-def match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh(op: ConvOp, allow_stride: bool = True
-                                                  ) -> Reason:  # noqa: N802 (seed's name)
+def match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh(op: ConvOp, allow_stride: bool = True) -> Reason:  # noqa: N802 (seed's name)
     """Dense conv whose C_in x kH rows fit the partitions and whose replica fits SBUF."""
     c_in, kh = op.in_channels, op.kern_spatial[0]
     return _first(
@@ -96,8 +95,10 @@ def match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh(op: ConvOp, allow_stride: bool
         (op.dtype.is_float, f"dtype {op.dtype}"),
         (allow_stride or _unit(op.stride), f"stride {op.stride} not allowed"),
         (c_in * kh <= NUM_PARTITIONS, f"C_in x kH = {c_in} x {kh} > {NUM_PARTITIONS} partitions"),
-        (_replicated_input_bytes(op) <= SBUF_BUDGET,
-         f"replicated input {_replicated_input_bytes(op)} B/partition > {SBUF_BUDGET} B"),
+        (
+            _replicated_input_bytes(op) <= SBUF_BUDGET,
+            f"replicated input {_replicated_input_bytes(op)} B/partition > {SBUF_BUDGET} B",
+        ),
     )
 
 
@@ -113,9 +114,11 @@ def match_conv_depthwise_backward(op: ConvOp, kernel_io: bool) -> Reason:
         (op.batch_group_count == 1, f"batch_group_count {op.batch_group_count} != 1"),
         (not _unit(op.lhs_dilation) or op.rhs_reversal, "not a backward (transposed) conv"),
         (_unit(op.rhs_dilation), f"rhs_dilation {op.rhs_dilation}"),
-        (op.feature_group_count == op.in_channels == op.out_channels,
-         f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels}, "
-         f"C_out {op.out_channels})"),
+        (
+            op.feature_group_count == op.in_channels == op.out_channels,
+            f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels}, "
+            f"C_out {op.out_channels})",
+        ),
         (io_first == kernel_io, f"kernel stored {'io' if io_first else 'oi'}-first"),
     )
 
@@ -125,8 +128,10 @@ def match_Conv1d_depthwise_bf01_oi01_bf01(op: ConvOp) -> Reason:  # noqa: N802
     (in_h, _), (k_h, _), (out_h, _) = op.in_spatial, op.kern_spatial, op.out_spatial
     return _first(
         (in_h == 1 and k_h == 1 and out_h == 1, "not 1-D (height is not 1)"),
-        (op.feature_group_count == op.in_channels == op.out_channels,
-         f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels})"),
+        (
+            op.feature_group_count == op.in_channels == op.out_channels,
+            f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels})",
+        ),
         (op.batch_group_count == 1, f"batch_group_count {op.batch_group_count} != 1"),
         (not op.rhs_reversal and _unit(op.lhs_dilation), "backward form"),
         (op.padding[0] == (0, 0) and op.stride[0] == 1, "padding or stride on the unit axis"),
@@ -138,10 +143,14 @@ def match_conv2d_depthwise_f01b_o01i_bf01(op: ConvOp) -> Reason:
     return _first(
         (_unit(op.lhs_dilation), f"lhs_dilation {op.lhs_dilation}"),
         (op.batch_group_count == 1, f"batch_group_count {op.batch_group_count} != 1"),
-        (op.feature_group_count == op.in_channels,
-         f"feature_group_count {op.feature_group_count} != C_in {op.in_channels}"),
-        (op.in_shape[op.in_perm[1]] == op.kern_shape[op.kern_perm[0]],
-         f"C_in {op.in_channels} != kernel O {op.kern_shape[op.kern_perm[0]]}"),
+        (
+            op.feature_group_count == op.in_channels,
+            f"feature_group_count {op.feature_group_count} != C_in {op.in_channels}",
+        ),
+        (
+            op.in_shape[op.in_perm[1]] == op.kern_shape[op.kern_perm[0]],
+            f"C_in {op.in_channels} != kernel O {op.kern_shape[op.kern_perm[0]]}",
+        ),
         (not op.rhs_reversal, "reversed kernel"),
     )
 
@@ -150,8 +159,10 @@ def match_conv_depthwise_forward(op: ConvOp) -> Reason:
     """Stride-[3, 3] forward depthwise (the seed's one numeric constant)."""
     return _first(
         (_unit(op.lhs_dilation), f"lhs_dilation {op.lhs_dilation}"),
-        (op.feature_group_count == op.in_channels == op.out_channels,
-         f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels})"),
+        (
+            op.feature_group_count == op.in_channels == op.out_channels,
+            f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels})",
+        ),
         (_unit(op.rhs_dilation), f"rhs_dilation {op.rhs_dilation}"),
         (op.stride == [3, 3], f"stride {op.stride} != [3, 3]"),
     )
@@ -166,8 +177,7 @@ def is_low_channel_conv_1(op: ConvOp) -> bool:
     if c_in != kernel_in:
         raise ConvOpInvariantError("Convolution input channels must match kernel input channels")
     if c_out != op.kern_shape[op.kern_perm[0]]:
-        raise ConvOpInvariantError(
-            "Convolution output channels must match kernel output channels")
+        raise ConvOpInvariantError("Convolution output channels must match kernel output channels")
     return c_in <= LOW_CHANNEL_MAX and op.taps > 1
 
 
@@ -189,8 +199,10 @@ def match_replication_conv(op: ConvOp) -> Reason:
         (op.feature_group_count == 1, f"feature_group_count {op.feature_group_count} != 1"),
         (op.batch_group_count == 1, f"batch_group_count {op.batch_group_count} != 1"),
         (_unit(op.lhs_dilation) and not op.rhs_reversal, "backward form"),
-        (op.in_channels <= REPLICATION_CHANNEL_MAX,
-         f"C_in {op.in_channels} > {REPLICATION_CHANNEL_MAX}, no two taps stack"),
+        (
+            op.in_channels <= REPLICATION_CHANNEL_MAX,
+            f"C_in {op.in_channels} > {REPLICATION_CHANNEL_MAX}, no two taps stack",
+        ),
         (op.kern_spatial[0] > 1, "kernel height 1: nothing to replicate"),
     )
 
@@ -287,47 +299,112 @@ CONV1D_DEPTHWISE = "Conv1d_depthwise_bf01_oi01_bf01"
 CONV2D_DEPTHWISE = "conv2d_depthwise_f01b_o01i_bf01"
 PBP_0F1B = "Conv2d_pbp_0f1b_0i1o_01fb_experimental_1"
 PBP_FB01 = "Conv2d_pbp_fb01_io01_01bf_experimental_1"
-KERNEL_NAMES = (REP_NHWC, COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10,
-                CONV1D_DEPTHWISE, CONV2D_DEPTHWISE, PBP_0F1B, PBP_FB01)
+KERNEL_NAMES = (
+    REP_NHWC,
+    COLUMN_PACKING,
+    COLUMN_PACKING_1,
+    COLUMN_PACKING_IO10,
+    CONV1D_DEPTHWISE,
+    CONV2D_DEPTHWISE,
+    PBP_0F1B,
+    PBP_FB01,
+)
 
 # Priority order. The unique-name rows sit where the seed puts them; the column-packing trio's
 # slots are INFERRED (see match_conv_depthwise_backward and match_low_channel_conv). The
 # seed's priorities 7-8 are not named; the low-channel gate takes 7.
 FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
     # 1: dense conv through C_in x kH replication on the PE array.
-    KernelInfo(REP_NHWC, (match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh, {"allow_stride": True}),
-               "fb01", "io01", "01bf", label="rep_nhwc"),
+    KernelInfo(
+        REP_NHWC,
+        (match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh, {"allow_stride": True}),
+        "fb01",
+        "io01",
+        "01bf",
+        label="rep_nhwc",
+    ),
     # 2 and 4: transposed depthwise, two kernel shapes.
-    KernelInfo(COLUMN_PACKING_1, (match_conv_depthwise_backward, {"kernel_io": False}),
-               "bf01", "oi01", "bf01", label="column_packing_1"),
+    KernelInfo(
+        COLUMN_PACKING_1,
+        (match_conv_depthwise_backward, {"kernel_io": False}),
+        "bf01",
+        "oi01",
+        "bf01",
+        label="column_packing_1",
+    ),
     # 3: 1-D depthwise.
-    KernelInfo(CONV1D_DEPTHWISE, (match_Conv1d_depthwise_bf01_oi01_bf01, {}),
-               "bf01", "oi01", "bf01", get_kernel_attr_same_hl_pad, label="conv1d_depthwise"),
-    KernelInfo(COLUMN_PACKING_IO10, (match_conv_depthwise_backward, {"kernel_io": True}),
-               "bf01", "io10", "bf01", label="column_packing_io10"),
+    KernelInfo(
+        CONV1D_DEPTHWISE,
+        (match_Conv1d_depthwise_bf01_oi01_bf01, {}),
+        "bf01",
+        "oi01",
+        "bf01",
+        get_kernel_attr_same_hl_pad,
+        label="conv1d_depthwise",
+    ),
+    KernelInfo(
+        COLUMN_PACKING_IO10,
+        (match_conv_depthwise_backward, {"kernel_io": True}),
+        "bf01",
+        "io10",
+        "bf01",
+        label="column_packing_io10",
+    ),
     # 5: direct 2-D depthwise on VectorE.
-    KernelInfo(CONV2D_DEPTHWISE, (match_conv2d_depthwise_f01b_o01i_bf01, {}),
-               "f01b", "o01i", "bf01", get_kernel_attr_same_hl_pad, label="conv2d_depthwise"),
+    KernelInfo(
+        CONV2D_DEPTHWISE,
+        (match_conv2d_depthwise_f01b_o01i_bf01, {}),
+        "f01b",
+        "o01i",
+        "bf01",
+        get_kernel_attr_same_hl_pad,
+        label="conv2d_depthwise",
+    ),
     # 6: stride-3 forward depthwise. Every conv it accepts is accepted by row 5 first, so in
     # this registry it is shadowed; kept for fidelity (the report's walk shows it).
-    KernelInfo(CONV2D_DEPTHWISE, (match_conv_depthwise_forward, {}),
-               "f01b", "o01i", "bf01", get_kernel_attr_same_hl_pad, label="depthwise_forward_s3"),
+    KernelInfo(
+        CONV2D_DEPTHWISE,
+        (match_conv_depthwise_forward, {}),
+        "f01b",
+        "o01i",
+        "bf01",
+        get_kernel_attr_same_hl_pad,
+        label="depthwise_forward_s3",
+    ),
     # 7: low-channel forward conv: filter taps stacked on partitions.
-    KernelInfo(COLUMN_PACKING, (match_low_channel_conv, {}), "bf01", "oi01", "bf01",
-               label="column_packing"),
+    KernelInfo(
+        COLUMN_PACKING, (match_low_channel_conv, {}), "bf01", "oi01", "bf01", label="column_packing"
+    ),
     # 9: K-replication, the general dense path (same kernel as row 1, partial replication).
-    KernelInfo(REP_NHWC, (match_replication_conv, {}), "fb01", "io01", "01bf",
-               label="replication"),
+    KernelInfo(REP_NHWC, (match_replication_conv, {}), "fb01", "io01", "01bf", label="replication"),
     # 10: the rep-NHWC kernel for an op already in the alternative layout.
-    KernelInfo(REP_NHWC, (match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh2, {}),
-               "fb01", "io01", "01bf", label="rep_nhwc_Pcinh2"),
+    KernelInfo(
+        REP_NHWC,
+        (match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh2, {}),
+        "fb01",
+        "io01",
+        "01bf",
+        label="rep_nhwc_Pcinh2",
+    ),
 ]
 
 EXPERIMENTAL_KERNEL_REGISTRY: list[KernelInfo] = [
-    KernelInfo(PBP_0F1B, (match_Conv2d_pbp_0f1b_0i1o_01fb_experimental_1, {}),
-               "0f1b", "0i1o", "01fb", label="pbp_0f1b"),
-    KernelInfo(PBP_FB01, (match_Conv2d_pbp_fb01_io01_01bf_experimental_1, {}),
-               "fb01", "io01", "01bf", label="pbp_fb01"),
+    KernelInfo(
+        PBP_0F1B,
+        (match_Conv2d_pbp_0f1b_0i1o_01fb_experimental_1, {}),
+        "0f1b",
+        "0i1o",
+        "01fb",
+        label="pbp_0f1b",
+    ),
+    KernelInfo(
+        PBP_FB01,
+        (match_Conv2d_pbp_fb01_io01_01bf_experimental_1, {}),
+        "fb01",
+        "io01",
+        "01bf",
+        label="pbp_fb01",
+    ),
 ]
 
 
@@ -388,8 +465,9 @@ class TransformConvOp:
                 continue
             op = conv_op_from_node(graph, node)
             if op.spatial_dims != 2:
-                findings.append(_finding(op, None, f"{op.spatial_dims}-D conv: only 2-D convs "
-                                                   "are matched"))
+                findings.append(
+                    _finding(op, None, f"{op.spatial_dims}-D conv: only 2-D convs are matched")
+                )
                 continue
             total += 1
             selection = select_kernel(op, options, self.is_pglt)
@@ -401,16 +479,28 @@ class TransformConvOp:
             findings.append(finding)
         percentage = 100.0 * matched / total if total else 0.0
         stats = [
-            Statistic(self.name, "total_conv_ops",
-                      "Total number of convolution operations processed", total),
-            Statistic(self.name, "matched_conv_ops",
-                      "Number of convolution operations matched to kernels", matched),
-            Statistic(self.name, "conv_kernel_match_percentage",
-                      "Percentage of convolution operations matched to kernels",
-                      f"{percentage:.2f}"),
+            Statistic(
+                self.name,
+                "total_conv_ops",
+                "Total number of convolution operations processed",
+                total,
+            ),
+            Statistic(
+                self.name,
+                "matched_conv_ops",
+                "Number of convolution operations matched to kernels",
+                matched,
+            ),
+            Statistic(
+                self.name,
+                "conv_kernel_match_percentage",
+                "Percentage of convolution operations matched to kernels",
+                f"{percentage:.2f}",
+            ),
         ] + [
-            Statistic(self.name, f"kernel_{name}", f"Number of times kernel {name} is matched",
-                      count)
+            Statistic(
+                self.name, f"kernel_{name}", f"Number of times kernel {name} is matched", count
+            )
             for name, count in per_kernel.items()
         ]
         return PassResult(matched > 0, stats, findings)
@@ -425,8 +515,10 @@ def _finding(op: ConvOp, selection: Selection | None, reason: str | None) -> dic
         "kernel": kernel.name if kernel else None,
         "registry_entry": kernel.label if kernel else None,
         "fallback_reason": reason,
-        "walk": [{"entry": label, "refused": why} for label, why in
-                 (selection.refusals if selection else [])],
+        "walk": [
+            {"entry": label, "refused": why}
+            for label, why in (selection.refusals if selection else [])
+        ],
         "input_shape": list(op.in_shape),
         "kernel_shape": list(op.kern_shape),
         "result_shape": list(op.res_shape),
@@ -464,14 +556,23 @@ def lower_to_conv_kernel(graph: Graph, op: ConvOp, info: KernelInfo) -> dict:
     op.in_perm, op.kern_perm, op.out_perm = target_in, target_kern, target_out
     attrs = info.get_kernel_attr(op)
     result = op.output
-    bridge_out = always or not is_identity(out_bridge) or op.res_shape != tuple(
-        graph.tensors[op.output].shape)
+    bridge_out = (
+        always
+        or not is_identity(out_bridge)
+        or op.res_shape != tuple(graph.tensors[op.output].shape)
+    )
     if bridge_out:
         result = f"{op.output}@{info.out_layout}"
         graph.tensors[result] = TensorInfo(result, op.res_shape, op.dtype)
     graph.remove_node(op.node)
-    graph.add_node(op.node, "NativeKernel", [x_name, w_name, bias], [result],
-                   {"func_name": info.name, "attrs": json.dumps(attrs)}, domain="onnx2bir")
+    graph.add_node(
+        op.node,
+        "NativeKernel",
+        [x_name, w_name, bias],
+        [result],
+        {"func_name": info.name, "attrs": json.dumps(attrs)},
+        domain="onnx2bir",
+    )
     if bridge_out:
         final_shape = tuple(graph.tensors[op.output].shape)
         perm_out = out_bridge if len(final_shape) == len(op.res_shape) else None
@@ -486,8 +587,9 @@ def _unit_height_views(graph: Graph, op: ConvOp, x: str, w: str) -> tuple[str, s
     x4 = f"{x}@{op.node}.2d"
     graph.tensors[x4] = TensorInfo(x4, op.in_shape, graph.tensors[x].dtype)
     shape_name = f"{op.node}/unit_height_shape"
-    graph.tensors[shape_name] = TensorInfo(shape_name, (4,), Dtype.INT64,
-                                           np.array(op.in_shape, np.int64))
+    graph.tensors[shape_name] = TensorInfo(
+        shape_name, (4,), Dtype.INT64, np.array(op.in_shape, np.int64)
+    )
     graph.add_node(f"{op.node}/unit_height", "Reshape", [x, shape_name], [x4])
     return x4, _const_or_reshape(graph, op, w, op.kern_shape)
 
@@ -507,12 +609,14 @@ def _transpose(graph: Graph, op: ConvOp, tensor: str, perm: Perm, role: str) -> 
     name = f"{tensor}@{op.node}.{role}"
     shape = apply_perm_to_dims(tuple(info.shape), perm)
     if info.is_const:
-        graph.tensors[name] = TensorInfo(name, shape, info.dtype,
-                                         np.ascontiguousarray(info.const.transpose(perm)))
+        graph.tensors[name] = TensorInfo(
+            name, shape, info.dtype, np.ascontiguousarray(info.const.transpose(perm))
+        )
         return name
     graph.tensors[name] = TensorInfo(name, shape, info.dtype)
-    graph.add_node(f"{op.node}/{role}_transpose", "Transpose", [tensor], [name],
-                   {"perm": list(perm)})
+    graph.add_node(
+        f"{op.node}/{role}_transpose", "Transpose", [tensor], [name], {"perm": list(perm)}
+    )
     return name
 
 
@@ -520,19 +624,27 @@ def _emit_output(graph: Graph, op: ConvOp, result: str, perm: Perm | None) -> No
     """Bring the kernel's result back to the framework layout (and rank) of the conv output."""
     final = graph.tensors[op.output]
     if perm is not None:
-        graph.add_node(f"{op.node}/output_transpose", "Transpose", [result], [op.output],
-                       {"perm": list(perm)})
+        graph.add_node(
+            f"{op.node}/output_transpose", "Transpose", [result], [op.output], {"perm": list(perm)}
+        )
         return
     # 1-D conv: the 4-D result loses its unit height after the layout bridge.
     staged = result
-    if not is_identity(get_bridging_output_perm(op.out_perm, layout_perm(
-            CANONICAL_RESULT, CANONICAL_RESULT))):
+    if not is_identity(
+        get_bridging_output_perm(op.out_perm, layout_perm(CANONICAL_RESULT, CANONICAL_RESULT))
+    ):
         staged = f"{result}.nchw"
         nchw = apply_perm_to_dims(op.res_shape, op.out_perm)
         graph.tensors[staged] = TensorInfo(staged, nchw, op.dtype)
-        graph.add_node(f"{op.node}/output_transpose", "Transpose", [result], [staged],
-                       {"perm": list(op.out_perm)})
+        graph.add_node(
+            f"{op.node}/output_transpose",
+            "Transpose",
+            [result],
+            [staged],
+            {"perm": list(op.out_perm)},
+        )
     shape_name = f"{op.node}/output_shape"
-    graph.tensors[shape_name] = TensorInfo(shape_name, (len(final.shape),), Dtype.INT64,
-                                           np.array(final.shape, np.int64))
+    graph.tensors[shape_name] = TensorInfo(
+        shape_name, (len(final.shape),), Dtype.INT64, np.array(final.shape, np.int64)
+    )
     graph.add_node(f"{op.node}/output_reshape", "Reshape", [staged, shape_name], [op.output])

@@ -136,9 +136,11 @@ class ConvOp:
         return count
 
     def describe(self) -> str:
-        return (f"{self.op_type} {self.node!r} in {list(self.in_shape)} kern "
-                f"{list(self.kern_shape)} out {list(self.res_shape)} groups "
-                f"{self.feature_group_count} stride {self.stride}")
+        return (
+            f"{self.op_type} {self.node!r} in {list(self.in_shape)} kern "
+            f"{list(self.kern_shape)} out {list(self.res_shape)} groups "
+            f"{self.feature_group_count} stride {self.stride}"
+        )
 
 
 def _unit_height(values: list[int] | tuple[int, ...], unit: int) -> list[int]:
@@ -157,26 +159,48 @@ def conv_op_from_node(graph: Graph, name: str) -> ConvOp:
     kernel = list(kern_shape[2:])
     strides = list(attrs.get("strides") or [1] * rank)
     dilations = list(attrs.get("dilations") or [1] * rank)
-    pads = _explicit_pads(attrs, list(in_shape[2:]), list(res_shape[2:]), kernel, strides,
-                          dilations, data["op_type"])
+    pads = _explicit_pads(
+        attrs, list(in_shape[2:]), list(res_shape[2:]), kernel, strides, dilations, data["op_type"]
+    )
     if rank == 1:
         in_shape = (*in_shape[:2], 1, in_shape[2])
         kern_shape = (*kern_shape[:2], 1, kern_shape[2])
         res_shape = (*res_shape[:2], 1, res_shape[2])
-        kernel, strides, dilations = ([1, *kernel], _unit_height(strides, 1),
-                                      _unit_height(dilations, 1))
+        kernel, strides, dilations = (
+            [1, *kernel],
+            _unit_height(strides, 1),
+            _unit_height(dilations, 1),
+        )
         pads = [(0, 0), *pads]
     spatial_dims = 2 if rank in (1, 2) else rank
     group = int(attrs.get("group", 1))
     identity = tuple(range(len(in_shape)))
-    common = dict(node=name, op_type=data["op_type"], in_perm=identity, out_perm=identity,
-                  feature_group_count=group, batch_group_count=1, in_shape=in_shape,
-                  kern_shape=kern_shape, res_shape=res_shape, spatial_dims=spatial_dims,
-                  dtype=graph.tensors[x].dtype, inputs=[t for t in data["inputs"] if t],
-                  output=data["outputs"][0], weight_is_const=graph.tensors[w].is_const)
+    common = dict(
+        node=name,
+        op_type=data["op_type"],
+        in_perm=identity,
+        out_perm=identity,
+        feature_group_count=group,
+        batch_group_count=1,
+        in_shape=in_shape,
+        kern_shape=kern_shape,
+        res_shape=res_shape,
+        spatial_dims=spatial_dims,
+        dtype=graph.tensors[x].dtype,
+        inputs=[t for t in data["inputs"] if t],
+        output=data["outputs"][0],
+        weight_is_const=graph.tensors[w].is_const,
+    )
     if data["op_type"] == "Conv":
-        return ConvOp(kern_perm=identity, stride=strides, lhs_dilation=[1] * len(strides),
-                      rhs_dilation=dilations, padding=pads, rhs_reversal=False, **common)
+        return ConvOp(
+            kern_perm=identity,
+            stride=strides,
+            lhs_dilation=[1] * len(strides),
+            rhs_dilation=dilations,
+            padding=pads,
+            rhs_reversal=False,
+            **common,
+        )
     # ConvTranspose, backward form: dilate the input by the stride, pad by d(k-1) - p.
     output_padding = list(attrs.get("output_padding") or [0] * rank)
     if rank == 1:
@@ -186,8 +210,15 @@ def conv_op_from_node(graph: Graph, name: str) -> ConvOp:
         for (low, high), k, d, extra in zip(pads, kernel, dilations, output_padding, strict=True)
     ]
     kern_perm = (1, 0, *range(2, len(kern_shape)))  # weights are stored io01
-    return ConvOp(kern_perm=kern_perm, stride=[1] * len(strides), lhs_dilation=strides,
-                  rhs_dilation=dilations, padding=backward_pads, rhs_reversal=True, **common)
+    return ConvOp(
+        kern_perm=kern_perm,
+        stride=[1] * len(strides),
+        lhs_dilation=strides,
+        rhs_dilation=dilations,
+        padding=backward_pads,
+        rhs_reversal=True,
+        **common,
+    )
 
 
 def _explicit_pads(attrs, in_sp, out_sp, kernel, strides, dilations, op_type):
@@ -197,11 +228,13 @@ def _explicit_pads(attrs, in_sp, out_sp, kernel, strides, dilations, op_type):
         pads = []
         for i in range(rank):
             if op_type == "Conv":
-                total = max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i]
-                            + 1 - in_sp[i])
+                total = max(
+                    0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_sp[i]
+                )
             else:
-                total = max(0, (in_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i]
-                            + 1 - out_sp[i])
+                total = max(
+                    0, (in_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - out_sp[i]
+                )
             low = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
             pads.append((low, total - low))
         return pads

@@ -549,6 +549,8 @@ def plan_ms_attention(em: Emitter, data: dict) -> None:
     _outputs_unused(em.graph, data, "present")
     total = em.shape(weights)[1]
     sizes = attrs.get("qkv_hidden_sizes") or [total // 3] * 3
+    if sum(sizes) != total:
+        raise Unsupported(f"Q/K/V hidden sizes {sizes} do not add up to the weights' {total}")
     ends = np.cumsum([0, *sizes]).tolist()
     projected = []
     for i, role in enumerate("qkv"):

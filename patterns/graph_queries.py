@@ -33,8 +33,7 @@ def producer_op(graph: Graph, tensor: str) -> tuple[str, dict] | None:
     return None if node is None else (node, graph.node(node))
 
 
-def walk_up(graph: Graph, tensor: str, through: set[str], limit: int = 6
-            ) -> list[tuple[str, dict]]:
+def walk_up(graph: Graph, tensor: str, through: set[str], limit: int = 6) -> list[tuple[str, dict]]:
     """Producers of `tensor` along input 0, while their op type is in `through`."""
     chain = []
     for _ in range(limit):

@@ -82,8 +82,9 @@ def neighbourhood(graph: Graph, anchor: str, radius: int) -> set[str]:
     return seen
 
 
-def find_matches(graph: Graph, pattern: Pattern, anchor: str, radius: int = 6
-                 ) -> Iterator[dict[str, str]]:
+def find_matches(
+    graph: Graph, pattern: Pattern, anchor: str, radius: int = 6
+) -> Iterator[dict[str, str]]:
     """Every embedding of `pattern` whose anchor is `anchor`, as {pattern key: graph node}."""
     data = graph.nx.nodes[anchor]
     anchor_node = next(n for n in pattern.nodes if n.key == pattern.anchor)

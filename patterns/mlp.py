@@ -48,53 +48,113 @@ def _templates() -> dict[str, _Template]:
             nodes, edges = [n("cube", "Pow")], [("h", "cube", 0)]
         else:
             nodes = [n("square", "Mul"), n("cube", "Mul")]
-            edges = [("h", "square", ANY_INDEX), ("h", "square", ANY_INDEX),
-                     ("square", "cube", ANY_INDEX), ("h", "cube", ANY_INDEX)]
-        nodes += [n("coef", "Mul"), n("inner", "Add"), n("scale", "Mul"), n("tanh", "Tanh"),
-                  n("one", "Add")]
-        edges += [("cube", "coef", ANY_INDEX), ("h", "inner", ANY_INDEX),
-                  ("coef", "inner", ANY_INDEX), ("inner", "scale", ANY_INDEX),
-                  ("scale", "tanh", 0), ("tanh", "one", ANY_INDEX)]
+            edges = [
+                ("h", "square", ANY_INDEX),
+                ("h", "square", ANY_INDEX),
+                ("square", "cube", ANY_INDEX),
+                ("h", "cube", ANY_INDEX),
+            ]
+        nodes += [
+            n("coef", "Mul"),
+            n("inner", "Add"),
+            n("scale", "Mul"),
+            n("tanh", "Tanh"),
+            n("one", "Add"),
+        ]
+        edges += [
+            ("cube", "coef", ANY_INDEX),
+            ("h", "inner", ANY_INDEX),
+            ("coef", "inner", ANY_INDEX),
+            ("inner", "scale", ANY_INDEX),
+            ("scale", "tanh", 0),
+            ("tanh", "one", ANY_INDEX),
+        ]
         return nodes, edges
 
     tanh_consts = {"coef": 0.044715, "scale": SQRT_2_OVER_PI, "one": 1.0, "half": 0.5}
     templates: dict[str, _Template] = {
         "relu": ([n("act_out", "Relu")], [("h", "act_out", 0)], "act_out", {}),
         "gelu_op": ([n("act_out", "Gelu")], [("h", "act_out", 0)], "act_out", {}),
-        "silu": ([n("sigmoid", "Sigmoid"), n("act_out", "Mul")],
-                 [("h", "sigmoid", 0), ("sigmoid", "act_out", ANY_INDEX),
-                  ("h", "act_out", ANY_INDEX)], "sigmoid", {}),
-        "quick_gelu": ([n("scale", "Mul"), n("sigmoid", "Sigmoid"), n("act_out", "Mul")],
-                       [("h", "scale", ANY_INDEX), ("scale", "sigmoid", 0),
-                        ("sigmoid", "act_out", ANY_INDEX), ("h", "act_out", ANY_INDEX)],
-                       "sigmoid", {"scale": 1.702}),
+        "silu": (
+            [n("sigmoid", "Sigmoid"), n("act_out", "Mul")],
+            [("h", "sigmoid", 0), ("sigmoid", "act_out", ANY_INDEX), ("h", "act_out", ANY_INDEX)],
+            "sigmoid",
+            {},
+        ),
+        "quick_gelu": (
+            [n("scale", "Mul"), n("sigmoid", "Sigmoid"), n("act_out", "Mul")],
+            [
+                ("h", "scale", ANY_INDEX),
+                ("scale", "sigmoid", 0),
+                ("sigmoid", "act_out", ANY_INDEX),
+                ("h", "act_out", ANY_INDEX),
+            ],
+            "sigmoid",
+            {"scale": 1.702},
+        ),
         # x·(1+erf)·½
-        "erf_gelu_a": (erf_core + [n("mul_x", "Mul"), n("act_out", "Mul")],
-                       erf_edges + [("one", "mul_x", ANY_INDEX), ("h", "mul_x", ANY_INDEX),
-                                    ("mul_x", "act_out", ANY_INDEX)], "erf",
-                       {"one": 1.0, "act_out": 0.5}),
+        "erf_gelu_a": (
+            erf_core + [n("mul_x", "Mul"), n("act_out", "Mul")],
+            erf_edges
+            + [
+                ("one", "mul_x", ANY_INDEX),
+                ("h", "mul_x", ANY_INDEX),
+                ("mul_x", "act_out", ANY_INDEX),
+            ],
+            "erf",
+            {"one": 1.0, "act_out": 0.5},
+        ),
         # (1+erf)·½·x
-        "erf_gelu_b": (erf_core + [n("half", "Mul"), n("act_out", "Mul")],
-                       erf_edges + [("one", "half", ANY_INDEX), ("half", "act_out", ANY_INDEX),
-                                    ("h", "act_out", ANY_INDEX)], "erf", erf_consts),
+        "erf_gelu_b": (
+            erf_core + [n("half", "Mul"), n("act_out", "Mul")],
+            erf_edges
+            + [
+                ("one", "half", ANY_INDEX),
+                ("half", "act_out", ANY_INDEX),
+                ("h", "act_out", ANY_INDEX),
+            ],
+            "erf",
+            erf_consts,
+        ),
         # (½x)·(1+erf)
-        "erf_gelu_c": (erf_core + [n("half", "Mul"), n("act_out", "Mul")],
-                       erf_edges + [("h", "half", ANY_INDEX), ("half", "act_out", ANY_INDEX),
-                                    ("one", "act_out", ANY_INDEX)], "erf", erf_consts),
+        "erf_gelu_c": (
+            erf_core + [n("half", "Mul"), n("act_out", "Mul")],
+            erf_edges
+            + [
+                ("h", "half", ANY_INDEX),
+                ("half", "act_out", ANY_INDEX),
+                ("one", "act_out", ANY_INDEX),
+            ],
+            "erf",
+            erf_consts,
+        ),
     }
     for cube in ("pow", "mul"):
         nodes, edges = tanh_core(cube)
         # gelu_new: (½x)·(1+tanh)
         templates[f"tanh_gelu_{cube}_a"] = (
             nodes + [n("half", "Mul"), n("act_out", "Mul")],
-            edges + [("h", "half", ANY_INDEX), ("half", "act_out", ANY_INDEX),
-                     ("one", "act_out", ANY_INDEX)], "tanh", tanh_consts)
+            edges
+            + [
+                ("h", "half", ANY_INDEX),
+                ("half", "act_out", ANY_INDEX),
+                ("one", "act_out", ANY_INDEX),
+            ],
+            "tanh",
+            tanh_consts,
+        )
         # x·(1+tanh)·½
         templates[f"tanh_gelu_{cube}_b"] = (
             nodes + [n("mul_x", "Mul"), n("act_out", "Mul")],
-            edges + [("one", "mul_x", ANY_INDEX), ("h", "mul_x", ANY_INDEX),
-                     ("mul_x", "act_out", ANY_INDEX)], "tanh",
-            {**tanh_consts, "act_out": 0.5, "half": None})
+            edges
+            + [
+                ("one", "mul_x", ANY_INDEX),
+                ("h", "mul_x", ANY_INDEX),
+                ("mul_x", "act_out", ANY_INDEX),
+            ],
+            "tanh",
+            {**tanh_consts, "act_out": 0.5, "half": None},
+        )
     return templates
 
 
@@ -125,18 +185,33 @@ def _build_patterns() -> list[Pattern]:
                         edges.append((out, "reshape_out", 0))
                         out = "reshape_out"
                     edges.append((out, "dot2", 0))
-                    patterns.append(Pattern(
-                        f"mlp.{act}[bias={bias}, reshape={reshape_in}/{reshape_out}]",
-                        tuple(nodes), tuple(edges), anchor))
+                    patterns.append(
+                        Pattern(
+                            f"mlp.{act}[bias={bias}, reshape={reshape_in}/{reshape_out}]",
+                            tuple(nodes),
+                            tuple(edges),
+                            anchor,
+                        )
+                    )
     swiglu = []
     for bias in (False,):
-        nodes = [PNode.of("dot1", *DOTS), PNode.of("up", *DOTS), PNode.of("dot2", *DOTS),
-                 PNode.of("sigmoid", "Sigmoid"), PNode.of("silu", "Mul"), PNode.of("gate", "Mul")]
-        edges = [("dot1", "sigmoid", 0), ("sigmoid", "silu", ANY_INDEX),
-                 ("dot1", "silu", ANY_INDEX), ("silu", "gate", ANY_INDEX),
-                 ("up", "gate", ANY_INDEX), ("gate", "dot2", 0)]
-        swiglu.append(Pattern(f"mlp.swiglu[bias={bias}]", tuple(nodes), tuple(edges),
-                              "sigmoid"))
+        nodes = [
+            PNode.of("dot1", *DOTS),
+            PNode.of("up", *DOTS),
+            PNode.of("dot2", *DOTS),
+            PNode.of("sigmoid", "Sigmoid"),
+            PNode.of("silu", "Mul"),
+            PNode.of("gate", "Mul"),
+        ]
+        edges = [
+            ("dot1", "sigmoid", 0),
+            ("sigmoid", "silu", ANY_INDEX),
+            ("dot1", "silu", ANY_INDEX),
+            ("silu", "gate", ANY_INDEX),
+            ("up", "gate", ANY_INDEX),
+            ("gate", "dot2", 0),
+        ]
+        swiglu.append(Pattern(f"mlp.swiglu[bias={bias}]", tuple(nodes), tuple(edges), "sigmoid"))
     return sorted(swiglu + patterns, key=lambda p: -p.size)
 
 
@@ -194,13 +269,17 @@ def _dot_operands(graph: Graph, node: str) -> tuple[str, str, int, str] | str:
     return x, w, int(attrs.get("transB", 0)), bias
 
 
-def check_block(graph: Graph, match: dict[str, str], pattern: str) -> tuple[MlpBlock | None,
-                                                                          str | None]:
+def check_block(
+    graph: Graph, match: dict[str, str], pattern: str
+) -> tuple[MlpBlock | None, str | None]:
     act = pattern.split(".")[1].split("[")[0]
     template_consts = TEMPLATES[act][3] if act in TEMPLATES else {}
     for key, expected in template_consts.items():
-        if expected is not None and key in match and not _close(
-                _scalar_input(graph, match[key]), expected):
+        if (
+            expected is not None
+            and key in match
+            and not _close(_scalar_input(graph, match[key]), expected)
+        ):
             return None, f"{match[key]!r} does not multiply/add by {expected:g}"
     if "scale" in match and act.startswith("erf"):
         op = graph.node(match["scale"])["op_type"]
@@ -210,8 +289,12 @@ def check_block(graph: Graph, match: dict[str, str], pattern: str) -> tuple[MlpB
     if "cube" in match and graph.node(match["cube"])["op_type"] == "Pow":
         if not _close(scalar_const(graph, graph.node(match["cube"])["inputs"][1]), 3.0):
             return None, "Pow exponent is not 3"
-    activation = {"relu": "relu", "silu": "silu", "quick_gelu": "quick_gelu",
-                  "swiglu": "swiglu"}.get(act)
+    activation = {
+        "relu": "relu",
+        "silu": "silu",
+        "quick_gelu": "quick_gelu",
+        "swiglu": "swiglu",
+    }.get(act)
     if act == "gelu_op":
         approximate = graph.node(match["act_out"])["attrs"].get("approximate", "none")
         activation = "gelu_tanh" if approximate == "tanh" else "gelu"
@@ -230,8 +313,11 @@ def check_block(graph: Graph, match: dict[str, str], pattern: str) -> tuple[MlpB
     if "bias1" in match:
         if block.b1:
             return None, "two biases on the first projection"
-        other = [t for t in graph.node(match["bias1"])["inputs"]
-                 if t != graph.node(match["dot1"])["outputs"][0]]
+        other = [
+            t
+            for t in graph.node(match["bias1"])["inputs"]
+            if t != graph.node(match["dot1"])["outputs"][0]
+        ]
         value = const_value(graph, other[0]) if other else None
         if value is None or value.ndim != 1:
             return None, "the first bias is not a constant vector"
@@ -265,13 +351,21 @@ def raise_block(graph: Graph, block: MlpBlock) -> None:
     anchor = block.match["dot2"]
     for node in block.nodes:
         graph.remove_node(node)
-    graph.add_node(anchor, "CustomCall",
-                   [block.x, block.w1, block.b1, block.w2, block.b2, block.w_up, ""],
-                   [block.output],
-                   {"custom_call_target": TARGET, "backend_config": "", "api_version": 1,
-                    "activation": block.activation, "trans_w1": block.trans_w1,
-                    "trans_w2": block.trans_w2},
-                   domain="onnx2bir")
+    graph.add_node(
+        anchor,
+        "CustomCall",
+        [block.x, block.w1, block.b1, block.w2, block.b2, block.w_up, ""],
+        [block.output],
+        {
+            "custom_call_target": TARGET,
+            "backend_config": "",
+            "api_version": 1,
+            "activation": block.activation,
+            "trans_w1": block.trans_w1,
+            "trans_w2": block.trans_w2,
+        },
+        domain="onnx2bir",
+    )
 
 
 _ANCHOR_OPS = {"Relu", "Gelu", "Erf", "Tanh", "Sigmoid"}
@@ -294,16 +388,27 @@ class LowerToNKIKernelCC:
             block, reason = self._match(graph, node, claimed)
             if block is None:
                 if reason:
-                    findings.append({"nodes": [node], "activation": None, "target": None,
-                                     "reason": reason})
+                    findings.append(
+                        {"nodes": [node], "activation": None, "target": None, "reason": reason}
+                    )
                 continue
             claimed.update(block.nodes)
-            findings.append({"nodes": block.nodes, "activation": block.activation,
-                             "target": TARGET, "reason": None, "pattern": block.pattern})
+            findings.append(
+                {
+                    "nodes": block.nodes,
+                    "activation": block.activation,
+                    "target": TARGET,
+                    "reason": None,
+                    "pattern": block.pattern,
+                }
+            )
             raise_block(graph, block)
         raised = sum(1 for f in findings if f["target"])
-        stats = [Statistic(self.name, "mlp_blocks_raised",
-                           f"Number of MLP blocks lowered to {TARGET}", raised)]
+        stats = [
+            Statistic(
+                self.name, "mlp_blocks_raised", f"Number of MLP blocks lowered to {TARGET}", raised
+            )
+        ]
         return PassResult(raised > 0, stats, findings)
 
     @staticmethod

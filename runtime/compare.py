@@ -12,8 +12,9 @@ Statistics over the elements where both sides are finite:
   mean, median and p99 (quantiles are nearest-rank, so an inf never turns into a NaN);
 - the worst element: the one that uses the largest share of its allowance
   |a − r| / (atol + rtol·|r|), with its index and both values;
-- cosine similarity and SNR in dB (secondary metrics only: cosine ≥ 0.997 still passes a
-  bf16-accumulation bug, §5.4), the largest distance in ULPs of the reference dtype;
+- cosine similarity (NaN when a non-finite value mismatches) and SNR in dB (secondary metrics
+  only: cosine ≥ 0.997 still passes a bf16-accumulation bug, §5.4), the largest distance in
+  ULPs of the reference dtype;
 - NaN / ±inf counts and the first few indices, on each side;
 - the smallest tolerance that would have passed: min_atol (at the given rtol) =
   max(|a − r| − rtol·|r|), min_rtol (at the given atol) = max((|a − r| − atol) / |r|), both
@@ -58,15 +59,17 @@ class OutputComparison:
     max_ulp: int | None = None
     snr_db: float = float("inf")
     shape_error: str | None = None
+    finite_pairs: int = 0  # elements where both sides are finite (the statistics' domain)
 
     @property
     def has_nonfinite(self) -> bool:
-        return any(side["nan"] + side["posinf"] + side["neginf"]
-                   for side in self.nonfinite.values())
+        return any(
+            side["nan"] + side["posinf"] + side["neginf"] for side in self.nonfinite.values()
+        )
 
     def to_json(self) -> dict:
-        """JSON-safe: a non-finite float becomes null (JSON has no inf)."""
-        return _json_safe({
+        """The fields as plain Python values (floats may be inf or NaN; see `json_safe`)."""
+        return {
             "name": self.name,
             "shape": list(self.shape),
             "max_abs_err": self.max_abs_err,
@@ -89,16 +92,18 @@ class OutputComparison:
             "max_ulp": self.max_ulp,
             "snr_db": self.snr_db,
             "shape_error": self.shape_error,
-        })
+            "finite_pairs": self.finite_pairs,
+        }
 
 
-def _json_safe(value):
+def json_safe(value):
+    """`value` with every non-finite float replaced by None (JSON has no inf or NaN)."""
     if isinstance(value, float):
         return value if np.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     return value
 
 
@@ -114,12 +119,23 @@ def compare_output(
     actual = np.asarray(actual)
     if actual.shape != reference.shape:
         return OutputComparison(
-            name, tuple(reference.shape), float("inf"), float("inf"), float("nan"), atol, rtol,
-            False, int(reference.size), int(reference.size), str(reference.dtype),
-            tolerance_source, min_atol=float("inf"), min_rtol=float("inf"),
+            name,
+            tuple(reference.shape),
+            float("inf"),
+            float("inf"),
+            float("nan"),
+            atol,
+            rtol,
+            False,
+            int(reference.size),
+            int(reference.size),
+            str(reference.dtype),
+            tolerance_source,
+            min_atol=float("inf"),
+            min_rtol=float("inf"),
             nonfinite={"machine": _nonfinite(actual), "onnxruntime": _nonfinite(reference)},
             shape_error=f"machine shape {tuple(actual.shape)} != onnxruntime shape "
-                        f"{tuple(reference.shape)}",
+            f"{tuple(reference.shape)}",
         )
     a = _as_float64(actual)
     r = _as_float64(reference)
@@ -132,7 +148,10 @@ def compare_output(
         allowance = atol + rtol * abs_r
         bad = (diff > allowance) | nonfinite_bad
         rel = np.where(diff == 0, 0.0, diff / abs_r)
-    d, rr = diff[finite], rel[finite]
+    all_finite = bool(finite.all())
+    pick = (lambda v: v.reshape(-1)) if all_finite else (lambda v: v[finite])
+    d, rr = pick(diff), pick(rel)
+    af, rf = pick(a), pick(r)
     worst = None
     if d.size:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -155,7 +174,7 @@ def compare_output(
         shape=tuple(reference.shape),
         max_abs_err=max_abs,
         max_rel_err=max_rel,
-        cosine=_cosine(a[finite], r[finite]),
+        cosine=float("nan") if nonfinite_count else _cosine(af, rf),
         atol=atol,
         rtol=rtol,
         passed=not bool(bad.any()),
@@ -166,13 +185,41 @@ def compare_output(
         abs_err=_summary(d),
         rel_err=_summary(rr),
         worst=worst,
-        min_atol=inf_if(nonfinite_count, lambda: min_atol(d, np.abs(r[finite]), rtol)),
-        min_rtol=inf_if(nonfinite_count, lambda: min_rtol(d, np.abs(r[finite]), atol)),
+        min_atol=inf_if(nonfinite_count, lambda: min_atol(d, np.abs(rf), rtol)),
+        min_rtol=inf_if(nonfinite_count, lambda: min_rtol(d, np.abs(rf), atol)),
         nonfinite={"machine": _nonfinite(actual), "onnxruntime": _nonfinite(reference)},
         nonfinite_mismatches=nonfinite_count,
         max_ulp=_max_ulp(actual, reference, finite),
-        snr_db=_snr_db(a[finite], r[finite]),
+        snr_db=float("nan") if nonfinite_count else _snr_db(af, rf),
+        finite_pairs=int(finite.sum()),
     )
+
+
+def nonfinite_count(result: OutputComparison, side: str) -> int:
+    """NaN and ±inf values on one side ("machine" or "onnxruntime")."""
+    entry = result.nonfinite.get(side, {})
+    return entry.get("nan", 0) + entry.get("posinf", 0) + entry.get("neginf", 0)
+
+
+def tensor_record(result: OutputComparison) -> dict:
+    """The few numbers a per-node report keeps of one comparison."""
+    return {
+        "tensor": result.name,
+        "passed": result.passed,
+        "max_abs_err": result.max_abs_err,
+        "max_rel_err": result.max_rel_err,
+        "cosine": result.cosine,
+        "atol": result.atol,
+        "rtol": result.rtol,
+        "mismatches": result.mismatches,
+        "size": result.size,
+        "min_atol": result.min_atol,
+        "min_rtol": result.min_rtol,
+        "nonfinite_machine": nonfinite_count(result, "machine"),
+        "nonfinite_onnxruntime": nonfinite_count(result, "onnxruntime"),
+        "worst": result.worst,
+        "tolerance_source": result.tolerance_source,
+    }
 
 
 def inf_if(condition, compute) -> float:
@@ -214,11 +261,12 @@ def _summary(values: np.ndarray) -> dict:
         return {"max": 0.0, "mean": 0.0, "median": 0.0, "p99": 0.0}
     with np.errstate(invalid="ignore", over="ignore"):
         mean = float(values.mean())
+    median, p99 = np.quantile(values, [0.5, 0.99], method="nearest")
     return {
         "max": float(values.max()),
         "mean": mean if not np.isnan(mean) else float("inf"),
-        "median": float(np.quantile(values, 0.5, method="nearest")),
-        "p99": float(np.quantile(values, 0.99, method="nearest")),
+        "median": float(median),
+        "p99": float(p99),
     }
 
 
@@ -252,8 +300,9 @@ def _max_ulp(actual: np.ndarray, reference: np.ndarray, finite: np.ndarray) -> i
 
 
 def _snr_db(a: np.ndarray, r: np.ndarray) -> float:
-    noise = float(np.sum((a - r) ** 2))
-    signal = float(np.sum(r**2))
+    e = a - r
+    noise = float(np.dot(e, e))
+    signal = float(np.dot(r, r))
     if noise == 0.0:
         return float("inf")
     if signal == 0.0:
@@ -262,7 +311,7 @@ def _snr_db(a: np.ndarray, r: np.ndarray) -> float:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    norm = float(np.sqrt(np.dot(a, a) * np.dot(b, b)))
     if norm == 0.0:
         return 1.0 if not a.any() and not b.any() else 0.0
-    return float(np.dot(a.ravel(), b.ravel()) / norm)
+    return float(np.dot(a, b) / norm)

@@ -45,8 +45,16 @@ from onnx2bir.graph import Graph
 INTEGER_INPUT_HIGH = 8  # integer inputs are drawn from [0, 8)
 GRAPH_OPTIMIZATION_LEVEL = "ORT_DISABLE_ALL"
 # Ops an index or a mask passes through unchanged in value.
-_TRANSPARENT = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand",
-                "Transpose"}
+_TRANSPARENT = {
+    "Cast",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Flatten",
+    "Identity",
+    "Expand",
+    "Transpose",
+}
 _MASK_NAME = re.compile(r"mask(?!ed)", re.IGNORECASE)
 _MASK_SCALE = 1e4
 
@@ -83,8 +91,9 @@ def gather_bound(graph: Graph, tensor: str) -> tuple[int, str] | None:
     return best
 
 
-def _const_equals(graph: Graph, tensor: str, value: float | None = None,
-                  min_magnitude: float | None = None) -> bool:
+def _const_equals(
+    graph: Graph, tensor: str, value: float | None = None, min_magnitude: float | None = None
+) -> bool:
     info = graph.tensors.get(tensor)
     if info is None or not info.is_const or info.const.size == 0:
         return False
@@ -107,11 +116,11 @@ def mask_reason(graph: Graph, tensor: str) -> str | None:
             return f"condition of {data['name']}"
         if op in ("Not", "And", "Or"):
             return f"{op} {data['name']}"
-        if op == "Equal" and any(graph.tensors.get(t) is not None
-                                 and graph.tensors[t].is_const for t in other):
+        if op == "Equal" and any(
+            graph.tensors.get(t) is not None and graph.tensors[t].is_const for t in other
+        ):
             return f"Equal with a constant in {data['name']}"
-        if op == "Mul" and any(_const_equals(graph, t, min_magnitude=_MASK_SCALE)
-                               for t in other):
+        if op == "Mul" and any(_const_equals(graph, t, min_magnitude=_MASK_SCALE) for t in other):
             return f"scaled by a large constant in {data['name']}"
     return None
 
@@ -150,8 +159,11 @@ def synthesize_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             value = rng.integers(0, 2, info.shape)
             if value.ndim:
                 value[..., 0] = 1
-            value = value.astype(np.float32).astype(dtype) if info.dtype.is_float else (
-                value.astype(dtype))
+            value = (
+                value.astype(np.float32).astype(dtype)
+                if info.dtype.is_float
+                else (value.astype(dtype))
+            )
         elif info.dtype.is_float:
             value = rng.standard_normal(info.shape).astype(np.float32).astype(dtype)
         elif dtype == np.bool_:
@@ -190,8 +202,10 @@ def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
             )
         want = info.dtype.numpy
         if value.dtype != want and value.dtype.kind == "f" and want.kind in "iub":
-            raise UserError(f"{path}: input {name!r} is {value.dtype}, the model expects "
-                            f"{want}; refusing to truncate floats to integers")
+            raise UserError(
+                f"{path}: input {name!r} is {value.dtype}, the model expects "
+                f"{want}; refusing to truncate floats to integers"
+            )
         result[name] = value.astype(want)
     return result
 
@@ -269,8 +283,7 @@ def save_arrays(path: str | Path, arrays: dict[str, np.ndarray], stem: str) -> P
 def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.InferenceSession:
     """A CPU session with graph optimisations off; `model` may be serialised bytes."""
     options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
-                                               GRAPH_OPTIMIZATION_LEVEL)
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVEL)
     options.log_severity_level = 3
     if isinstance(model, onnx.ModelProto):
         source = model.SerializeToString()
@@ -281,9 +294,12 @@ def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.Infe
 
 def oracle_info() -> dict:
     """What produced the reference values (anchors §8.5: pin and report the oracle)."""
-    return {"name": "onnxruntime", "version": ort.__version__,
-            "provider": "CPUExecutionProvider",
-            "graph_optimization_level": GRAPH_OPTIMIZATION_LEVEL}
+    return {
+        "name": "onnxruntime",
+        "version": ort.__version__,
+        "provider": "CPUExecutionProvider",
+        "graph_optimization_level": GRAPH_OPTIMIZATION_LEVEL,
+    }
 
 
 def run_onnxruntime(
@@ -295,8 +311,9 @@ def run_onnxruntime(
     try:
         session = onnxruntime_session(model)
         names = outputs or [out.name for out in session.get_outputs()]
-        feeds = {value.name: inputs[value.name] for value in session.get_inputs()
-                 if value.name in inputs}
+        feeds = {
+            value.name: inputs[value.name] for value in session.get_inputs() if value.name in inputs
+        }
         results = session.run(names, feeds)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

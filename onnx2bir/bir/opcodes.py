@@ -67,9 +67,7 @@ OPCODES: dict[Opcode, OpcodeSpec] = {
     Opcode.TENSOR_SCALAR: OpcodeSpec(
         _COMPUTE | {Engine.ACT}, ("in",), ("scalar0", "scalar1"), ("op0",), ON_CHIP, ON_CHIP
     ),
-    Opcode.TENSOR_REDUCE: OpcodeSpec(
-        _COMPUTE, ("in",), (), ("op", "axes"), ON_CHIP, ON_CHIP
-    ),
+    Opcode.TENSOR_REDUCE: OpcodeSpec(_COMPUTE, ("in",), (), ("op", "axes"), ON_CHIP, ON_CHIP),
     Opcode.TENSOR_COPY: OpcodeSpec(_COMPUTE | {Engine.ACT}, ("in",), (), (), ON_CHIP, ON_CHIP),
     Opcode.MEMSET: OpcodeSpec(_COMPUTE, (), (), ("value",), ON_CHIP, ON_CHIP),
     Opcode.IOTA: OpcodeSpec(

@@ -5,12 +5,15 @@ Importing this package registers every generic lowering in `GENERIC_LOWERINGS`.
 
 from onnx2bir.codegen import (  # noqa: F401  (imported to register their lowerings)
     lower_conv,
+    lower_conv_transpose,
     lower_data,
     lower_elementwise,
+    lower_gather,
     lower_layout,
     lower_logic,
     lower_matmul,
     lower_nonlinear,
+    lower_norm,
     lower_pool,
     lower_reduce,
     lower_softmax,

@@ -123,8 +123,9 @@ class BirCodeGen:
         self.add_dram_const(IDENTITY_DRAM, np.eye(NUM_PARTITIONS, dtype=np.float32))
         tile = self.sb_tile("identity", NUM_PARTITIONS, NUM_PARTITIONS, Dtype.FP32, name=IDENTITY)
         self._sb_reserved = self._sb_top
-        self.dma(self.ap(tile), self.dram_ap(IDENTITY_DRAM, Affine(), [(NUM_PARTITIONS, 128),
-                                                                  (1, 128)]))
+        self.dma(
+            self.ap(tile), self.dram_ap(IDENTITY_DRAM, Affine(), [(NUM_PARTITIONS, 128), (1, 128)])
+        )
 
     def identity(self, size: int) -> AccessPattern:
         """I[size, size] from the resident identity tile."""
@@ -138,8 +139,9 @@ class BirCodeGen:
             lower = self.kernels.get(kernel_name)
             rule = f"kernel.{kernel_name}"
             if lower is None:
-                raise CodegenError(f"node {name!r}: no kernel named {kernel_name!r} in the "
-                                   "registry")
+                raise CodegenError(
+                    f"node {name!r}: no kernel named {kernel_name!r} in the registry"
+                )
         else:
             lower = self.lowerings.get(op_type)
             rule = f"generic.{op_type}"
@@ -160,8 +162,10 @@ class BirCodeGen:
             src = self.dram(tensor)
             dst = self.output_location(tensor)
             count = math.prod(src.shape)
-            self.dma(self.dram_ap(dst.name, Affine(), [(1, count)]),
-                     self.dram_ap(src.name, Affine(), [(1, count)]))
+            self.dma(
+                self.dram_ap(dst.name, Affine(), [(1, count)]),
+                self.dram_ap(src.name, Affine(), [(1, count)]),
+            )
         self.block_stack.pop()
 
     # --- control structure -----------------------------------------------------------------
@@ -171,8 +175,9 @@ class BirCodeGen:
         return f"{hint}{count}"
 
     @contextmanager
-    def loop(self, hint: str, start: int, stop: int, step: int = 1,
-             parallel: bool = False) -> Iterator[str]:
+    def loop(
+        self, hint: str, start: int, stop: int, step: int = 1, parallel: bool = False
+    ) -> Iterator[str]:
         """Open a counted loop; yields its axis name for use in offsets."""
         axis = self._axis_name(hint)
         item = Loop(axis, start, stop, step, parallel=parallel)
@@ -232,13 +237,21 @@ class BirCodeGen:
         fn = self.function
         if name not in fn.memory_locations:
             info = self.graph.tensors[tensor]
-            fn.add_memory_location(MemoryLocation(
-                name, MemoryType.DRAM, MemoryKind.EXTERNAL_OUTPUT, info.dtype, tuple(info.shape)))
+            fn.add_memory_location(
+                MemoryLocation(
+                    name, MemoryType.DRAM, MemoryKind.EXTERNAL_OUTPUT, info.dtype, tuple(info.shape)
+                )
+            )
         return fn.memory_locations[name]
 
     def add_dram_const(self, name: str, value: np.ndarray) -> MemoryLocation:
-        loc = MemoryLocation(name, MemoryType.DRAM, MemoryKind.CONST,
-                             Dtype.from_numpy(value.dtype), tuple(value.shape))
+        loc = MemoryLocation(
+            name,
+            MemoryType.DRAM,
+            MemoryKind.CONST,
+            Dtype.from_numpy(value.dtype),
+            tuple(value.shape),
+        )
         self.module.constants[name] = np.ascontiguousarray(value)
         return self.function.add_memory_location(loc)
 
@@ -249,14 +262,16 @@ class BirCodeGen:
         while name in self.function.memory_locations:
             name, suffix = f"{self.origin.node}/{tag}.{suffix}", suffix + 1
         return self.function.add_memory_location(
-            MemoryLocation(name, MemoryType.DRAM, MemoryKind.INTERNAL, dtype, tuple(shape)))
+            MemoryLocation(name, MemoryType.DRAM, MemoryKind.INTERNAL, dtype, tuple(shape))
+        )
 
     def _tile_name(self, tag: str) -> str:
         self._tile_count += 1
         return f"{self.origin.node}/{tag}#{self._tile_count}"
 
-    def sb_tile(self, tag: str, partitions: int, free: int, dtype: Dtype,
-                name: str | None = None) -> MemoryLocation:
+    def sb_tile(
+        self, tag: str, partitions: int, free: int, dtype: Dtype, name: str | None = None
+    ) -> MemoryLocation:
         """Allocate an SBUF tile of `partitions` x `free` elements in the node's arena."""
         nbytes = -(-free * dtype.itemsize // SB_ALIGN) * SB_ALIGN
         if partitions > NUM_PARTITIONS or self._sb_top + nbytes > SBUF_BYTES_PER_PARTITION:
@@ -265,8 +280,16 @@ class BirCodeGen:
                 f"{partitions} x {free} {dtype} does not fit ({self._sb_top} of "
                 f"{SBUF_BYTES_PER_PARTITION} bytes per partition in use)"
             )
-        loc = MemoryLocation(name or self._tile_name(tag), MemoryType.SB, MemoryKind.INTERNAL,
-                             dtype, (partitions, free), partitions, self._sb_top, nbytes)
+        loc = MemoryLocation(
+            name or self._tile_name(tag),
+            MemoryType.SB,
+            MemoryKind.INTERNAL,
+            dtype,
+            (partitions, free),
+            partitions,
+            self._sb_top,
+            nbytes,
+        )
         self._sb_top += nbytes
         return self.function.add_memory_location(loc)
 
@@ -274,34 +297,59 @@ class BirCodeGen:
         """Allocate a PSUM tile (fp32) in whole 2 KiB banks; a node has the 8 banks to itself."""
         banks = -(-free * 4 // PSUM_BANK_BYTES)
         if self._psum_next_bank + banks > PSUM_NUM_BANKS:
-            raise self.fail(f"PSUM tile {tag!r} needs {banks} bank(s); "
-                            f"{self._psum_next_bank} of {PSUM_NUM_BANKS} are in use")
-        loc = MemoryLocation(self._tile_name(tag), MemoryType.PSUM, MemoryKind.INTERNAL,
-                             Dtype.FP32, (partitions, free), partitions,
-                             self._psum_next_bank * PSUM_BANK_BYTES, banks * PSUM_BANK_BYTES)
+            raise self.fail(
+                f"PSUM tile {tag!r} needs {banks} bank(s); "
+                f"{self._psum_next_bank} of {PSUM_NUM_BANKS} are in use"
+            )
+        loc = MemoryLocation(
+            self._tile_name(tag),
+            MemoryType.PSUM,
+            MemoryKind.INTERNAL,
+            Dtype.FP32,
+            (partitions, free),
+            partitions,
+            self._psum_next_bank * PSUM_BANK_BYTES,
+            banks * PSUM_BANK_BYTES,
+        )
         self._psum_next_bank += banks
         return self.function.add_memory_location(loc)
 
     # --- access patterns -------------------------------------------------------------------
     @staticmethod
-    def ap(loc: MemoryLocation, pattern: list[tuple[int, int]] | None = None,
-           offset: Affine | int = 0, partitions: int | None = None,
-           partition_start: int = 0) -> AccessPattern:
+    def ap(
+        loc: MemoryLocation,
+        pattern: list[tuple[int, int]] | None = None,
+        offset: Affine | int = 0,
+        partitions: int | None = None,
+        partition_start: int = 0,
+    ) -> AccessPattern:
         """An access pattern on an on-chip tile (default: all of it, contiguous)."""
         offset = offset if isinstance(offset, Affine) else Affine(offset)
         if pattern is None:
             pattern = [(1, loc.shape[1])]
-        return AccessPattern(loc.name, tuple(pattern), offset.const, offset.terms,
-                             partition_start, loc.num_partitions if partitions is None
-                             else partitions)
+        return AccessPattern(
+            loc.name,
+            tuple(pattern),
+            offset.const,
+            offset.terms,
+            partition_start,
+            loc.num_partitions if partitions is None else partitions,
+        )
 
-    def dram_ap(self, loc_name: str, offset: Affine, pattern: list[tuple[int, int]]
-                ) -> AccessPattern:
+    def dram_ap(
+        self, loc_name: str, offset: Affine, pattern: list[tuple[int, int]]
+    ) -> AccessPattern:
         return AccessPattern(loc_name, tuple(pattern), offset.const, offset.terms)
 
     # --- emission --------------------------------------------------------------------------
-    def emit(self, opcode: Opcode, engine: Engine, dst: AccessPattern | None,
-             srcs: dict[str, AccessPattern], **attrs: object) -> Instruction:
+    def emit(
+        self,
+        opcode: Opcode,
+        engine: Engine,
+        dst: AccessPattern | None,
+        srcs: dict[str, AccessPattern],
+        **attrs: object,
+    ) -> Instruction:
         inst = Instruction(opcode, engine, dst, srcs, attrs, self.origin)
         self._finalize(inst)
         return inst
@@ -319,29 +367,61 @@ class BirCodeGen:
         self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
         return self.emit(Opcode.DMA_COPY, Engine.DMA, dst, {"in": src}, queue=queue)
 
-    def matmul(self, dst: AccessPattern, stationary: AccessPattern, moving: AccessPattern,
-               accumulate: bool) -> Instruction:
-        return self.emit(Opcode.MATMULT, Engine.PE, dst,
-                         {"stationary": stationary, "moving": moving}, accumulate=accumulate)
+    def matmul(
+        self, dst: AccessPattern, stationary: AccessPattern, moving: AccessPattern, accumulate: bool
+    ) -> Instruction:
+        return self.emit(
+            Opcode.MATMULT,
+            Engine.PE,
+            dst,
+            {"stationary": stationary, "moving": moving},
+            accumulate=accumulate,
+        )
 
-    def activation(self, dst: AccessPattern, src: AccessPattern, func: str,
-                   scale: float = 1.0, bias: AccessPattern | None = None,
-                   bias_value: float = 0.0) -> Instruction:
+    def activation(
+        self,
+        dst: AccessPattern,
+        src: AccessPattern,
+        func: str,
+        scale: float = 1.0,
+        bias: AccessPattern | None = None,
+        bias_value: float = 0.0,
+    ) -> Instruction:
         srcs = {"in": src}
         if bias is not None:
             srcs["bias"] = bias
-        return self.emit(Opcode.ACTIVATION, Engine.ACT, dst, srcs, func=str(func),
-                         scale=float(scale), bias_value=float(bias_value))
+        return self.emit(
+            Opcode.ACTIVATION,
+            Engine.ACT,
+            dst,
+            srcs,
+            func=str(func),
+            scale=float(scale),
+            bias_value=float(bias_value),
+        )
 
-    def tensor_tensor(self, dst: AccessPattern, in0: AccessPattern, in1: AccessPattern,
-                      op: str, engine: Engine = Engine.DVE) -> Instruction:
+    def tensor_tensor(
+        self,
+        dst: AccessPattern,
+        in0: AccessPattern,
+        in1: AccessPattern,
+        op: str,
+        engine: Engine = Engine.DVE,
+    ) -> Instruction:
         return self.emit(Opcode.TENSOR_TENSOR, engine, dst, {"in0": in0, "in1": in1}, op=str(op))
 
-    def tensor_scalar(self, dst: AccessPattern, src: AccessPattern, op0: str,
-                      operand0: AccessPattern | float, op1: str | None = None,
-                      operand1: AccessPattern | float | None = None,
-                      reverse0: bool = False, reverse1: bool = False,
-                      engine: Engine = Engine.DVE) -> Instruction:
+    def tensor_scalar(
+        self,
+        dst: AccessPattern,
+        src: AccessPattern,
+        op0: str,
+        operand0: AccessPattern | float,
+        op1: str | None = None,
+        operand1: AccessPattern | float | None = None,
+        reverse0: bool = False,
+        reverse1: bool = False,
+        engine: Engine = Engine.DVE,
+    ) -> Instruction:
         srcs = {"in": src}
         attrs: dict[str, object] = {"op0": str(op0), "reverse0": reverse0}
         for index, operand in ((0, operand0), (1, operand1)):
@@ -353,17 +433,25 @@ class BirCodeGen:
             attrs.update(op1=str(op1), reverse1=reverse1)
         return self.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
 
-    def tensor_reduce(self, dst: AccessPattern, src: AccessPattern, op: str, axes: int,
-                      negate: bool = False, engine: Engine = Engine.DVE) -> Instruction:
-        return self.emit(Opcode.TENSOR_REDUCE, engine, dst, {"in": src}, op=str(op),
-                         axes=axes, negate=negate)
+    def tensor_reduce(
+        self,
+        dst: AccessPattern,
+        src: AccessPattern,
+        op: str,
+        axes: int,
+        negate: bool = False,
+        engine: Engine = Engine.DVE,
+    ) -> Instruction:
+        return self.emit(
+            Opcode.TENSOR_REDUCE, engine, dst, {"in": src}, op=str(op), axes=axes, negate=negate
+        )
 
-    def tensor_copy(self, dst: AccessPattern, src: AccessPattern,
-                    engine: Engine = Engine.DVE) -> Instruction:
+    def tensor_copy(
+        self, dst: AccessPattern, src: AccessPattern, engine: Engine = Engine.DVE
+    ) -> Instruction:
         return self.emit(Opcode.TENSOR_COPY, engine, dst, {"in": src})
 
-    def memset(self, dst: AccessPattern, value: float, engine: Engine = Engine.POOL
-               ) -> Instruction:
+    def memset(self, dst: AccessPattern, value: float, engine: Engine = Engine.POOL) -> Instruction:
         return self.emit(Opcode.MEMSET, engine, dst, {}, value=float(value))
 
     def fail(self, reason: str) -> CodegenError:

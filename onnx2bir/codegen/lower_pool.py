@@ -1,22 +1,28 @@
-"""Generic lowering of MaxPool and GlobalAveragePool on VectorE.
+"""Generic lowering of MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on VectorE.
 
 Planes (N·C) sit on partitions. MaxPool reads a band of the (-inf framed) input and reduces
 it through a 4-D access pattern — output rows, output cols, window rows, window cols — with
 one `TensorReduce(max)` over the last two dims per tile, as the NKI pooling kernels do.
-GlobalAveragePool sums each plane along the free dim (in chunks when the plane is larger than
-a tile, then sums the partial sums) and scales by 1 / (H·W) on ScalarE.
+AveragePool does the same with a 0 frame and an add, then divides by the number of elements
+each window counts: the same for every window (an immediate), or, when padding or ceil_mode
+make the edge windows count fewer, a constant divisor map [out_h, out_w] broadcast to every
+partition by DMA. GlobalAveragePool / GlobalMaxPool reduce each plane along the free dim (in
+chunks when the plane is larger than a tile, then reduce the partial results); the average
+scales by 1 / (H·W) on ScalarE.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.spatial import padded_input, window_geometry
+from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import tiles
 
 POOL_OUT_TILE = 1024
@@ -30,18 +36,70 @@ def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
         raise cg.fail("MaxPool's Indices output is not supported")
     if attrs.get("storage_order", 0):
         raise cg.fail("MaxPool storage_order=1 is not supported")
+    geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
+    _window_pool(cg, node, geo, AluOp.MAX, float("-inf"), None)
+
+
+def divisor_map(geo: WindowGeometry, pad_bottom: int, pad_right: int,
+                count_include_pad: bool) -> np.ndarray:
+    """Elements each AveragePool window divides by, [out_h, out_w]: the taps inside the
+    input, or with count_include_pad inside the padded input (a ceil_mode window reaching past
+    the end padding counts only what is inside it)."""
+    def counts(out, size, stride, dilation, kernel, begin, end):
+        low, high = (-begin, size + end) if count_include_pad else (0, size)
+        taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
+        return ((taps >= low) & (taps < high)).sum(1)
+
+    rows = counts(geo.out_h, geo.in_h, geo.stride_h, geo.dilation_h, geo.kernel_h,
+                  geo.pad_top, pad_bottom)
+    cols = counts(geo.out_w, geo.in_w, geo.stride_w, geo.dilation_w, geo.kernel_w,
+                  geo.pad_left, pad_right)
+    return (rows[:, None] * cols[None, :]).astype(np.float32)
+
+
+@lowering("AveragePool")
+def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
+    """Window sums as MaxPool's window max, then a divide by the divisor map (an immediate
+    when every window counts the same)."""
+    attrs = node["attrs"]
+    geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
+    # The end pads: SAME_* padding puts the rest of the total there; ceil_mode's extra reach
+    # past the input is not padding.
+    pad_bottom = pad_right = 0
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pad_bottom = max(0, geo.rows_needed(geo.out_h) - geo.in_h - geo.pad_top)
+        pad_right = max(0, geo.cols_needed(geo.out_w) - geo.in_w - geo.pad_left)
+    elif auto_pad in ("NOTSET", "") and attrs.get("pads"):
+        pads = list(attrs["pads"])
+        pad_bottom, pad_right = pads[2:] if len(pads) == 4 else (0, pads[1])
+    divisors = divisor_map(geo, pad_bottom, pad_right, bool(attrs.get("count_include_pad", 0)))
+    if np.all(divisors == divisors.flat[0]):
+        _window_pool(cg, node, geo, AluOp.ADD, 0.0, float(divisors.flat[0]))
+        return
+    name = f"{cg.origin.node}/divisors"
+    cg.add_dram_const(name, divisors)
+    _window_pool(cg, node, geo, AluOp.ADD, 0.0, name)
+
+
+def _window_pool(cg: BirCodeGen, node: dict, geo: WindowGeometry, op: AluOp, fill: float,
+                 divisor: float | str | None) -> None:
+    """Windows of the `fill`-framed input reduced with `op` (a 4-D access pattern: output
+    rows, output cols, window rows, window cols), then divided by `divisor`: an immediate or
+    a DRAM [out_h, out_w] map broadcast to every partition."""
     x_name, out_name = node["inputs"][0], node["outputs"][0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
-    geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
     planes = x_shape[0] * x_shape[1]
     dtype = cg.graph.tensors[x_name].dtype
-    src, height, width = padded_input(cg, x_name, planes, geo, float("-inf"))
+    src, height, width = padded_input(cg, x_name, planes, geo, fill)
     plane = height * width
     cols = min(geo.out_w, POOL_OUT_TILE)
     rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
     band = cg.sb_tile("band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols),
                       dtype)
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, rows * cols, dtype)
+    if isinstance(divisor, str):
+        div_sb = cg.sb_tile("divisors", NUM_PARTITIONS, rows * cols, dtype)
     y_loc = cg.dram(out_name).name
     out_plane = geo.out_h * geo.out_w
     for p in tiles(cg, planes, NUM_PARTITIONS, "p"):
@@ -57,15 +115,24 @@ def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
                                        (geo.dilation_h * band_cols, geo.kernel_h),
                                        (geo.dilation_w, geo.kernel_w)], partitions=p.size)
                 result = cg.ap(out_sb, [(1, row.size * col.size)], partitions=p.size)
-                cg.tensor_reduce(result, windows, AluOp.MAX, axes=2)
+                cg.tensor_reduce(result, windows, op, axes=2)
+                if isinstance(divisor, float):
+                    cg.tensor_scalar(result, result, AluOp.DIVIDE, divisor)
+                elif isinstance(divisor, str):
+                    div = cg.ap(div_sb, [(1, row.size * col.size)], partitions=p.size)
+                    cg.dma(div, cg.dram_ap(divisor, row.start * geo.out_w + col.start,
+                                           [(0, p.size), (geo.out_w, row.size),
+                                            (1, col.size)]))
+                    cg.tensor_tensor(result, result, div, AluOp.DIVIDE)
                 cg.dma(cg.dram_ap(y_loc, p.start * out_plane + row.start * geo.out_w
                                   + col.start, [(out_plane, p.size), (geo.out_w, row.size),
                                                 (1, col.size)]),
                        result)
 
 
-@lowering("GlobalAveragePool")
-def lower_global_average_pool(cg: BirCodeGen, node: dict) -> None:
+@lowering("GlobalAveragePool", "GlobalMaxPool")
+def lower_global_pool(cg: BirCodeGen, node: dict) -> None:
+    op = AluOp.MAX if node["op_type"] == "GlobalMaxPool" else AluOp.ADD
     x_name, out_name = node["inputs"][0], node["outputs"][0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     planes, size = x_shape[0] * x_shape[1], math.prod(x_shape[2:])
@@ -83,10 +150,11 @@ def lower_global_average_pool(cg: BirCodeGen, node: dict) -> None:
                               [(size, p.size), (1, piece.size)]))
             cg.tensor_reduce(cg.ap(partial, [(1, 1)], tile_index(piece, chunk),
                                    partitions=p.size),
-                             cg.ap(data, [(1, piece.size)], partitions=p.size), AluOp.ADD, 1)
+                             cg.ap(data, [(1, piece.size)], partitions=p.size), op, 1)
         cg.tensor_reduce(cg.ap(total, partitions=p.size),
-                         cg.ap(partial, partitions=p.size), AluOp.ADD, 1)
-        cg.activation(cg.ap(total, partitions=p.size), cg.ap(total, partitions=p.size),
-                      ActFunc.COPY, scale=1.0 / size)
+                         cg.ap(partial, partitions=p.size), op, 1)
+        if op is AluOp.ADD:
+            cg.activation(cg.ap(total, partitions=p.size), cg.ap(total, partitions=p.size),
+                          ActFunc.COPY, scale=1.0 / size)
         cg.dma(cg.dram_ap(y_loc, p.start, [(1, p.size), (1, 1)]),
                cg.ap(total, partitions=p.size))

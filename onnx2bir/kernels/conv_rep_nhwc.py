@@ -32,9 +32,20 @@ from onnx2bir.patterns.conv import REP_NHWC
 
 def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:
     (pad_top, _), (pad_left, _) = args.padding
-    return WindowGeometry(args.in_h, args.in_w, args.out_h, args.out_w, args.k_h, args.k_w,
-                          args.stride[0], args.stride[1], args.rhs_dilation[0],
-                          args.rhs_dilation[1], pad_top, pad_left)
+    return WindowGeometry(
+        args.in_h,
+        args.in_w,
+        args.out_h,
+        args.out_w,
+        args.k_h,
+        args.k_w,
+        args.stride[0],
+        args.stride[1],
+        args.rhs_dilation[0],
+        args.rhs_dilation[1],
+        pad_top,
+        pad_left,
+    )
 
 
 @kernel(REP_NHWC)
@@ -73,13 +84,25 @@ def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
             for k in tiles(cg, args.c_in, c_tile, "kc"):
                 slot = (gi * c_tiles + tile_index(k, c_tile)) * w_slot
                 for r in range(g_rows):
-                    cg.dma(cg.ap(weights, [(m.size, args.k_w), (1, m.size)], slot,
-                                 partitions=k.size, partition_start=r * k.size),
-                           cg.dram_ap(args.w, k.start * w_i + m.start * w_o + (g0 + r) * w_h,
-                                      [(w_i, k.size), (w_w, args.k_w), (w_o, m.size)]))
+                    cg.dma(
+                        cg.ap(
+                            weights,
+                            [(m.size, args.k_w), (1, m.size)],
+                            slot,
+                            partitions=k.size,
+                            partition_start=r * k.size,
+                        ),
+                        cg.dram_ap(
+                            args.w,
+                            k.start * w_i + m.start * w_o + (g0 + r) * w_h,
+                            [(w_i, k.size), (w_w, args.k_w), (w_o, m.size)],
+                        ),
+                    )
         if args.bias:
-            cg.dma(cg.ap(bias_sb, partitions=m.size),
-                   cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]))
+            cg.dma(
+                cg.ap(bias_sb, partitions=m.size),
+                cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
+            )
         for n in tiles(cg, args.batch, 1, "n"):
             for row in tiles(cg, args.out_h, rows, "oh"):
                 for col in tiles(cg, args.out_w, cols, "ow"):
@@ -91,28 +114,51 @@ def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
                             first_plane = k.start * channel_planes + n.start * batch_planes
                             for r in range(g_rows):
                                 first_row = row.start * geo.stride_h + (g0 + r) * geo.dilation_h
-                                cg.dma(cg.ap(band, [(1, row.size * band_cols)],
-                                             partitions=k.size, partition_start=r * k.size),
-                                       cg.dram_ap(src, first_plane * padded_plane
-                                                  + first_row * width + col.start * geo.stride_w,
-                                                  [(channel_planes * padded_plane, k.size),
-                                                   (geo.stride_h * width, row.size),
-                                                   (1, band_cols)]))
+                                cg.dma(
+                                    cg.ap(
+                                        band,
+                                        [(1, row.size * band_cols)],
+                                        partitions=k.size,
+                                        partition_start=r * k.size,
+                                    ),
+                                    cg.dram_ap(
+                                        src,
+                                        first_plane * padded_plane
+                                        + first_row * width
+                                        + col.start * geo.stride_w,
+                                        [
+                                            (channel_planes * padded_plane, k.size),
+                                            (geo.stride_h * width, row.size),
+                                            (1, band_cols),
+                                        ],
+                                    ),
+                                )
                             slot = (gi * c_tiles + tile_index(k, c_tile)) * w_slot
                             for kw in range(args.k_w):
                                 cg.matmul(
                                     psum,
-                                    cg.ap(weights, [(1, m.size)], slot + kw * m.size,
-                                          partitions=g_rows * k.size),
-                                    cg.ap(band, [(band_cols, row.size), (geo.stride_w, col.size)],
-                                          kw * geo.dilation_w, partitions=g_rows * k.size),
+                                    cg.ap(
+                                        weights,
+                                        [(1, m.size)],
+                                        slot + kw * m.size,
+                                        partitions=g_rows * k.size,
+                                    ),
+                                    cg.ap(
+                                        band,
+                                        [(band_cols, row.size), (geo.stride_w, col.size)],
+                                        kw * geo.dilation_w,
+                                        partitions=g_rows * k.size,
+                                    ),
                                     accumulate=not (gi == 0 and k.first and kw == 0),
                                 )
                     result = cg.ap(out_sb, [(1, pixels)], partitions=m.size)
                     bias = cg.ap(bias_sb, partitions=m.size) if args.bias else None
                     cg.activation(result, psum, ActFunc.COPY, bias=bias)
-                    cg.dma(cg.dram_ap(args.y, n.start * y_b + m.start * y_f + row.start * y_h
-                                      + col.start * y_w,
-                                      [(y_f, m.size), (y_h, row.size), (y_w, col.size)]),
-                           result)
-
+                    cg.dma(
+                        cg.dram_ap(
+                            args.y,
+                            n.start * y_b + m.start * y_f + row.start * y_h + col.start * y_w,
+                            [(y_f, m.size), (y_h, row.size), (y_w, col.size)],
+                        ),
+                        result,
+                    )

@@ -13,14 +13,15 @@ from onnx2bir.importer import import_model
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                             ir_version=9)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
 
 
 def test_mul_of_a_tensor_by_itself_keeps_both_edges():
     model = _model(
-        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-         helper.make_node("Mul", ["r", "r"], ["y"], name="square")],
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Mul", ["r", "r"], ["y"], name="square"),
+        ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
     )
@@ -33,16 +34,20 @@ def test_mul_of_a_tensor_by_itself_keeps_both_edges():
 def test_shape_subgraph_folds_to_a_constant_reshape_target():
     # Reshape(x, Concat(Gather(Shape(x), 0), [-1])): the classic exported flatten.
     model = _model(
-        [helper.make_node("Shape", ["x"], ["s"]),
-         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
-         helper.make_node("Unsqueeze", ["n", "zero_axes"], ["n1"]),
-         helper.make_node("Concat", ["n1", "minus_one"], ["target"], axis=0),
-         helper.make_node("Reshape", ["x", "target"], ["y"], name="flatten")],
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+            helper.make_node("Unsqueeze", ["n", "zero_axes"], ["n1"]),
+            helper.make_node("Concat", ["n1", "minus_one"], ["target"], axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["y"], name="flatten"),
+        ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["d0", "d1"])],
-        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
-         numpy_helper.from_array(np.array([0], np.int64), "zero_axes"),
-         numpy_helper.from_array(np.array([-1], np.int64), "minus_one")],
+        [
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero_axes"),
+            numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+        ],
     )
     graph = import_model(model, dims={"batch": 5})
     assert dict(graph.op_counts()) == {"Reshape": 1}
@@ -53,18 +58,26 @@ def test_shape_subgraph_folds_to_a_constant_reshape_target():
 
 def test_constant_of_shape_and_range_fold():
     model = _model(
-        [helper.make_node("ConstantOfShape", ["shape"], ["ones"],
-                          value=numpy_helper.from_array(np.array([1.0], np.float32))),
-         helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
-         helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
-         helper.make_node("Add", ["ones", "rf"], ["c"]),
-         helper.make_node("Add", ["x", "c"], ["y"], name="add")],
+        [
+            helper.make_node(
+                "ConstantOfShape",
+                ["shape"],
+                ["ones"],
+                value=numpy_helper.from_array(np.array([1.0], np.float32)),
+            ),
+            helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
+            helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["ones", "rf"], ["c"]),
+            helper.make_node("Add", ["x", "c"], ["y"], name="add"),
+        ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
-        [numpy_helper.from_array(np.array([4], np.int64), "shape"),
-         numpy_helper.from_array(np.array(0, np.int64), "start"),
-         numpy_helper.from_array(np.array(4, np.int64), "limit"),
-         numpy_helper.from_array(np.array(1, np.int64), "delta")],
+        [
+            numpy_helper.from_array(np.array([4], np.int64), "shape"),
+            numpy_helper.from_array(np.array(0, np.int64), "start"),
+            numpy_helper.from_array(np.array(4, np.int64), "limit"),
+            numpy_helper.from_array(np.array(1, np.int64), "delta"),
+        ],
     )
     graph = import_model(model)
     assert list(graph.op_counts()) == ["Add"]
@@ -107,9 +120,11 @@ def test_input_shape_for_an_unknown_input_lists_the_real_ones():
 
 def test_node_names_are_unique_and_order_is_topological():
     model = _model(
-        [helper.make_node("Relu", ["x"], ["a"], name="n"),
-         helper.make_node("Relu", ["a"], ["b"], name="n"),
-         helper.make_node("Relu", ["b"], ["y"])],
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="n"),
+            helper.make_node("Relu", ["a"], ["b"], name="n"),
+            helper.make_node("Relu", ["b"], ["y"]),
+        ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
     )
@@ -120,8 +135,11 @@ def test_node_names_are_unique_and_order_is_topological():
 
 def test_attributes_are_plain_python_values():
     model = _model(
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1],
-                          auto_pad="NOTSET")],
+        [
+            helper.make_node(
+                "Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1], auto_pad="NOTSET"
+            )
+        ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
         [numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")],

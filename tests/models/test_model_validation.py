@@ -23,8 +23,9 @@ def validate(model_path: Path, seed: int = 0):
     feeds = synthesize_inputs(compilation.graph, seed)
     actual = run_function(compilation.module, feeds)
     expected = run_onnxruntime(model_path, feeds)
-    return compilation, [compare_output(name, actual[name], expected[name])
-                         for name in compilation.graph.outputs]
+    return compilation, [
+        compare_output(name, actual[name], expected[name]) for name in compilation.graph.outputs
+    ]
 
 
 def kernel_counts(compilation) -> dict:
@@ -40,8 +41,7 @@ def test_small_cnn_exported_from_pytorch():
     assert all(r.passed for r in results), results
     assert compilation.source_ops["Conv"] == 5
     # Four dense convs fit rep_nhwc (C_in x kH <= 128); the grouped conv (g=4) falls back.
-    assert kernel_counts(compilation) == {"Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh": 4,
-                                          None: 1}
+    assert kernel_counts(compilation) == {"Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh": 4, None: 1}
 
 
 def test_light_squeezenet_with_random_weights():
@@ -50,8 +50,7 @@ def test_light_squeezenet_with_random_weights():
     counts = compilation.source_ops
     assert counts["Conv"] == 26 and counts["Concat"] == 8 and "ConstantOfShape" not in counts
     # The 1x1 convs reading 256 or more channels exceed 128 partitions and fall back.
-    assert kernel_counts(compilation) == {"Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh": 20,
-                                          None: 6}
+    assert kernel_counts(compilation) == {"Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh": 20, None: 6}
     # Random weights make the output informative: a constant softmax would hide errors.
     (result,) = results
     assert result.cosine > 0.99999

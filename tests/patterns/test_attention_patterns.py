@@ -18,8 +18,9 @@ from onnx2bir.patterns.attention import (
 )
 
 B, H, D = 1, 2, 8
-RAISE = CompileOptions(enable_native_kernel_attention=True,
-                       enable_native_kernel_attention_bf16=True)
+RAISE = CompileOptions(
+    enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True
+)
 
 
 class Builder:
@@ -52,15 +53,19 @@ class Builder:
         return q, k, v
 
     def model(self, output, extra_outputs=()):
-        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-                for o in (output, *extra_outputs)]
+        outs = [
+            helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+            for o in (output, *extra_outputs)
+        ]
         graph = helper.make_graph(self.nodes, "attention", self.inputs, outs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
-                                  ir_version=10)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
         return onnx.shape_inference.infer_shapes(model)
 
 
-def run_pass(model, options=CompileOptions()):
+DEFAULT = CompileOptions()
+
+
+def run_pass(model, options=DEFAULT):
     graph = import_model(model)
     result = LowerToCustomNativeKernel().run(graph, options)
     return graph, result.findings
@@ -81,14 +86,15 @@ def standard(step_kinds=("mul",), guard=False, **builder):
     s = b.op("MatMul", [q, kt], name="qk")
     for kind in step_kinds:
         if kind == "mul":
-            s = b.op("Mul", [s, b.const(D ** -0.5)])
+            s = b.op("Mul", [s, b.const(D**-0.5)])
         elif kind == "div":
-            s = b.op("Div", [s, b.const(D ** 0.5)])
+            s = b.op("Div", [s, b.const(D**0.5)])
         elif kind == "mask":
             s = b.op("Add", [s, b.input(f"mask{b.count}", (B, 1, 1, b.sk))])
         elif kind == "bias_const":
-            s = b.op("Add", [b.const(np.random.default_rng(0).standard_normal(
-                (1, H, b.sq, b.sk))), s])
+            s = b.op(
+                "Add", [b.const(np.random.default_rng(0).standard_normal((1, H, b.sq, b.sk))), s]
+            )
         elif kind == "causal_const":
             tri = np.triu(np.full((b.sq, b.sk), -1e9, np.float32), k=1)
             s = b.op("Add", [s, b.const(tri)])
@@ -100,17 +106,20 @@ def standard(step_kinds=("mul",), guard=False, **builder):
     return b, b.model(core(b, s, v, guard))
 
 
-@pytest.mark.parametrize("steps, fragment", [
-    (("mul",), "scale Mul(0.353553) after QK"),
-    (("div",), "scale Div(2.82843) after QK"),
-    ((), "no scale"),
-    (("mul", "mask"), "additive mask/bias (runtime)"),
-    (("mask", "mask"), "additive mask/bias (runtime), additive mask/bias (runtime)"),
-    (("bias_const", "mask"), "additive mask/bias (constant)"),
-    (("div", "masked_fill"), "causal masked_fill Where(-inf) (constant)"),
-    (("mul", "causal_const"), "causal mask (constant)"),
-    (("cast", "mask"), "Cast around softmax"),
-])
+@pytest.mark.parametrize(
+    "steps, fragment",
+    [
+        (("mul",), "scale Mul(0.353553) after QK"),
+        (("div",), "scale Div(2.82843) after QK"),
+        ((), "no scale"),
+        (("mul", "mask"), "additive mask/bias (runtime)"),
+        (("mask", "mask"), "additive mask/bias (runtime), additive mask/bias (runtime)"),
+        (("bias_const", "mask"), "additive mask/bias (constant)"),
+        (("div", "masked_fill"), "causal masked_fill Where(-inf) (constant)"),
+        (("mul", "causal_const"), "causal mask (constant)"),
+        (("cast", "mask"), "Cast around softmax"),
+    ],
+)
 def test_score_step_variants_match(steps, fragment):
     _, model = standard(steps)
     _, findings = run_pass(model)
@@ -128,13 +137,13 @@ def test_nan_guard_after_softmax_is_part_of_the_block():
 def test_scale_folded_into_q_and_split_over_q_and_k():
     b = Builder()
     q, k, v = b.qkv()
-    q_scaled = b.op("Mul", [q, b.const(D ** -0.5)])
+    q_scaled = b.op("Mul", [q, b.const(D**-0.5)])
     kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
     _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [q_scaled, kt], name="qk"), v)))
     assert "scale folded into Q" in block["variant"]
     b = Builder()
     q, k, v = b.qkv()
-    root = D ** -0.25
+    root = D**-0.25
     kt = b.op("Mul", [b.op("Transpose", [k], perm=[0, 1, 3, 2]), b.const(root)])
     qs = b.op("Mul", [q, b.const(root)])
     _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [qs, kt], name="qk"), v)))
@@ -144,15 +153,24 @@ def test_scale_folded_into_q_and_split_over_q_and_k():
 def test_heads_split_packed_qkv_and_k_transpose_chain():
     b = Builder()
     x = b.input("x", (B, 16, 3 * H * D))
-    q, k, v = (b.op("Transpose", [b.op("Reshape", [part, b.const([B, 16, H, D], np.int64)])],
-                    perm=[0, 2, 1, 3])
-               for part in b.op_multi("Split", [x], 3, axis=2, num_outputs=3))
+    q, k, v = (
+        b.op(
+            "Transpose",
+            [b.op("Reshape", [part, b.const([B, 16, H, D], np.int64)])],
+            perm=[0, 2, 1, 3],
+        )
+        for part in b.op_multi("Split", [x], 3, axis=2, num_outputs=3)
+    )
     flat = b.op("Reshape", [k, b.const([B * H, 16, D], np.int64)])
-    kt = b.op("Reshape", [b.op("Transpose", [flat], perm=[0, 2, 1]),
-                          b.const([B, H, D, 16], np.int64)])
+    kt = b.op(
+        "Reshape", [b.op("Transpose", [flat], perm=[0, 2, 1]), b.const([B, H, D, 16], np.int64)]
+    )
     _, (block,) = run_pass(b.model(core(b, b.op("MatMul", [q, kt], name="qk"), v)))
-    for fragment in ("packed QKV (Split)", "heads split by Reshape/Transpose",
-                     "Kᵀ by a Reshape/Transpose chain"):
+    for fragment in (
+        "packed QKV (Split)",
+        "heads split by Reshape/Transpose",
+        "Kᵀ by a Reshape/Transpose chain",
+    ):
         assert fragment in block["variant"]
 
 
@@ -231,14 +249,23 @@ def test_projection_matmul_with_constant_weight_is_not_attention():
 
 
 # --- gates, target, cast policy ------------------------------------------------------------------
-@pytest.mark.parametrize("options, seq, reason", [
-    (CompileOptions(), 1024, "enable-native-kernel-attention is off"),
-    (CompileOptions(enable_native_kernel_attention=True, target="inf2"), 1024,
-     "target 'inf2' is not 'sunda'"),
-    (CompileOptions(enable_native_kernel_attention=True), 1024,
-     "tensors are float32, not bfloat16, and enable-native-kernel-attention-bf16 is off"),
-    (RAISE, 1007, "sequence 1007 <= 1007"),
-])
+@pytest.mark.parametrize(
+    "options, seq, reason",
+    [
+        (CompileOptions(), 1024, "enable-native-kernel-attention is off"),
+        (
+            CompileOptions(enable_native_kernel_attention=True, target="inf2"),
+            1024,
+            "target 'inf2' is not 'sunda'",
+        ),
+        (
+            CompileOptions(enable_native_kernel_attention=True),
+            1024,
+            "tensors are float32, not bfloat16, and enable-native-kernel-attention-bf16 is off",
+        ),
+        (RAISE, 1007, "sequence 1007 <= 1007"),
+    ],
+)
 def test_gates_in_order(options, seq, reason):
     _, model = standard(("mul",), seq_q=seq)
     graph, (block,) = run_pass(model, options)
@@ -260,12 +287,15 @@ def test_head_dim_and_sbuf_gates():
     assert block["reason"].startswith("SBUF bytes 240000 > 196608")
 
 
-@pytest.mark.parametrize("steps, seq_k, target", [
-    (("mul", "mask"), None, ATTENTION_WITHOUT_SWAP),
-    (("mul", "mask"), 2048, ATTENTION),
-    (("mul", "causal_const"), None, CAUSAL_ATTENTION_WITHOUT_SWAP),
-    (("div", "masked_fill"), None, CAUSAL_ATTENTION_WITHOUT_SWAP),
-])
+@pytest.mark.parametrize(
+    "steps, seq_k, target",
+    [
+        (("mul", "mask"), None, ATTENTION_WITHOUT_SWAP),
+        (("mul", "mask"), 2048, ATTENTION),
+        (("mul", "causal_const"), None, CAUSAL_ATTENTION_WITHOUT_SWAP),
+        (("div", "masked_fill"), None, CAUSAL_ATTENTION_WITHOUT_SWAP),
+    ],
+)
 def test_target_choice_and_raise(steps, seq_k, target):
     _, model = standard(steps, seq_q=1024, seq_k=seq_k)
     graph, (block,) = run_pass(model, RAISE)
@@ -274,8 +304,7 @@ def test_target_choice_and_raise(steps, seq_k, target):
     assert node["attrs"]["custom_call_target"] == target
     assert node["attrs"]["api_version"] == 1
     config = __import__("json").loads(node["attrs"]["backend_config"])
-    assert list(config) == ["psum_shape", "sb_shape", "auto_cast", "auto_cast_type",
-                            "kernel_name"]
+    assert list(config) == ["psum_shape", "sb_shape", "auto_cast", "auto_cast_type", "kernel_name"]
     assert config["kernel_name"] == target and config["auto_cast_type"] == "bf16"
     # matmult-to-bf16: q, kᵀ, v stored as bf16 by Casts in front; the result cast back.
     casts = [d for _, d in graph.nodes() if d["op_type"] == "Cast"]
@@ -287,8 +316,13 @@ def test_target_choice_and_raise(steps, seq_k, target):
 
 def test_fp16_cast_policy():
     _, model = standard(("mul",), seq_q=1024)
-    graph, (block,) = run_pass(model, CompileOptions(
-        enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True,
-        native_kernel_cast_type="all-to-fp16"))
+    graph, (block,) = run_pass(
+        model,
+        CompileOptions(
+            enable_native_kernel_attention=True,
+            enable_native_kernel_attention_bf16=True,
+            native_kernel_cast_type="all-to-fp16",
+        ),
+    )
     (node,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
     assert node["attrs"]["storage_dtype"] == "float16"

@@ -32,12 +32,25 @@ NCHW = (0, 1, 2, 3)
 
 def make_op(c_in=16, c_out=32, k=(3, 3), hw=(16, 16), groups=1, stride=(1, 1), **changes):
     out_hw = tuple((size - kk) // s + 1 for size, kk, s in zip(hw, k, stride, strict=True))
-    op = ConvOp(node="conv", op_type="Conv", in_perm=NCHW, kern_perm=NCHW, out_perm=NCHW,
-                feature_group_count=groups, batch_group_count=1, stride=list(stride),
-                lhs_dilation=[1, 1], rhs_dilation=[1, 1], padding=[(0, 0), (0, 0)],
-                rhs_reversal=False, in_shape=(1, c_in, *hw),
-                kern_shape=(c_out, c_in // groups, *k), res_shape=(1, c_out, *out_hw),
-                spatial_dims=2, dtype=Dtype.FP32)
+    op = ConvOp(
+        node="conv",
+        op_type="Conv",
+        in_perm=NCHW,
+        kern_perm=NCHW,
+        out_perm=NCHW,
+        feature_group_count=groups,
+        batch_group_count=1,
+        stride=list(stride),
+        lhs_dilation=[1, 1],
+        rhs_dilation=[1, 1],
+        padding=[(0, 0), (0, 0)],
+        rhs_reversal=False,
+        in_shape=(1, c_in, *hw),
+        kern_shape=(c_out, c_in // groups, *k),
+        res_shape=(1, c_out, *out_hw),
+        spatial_dims=2,
+        dtype=Dtype.FP32,
+    )
     return replace(op, **changes)
 
 
@@ -55,13 +68,17 @@ def test_invert_is_an_inverse(perm):
     assert compose_perm(invert_perm(perm), perm) == tuple(range(len(perm)))
 
 
-@given(st.integers(1, 5).flatmap(lambda n: st.tuples(
-    *[st.permutations(list(range(n))).map(tuple)] * 3)))
+@given(
+    st.integers(1, 5).flatmap(
+        lambda n: st.tuples(*[st.permutations(list(range(n))).map(tuple)] * 3)
+    )
+)
 def test_compose_applies_in_order_and_bridges_close(triple):
     first, second, third = triple
     data = np.arange(np.prod(range(2, len(first) + 2))).reshape(range(2, len(first) + 2))
-    assert np.array_equal(data.transpose(first).transpose(second),
-                          data.transpose(compose_perm(first, second)))
+    assert np.array_equal(
+        data.transpose(first).transpose(second), data.transpose(compose_perm(first, second))
+    )
     bridge = get_bridging_perm(first, third)
     assert np.array_equal(data.transpose(first).transpose(bridge), data.transpose(third))
     assert apply_perm_to_dims(data.shape, first) == data.transpose(first).shape
@@ -84,16 +101,19 @@ def test_rep_nhwc_matches_a_dense_conv_that_fits():
     assert REP(make_op(c_in=16, k=(3, 3))) is None
 
 
-@pytest.mark.parametrize("op, reason", [
-    (make_op(is_pglt=True), "partition-group-local"),
-    (make_op(c_in=32, c_out=32, groups=4), "feature_group_count 4 != 1"),
-    (make_op(batch_group_count=2), "batch_group_count 2 != 1"),
-    (make_op(lhs_dilation=[2, 2]), "lhs_dilation"),
-    (make_op(rhs_reversal=True), "reversed kernel"),
-    (make_op(dtype=Dtype.INT32), "dtype int32"),
-    (make_op(c_in=64, k=(3, 3)), "C_in x kH = 64 x 3 > 128"),
-    (make_op(c_in=3, k=(3, 3), hw=(600, 16000)), "replicated input"),
-])
+@pytest.mark.parametrize(
+    "op, reason",
+    [
+        (make_op(is_pglt=True), "partition-group-local"),
+        (make_op(c_in=32, c_out=32, groups=4), "feature_group_count 4 != 1"),
+        (make_op(batch_group_count=2), "batch_group_count 2 != 1"),
+        (make_op(lhs_dilation=[2, 2]), "lhs_dilation"),
+        (make_op(rhs_reversal=True), "reversed kernel"),
+        (make_op(dtype=Dtype.INT32), "dtype int32"),
+        (make_op(c_in=64, k=(3, 3)), "C_in x kH = 64 x 3 > 128"),
+        (make_op(c_in=3, k=(3, 3), hw=(600, 16000)), "replicated input"),
+    ],
+)
 def test_rep_nhwc_refusals(op, reason):
     assert reason in REP(op)
 
@@ -105,8 +125,9 @@ def test_rep_nhwc_stride_gate_follows_allow_stride():
 
 
 def transposed_depthwise(c=8, kernel_io=True):
-    return depthwise(c, lhs_dilation=[2, 2], rhs_reversal=True,
-                     kern_perm=(1, 0, 2, 3) if kernel_io else NCHW)
+    return depthwise(
+        c, lhs_dilation=[2, 2], rhs_reversal=True, kern_perm=(1, 0, 2, 3) if kernel_io else NCHW
+    )
 
 
 @pytest.mark.parametrize("kernel_io", [False, True])
@@ -116,13 +137,23 @@ def test_depthwise_backward_matches_its_kernel_shape(kernel_io):
     assert "first" in conv.match_conv_depthwise_backward(op, kernel_io=not kernel_io)
 
 
-@pytest.mark.parametrize("op, reason", [
-    (replace(transposed_depthwise(), batch_group_count=2), "batch_group_count"),
-    (depthwise(8, kern_perm=(1, 0, 2, 3)), "not a backward"),
-    (replace(transposed_depthwise(), rhs_dilation=[2, 2]), "rhs_dilation"),
-    (replace(make_op(c_in=8, c_out=8), lhs_dilation=[2, 2], rhs_reversal=True,
-             kern_perm=(1, 0, 2, 3)), "not depthwise"),
-])
+@pytest.mark.parametrize(
+    "op, reason",
+    [
+        (replace(transposed_depthwise(), batch_group_count=2), "batch_group_count"),
+        (depthwise(8, kern_perm=(1, 0, 2, 3)), "not a backward"),
+        (replace(transposed_depthwise(), rhs_dilation=[2, 2]), "rhs_dilation"),
+        (
+            replace(
+                make_op(c_in=8, c_out=8),
+                lhs_dilation=[2, 2],
+                rhs_reversal=True,
+                kern_perm=(1, 0, 2, 3),
+            ),
+            "not depthwise",
+        ),
+    ],
+)
 def test_depthwise_backward_refusals(op, reason):
     assert reason in conv.match_conv_depthwise_backward(op, kernel_io=True)
 
@@ -174,12 +205,13 @@ def test_low_channel_gate_and_its_assertions():
     assert conv.is_low_channel_conv_1(make_op(c_in=128)) is False
     assert conv.is_low_channel_conv_1(make_op(c_in=3, k=(1, 1))) is False
     messages = {
-        "Convolution output batch must match input batch":
-            make_op(res_shape=(2, 32, 14, 14)),
-        "Convolution input channels must match kernel input channels":
-            make_op(kern_shape=(32, 8, 3, 3)),
-        "Convolution output channels must match kernel output channels":
-            make_op(kern_shape=(64, 16, 3, 3)),
+        "Convolution output batch must match input batch": make_op(res_shape=(2, 32, 14, 14)),
+        "Convolution input channels must match kernel input channels": make_op(
+            kern_shape=(32, 8, 3, 3)
+        ),
+        "Convolution output channels must match kernel output channels": make_op(
+            kern_shape=(64, 16, 3, 3)
+        ),
     }
     for message, op in messages.items():
         with pytest.raises(conv.ConvOpInvariantError, match=message):
@@ -201,8 +233,12 @@ def test_replication_match_and_refusals():
 
 
 def test_alt_shape_layout_predicate():
-    nhwc = make_op(in_perm=layout_perm("b01f", "bf01"), kern_perm=layout_perm("01io", "oi01"),
-                   out_perm=layout_perm("b01f", "bf01"), in_shape=(1, 16, 16, 16))
+    nhwc = make_op(
+        in_perm=layout_perm("b01f", "bf01"),
+        kern_perm=layout_perm("01io", "oi01"),
+        out_perm=layout_perm("b01f", "bf01"),
+        in_shape=(1, 16, 16, 16),
+    )
     assert conv.match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh2(nhwc) is None
     assert "input is not NHWC" in conv.match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh2(make_op())
 
@@ -216,8 +252,11 @@ def test_pbp_matchers_never_match():
 # --- dispatch ------------------------------------------------------------------------------------
 def test_first_match_wins_dense_low_channel_conv_takes_rep_nhwc():
     op = make_op(c_in=3, k=(3, 3))
-    accepting = [info.label for info in conv.FUNCTIONAL_KERNEL_REGISTRY
-                 if info.match[0](op, **info.match[1]) is None]
+    accepting = [
+        info.label
+        for info in conv.FUNCTIONAL_KERNEL_REGISTRY
+        if info.match[0](op, **info.match[1]) is None
+    ]
     assert accepting == ["rep_nhwc", "column_packing", "replication"]
     assert conv.select_kernel(op, CompileOptions()).kernel.label == "rep_nhwc"
 
@@ -248,8 +287,9 @@ def test_experimental_registry_is_never_consulted_with_the_flag_off(monkeypatch)
 def test_flag_on_still_matches_nothing_and_logs_the_debug_line(caplog):
     op = make_op(c_in=32, c_out=32, groups=4)
     with caplog.at_level(logging.DEBUG, logger="onnx2bir.TransformConvOp"):
-        selection = conv.select_kernel(op, CompileOptions(
-            experimental_convolution_kernel_match=True))
+        selection = conv.select_kernel(
+            op, CompileOptions(experimental_convolution_kernel_match=True)
+        )
     assert selection.kernel is None
     assert [label for label, _ in selection.refusals][-2:] == ["pbp_0f1b", "pbp_fb01"]
     assert any(r.getMessage().startswith("DIDN'T MATCH KERNEL FOR: ") for r in caplog.records)
@@ -257,8 +297,15 @@ def test_flag_on_still_matches_nothing_and_logs_the_debug_line(caplog):
 
 def test_get_kernel_attr_key_order():
     keys = list(conv.get_kernel_attr(make_op()))
-    assert keys[:7] == ["stride", "padding", "rhs_dilation", "lhs_dilation", "in_perm",
-                        "kern_perm", "out_perm"]
+    assert keys[:7] == [
+        "stride",
+        "padding",
+        "rhs_dilation",
+        "lhs_dilation",
+        "in_perm",
+        "kern_perm",
+        "out_perm",
+    ]
     assert keys[-3:-1] == ["batch_group_count", "feature_group_count"]
     same = conv.get_kernel_attr_same_hl_pad(make_op(padding=[(1, 1), (0, 1)]))
     assert same["padding"] == [[1, 1], [0, 1]] and same["same_hl_pad"] is False
@@ -270,18 +317,33 @@ def _conv_model(convs, c_in=3, hw=8):
     channels = c_in
     for index, (c_out, k, groups, extra) in enumerate(convs):
         w = f"w{index}"
-        inits.append(numpy_helper.from_array(
-            np.random.default_rng(index).standard_normal((c_out, channels // groups, k, k))
-            .astype(np.float32), w))
-        nodes.append(helper.make_node("Conv", [current, w], [f"y{index}"], name=f"conv{index}",
-                                      group=groups, pads=[k // 2] * 4, **extra))
+        inits.append(
+            numpy_helper.from_array(
+                np.random.default_rng(index)
+                .standard_normal((c_out, channels // groups, k, k))
+                .astype(np.float32),
+                w,
+            )
+        )
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [current, w],
+                [f"y{index}"],
+                name=f"conv{index}",
+                group=groups,
+                pads=[k // 2] * 4,
+                **extra,
+            )
+        )
         current, channels = f"y{index}", c_out
-    graph = helper.make_graph(nodes, "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                             [1, c_in, hw, hw])],
-                              [helper.make_tensor_value_info(current, TensorProto.FLOAT,
-                                                             [1, channels, hw, hw])],
-                              inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, hw, hw])],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, [1, channels, hw, hw])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
@@ -307,10 +369,11 @@ def test_rewrite_bridges_only_what_differs():
     assert node["op_type"] == "NativeKernel" and node["attrs"]["func_name"] == conv.REP_NHWC
     # rep_nhwc wants fb01 input (one Transpose) and 01bf output (one Transpose back); the
     # constant weight is transposed at compile time, not by a node.
-    transposes = [(n, d["attrs"]["perm"]) for n, d in graph.nodes() if d["op_type"] ==
-                  "Transpose"]
-    assert transposes == [("conv0/input_transpose", [1, 0, 2, 3]),
-                          ("conv0/output_transpose", [2, 3, 0, 1])]
+    transposes = [(n, d["attrs"]["perm"]) for n, d in graph.nodes() if d["op_type"] == "Transpose"]
+    assert transposes == [
+        ("conv0/input_transpose", [1, 0, 2, 3]),
+        ("conv0/output_transpose", [2, 3, 0, 1]),
+    ]
     weight = graph.tensors[node["inputs"][1]]
     assert weight.is_const and weight.shape == (3, 16, 3, 3)
 
@@ -333,12 +396,17 @@ def test_insert_transpose_forces_the_bridge(monkeypatch):
 
 
 def test_one_d_conv_reaches_the_selector_as_2d_with_unit_height():
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="c", group=4, pads=[1, 1])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 20])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 20])],
-        [numpy_helper.from_array(np.ones((4, 1, 3), np.float32), "w")]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="c", group=4, pads=[1, 1])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 20])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 20])],
+            [numpy_helper.from_array(np.ones((4, 1, 3), np.float32), "w")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=9,
+    )
     graph = import_model(model)
     op = conv_op_from_node(graph, "c")
     assert op.spatial_dims == 2 and op.in_shape == (1, 4, 1, 20)
@@ -347,13 +415,28 @@ def test_one_d_conv_reaches_the_selector_as_2d_with_unit_height():
 
 
 def test_conv_transpose_canonicalizes_to_backward_form():
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", group=4,
-                          strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 10, 10])],
-        [numpy_helper.from_array(np.ones((4, 1, 3, 3), np.float32), "w")]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node(
+                    "ConvTranspose",
+                    ["x", "w"],
+                    ["y"],
+                    name="up",
+                    group=4,
+                    strides=[2, 2],
+                    pads=[1, 1, 1, 1],
+                    output_padding=[1, 1],
+                )
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 10, 10])],
+            [numpy_helper.from_array(np.ones((4, 1, 3, 3), np.float32), "w")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=9,
+    )
     op = conv_op_from_node(import_model(model), "up")
     assert op.lhs_dilation == [2, 2] and op.stride == [1, 1] and op.rhs_reversal
     assert op.padding == [(1, 2), (1, 2)] and op.kern_perm == (1, 0, 2, 3)
