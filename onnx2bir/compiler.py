@@ -28,8 +28,9 @@ def default_passes() -> list:
     """The pattern passes, in the reference pipeline's order."""
     from onnx2bir.patterns.attention import LowerToCustomNativeKernel
     from onnx2bir.patterns.conv import TransformConvOp
+    from onnx2bir.patterns.decompose import DecomposeAttention
 
-    return [LowerToCustomNativeKernel(), TransformConvOp()]
+    return [LowerToCustomNativeKernel(), DecomposeAttention(), TransformConvOp()]
 
 
 @dataclass
