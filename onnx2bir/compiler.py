@@ -29,8 +29,10 @@ def default_passes() -> list:
     from onnx2bir.patterns.attention import LowerToCustomNativeKernel
     from onnx2bir.patterns.conv import TransformConvOp
     from onnx2bir.patterns.decompose import DecomposeAttention
+    from onnx2bir.patterns.mlp import LowerToNKIKernelCC
 
-    return [LowerToCustomNativeKernel(), DecomposeAttention(), TransformConvOp()]
+    return [LowerToCustomNativeKernel(), DecomposeAttention(), LowerToNKIKernelCC(),
+            TransformConvOp()]
 
 
 @dataclass

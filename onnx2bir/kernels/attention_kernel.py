@@ -1,0 +1,494 @@
+"""The native attention kernel behind the three MM-Softmax-MM CustomCall targets (seed 003 §2).
+
+In: a CustomCall node with inputs [q, kt, v, *extra]: q [..., Sq, D], kt [..., D, Sk] (K
+already transposed), v [..., Sk, Dv], batch dims broadcasting as in numpy matmul. Out:
+O [..., Sq, Dv] in the node's output dtype, with
+
+    S = steps(q · kt)        fp32; the JSON `steps` in order, on the [..., Sq, Sk] scores
+    P = exp(S − rowmax) / Σ  the stable softmax DecomposeAttention spells out (seed 003 §5)
+    O = post_steps(P) · v
+
+Steps: {"op": "scale"|"divide", "value"}, {"op": "add", "input": i},
+{"op": "masked_fill", "input": i, "value", "fill_on_true"} and {"op": "causal"}
+(S[i, j] = −inf for j > i + Sk − Sq); `input` i indexes the extra inputs (node input 3 + i),
+which broadcast numpy-style to [..., Sq, Sk]. post_steps: only {"op": "nan_to_zero"}, the
+Where(IsNaN(P), 0, P) guard.
+
+Cast policy ("matmult-to-bf16 sets storage, not accumulation"): every matmul operand in SBUF
+— q, kt, v, P and their PE transposes — is held in `storage_dtype`; the loading DMAs convert
+whatever dtype arrives. Accumulation is fp32 PSUM, the scores and the softmax statistics are
+fp32, and P is rounded to the storage dtype once, by the ScalarE exp that produces it.
+
+Machine layout, per (batch, query tile of ≤128 rows), with K and V resident in SBUF for the
+batch index (loaded once per KV head when they broadcast over the inner batch dims, GQA):
+1. q tile [rows, D] → PE transpose per 128 of D (identity of the storage dtype) → qᵀ;
+2. per key chunk of 512 (a PSUM bank): S = Σ_D qᵀ[D, rows]ᵀ · kt[D, keys] in PSUM; ScalarE
+   evicts it into the fp32 score row with the leading scale/divide steps as its `scale`;
+   VectorE applies the other steps and the chunk's row max;
+3. ScalarE exp(S + (−max)) with the negated max as its per-partition bias writes P (storage
+   dtype); VectorE sums P;
+4. per key tile of 128: PE transposes P → Pᵀ [keys, rows], then O += Pᵀᵀ · v[keys, Dv];
+5. O / Σ on VectorE straight out of PSUM (normalising O costs Dv per row, normalising P
+   would cost Sk), DMA out.
+
+Masks are selects, not arithmetic (−inf · 0 would be NaN): a masked_fill builds a bound B
+(−inf where the fill applies, +inf elsewhere) from the condition and takes min(S, B), then
+max with min(−B, value) when the value is not −inf. The causal bound is one Iota-built tile
+per kernel call, B[p, x] = ±inf by the sign of x − X0 − p − (Sk − Sq), read through a window
+at offset (key start − row start + X0): the same affine index for every tile.
+
+Fully masked rows. ONNX's softmax of an all −inf row is NaN; the guard turns it into 0. A NaN
+in P would spread to every row of its tile through the PE transpose (NaN · 0 in the identity
+matmul, trainium_facts.md §3.1), so the negated max is clamped to FLT_MAX: such a row gets
+P = 0 and Σ = 0, and O = 0 / 0 = NaN for that row alone, as in ONNX. With the guard, Σ is
+raised to FLT_MIN first, giving O = 0. (Σ ≥ 1 in any other row: its max contributes
+exp(0).) Scores of +inf or NaN — only from non-finite inputs or a +inf fill — are outside
+this contract.
+
+Limit: the whole fp32 score row, P, and K and V stay in SBUF, about
+4·⌈D/128⌉ + 4·Dv/128 + 4 (+4 causal) bytes per key per partition with fp32 storage and half
+the K/V/P share with bf16/fp16: Sk ≈ 10 000 keys at D = Dv = 128. Longer rows fail with
+`cg.fail` (an online-softmax variant would lift this). PSUM holds 3 + ⌈Dv/512⌉ banks, so
+Dv ≤ 2560.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_NUM_BANKS
+from onnx2bir.codegen.driver import BirCodeGen, CodegenError
+from onnx2bir.codegen.lower_conv import tile_index
+from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, merge_broadcast_dims, tiles
+from onnx2bir.kernels import kernel
+
+TARGETS = (
+    "AttentionMMSoftmaxMM",
+    "AttentionMMSoftmaxMMWithoutSwap",
+    "CausalAttentionMMSoftmaxMMWithoutSwap",
+)
+P = NUM_PARTITIONS
+KEY_CHUNK = MATMUL_MAX_MOVING_FREE  # one PSUM bank of fp32 scores
+FLT_MAX = float(np.finfo(np.float32).max)
+FLT_MIN = float(np.finfo(np.float32).tiny)
+STORAGE_DTYPES = {"float32": Dtype.FP32, "bfloat16": Dtype.BF16, "float16": Dtype.FP16}
+OUT, Q, KT, V = range(4)  # operand order in offsets and strides; extras follow
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str  # scale | divide | add | masked_fill | causal
+    value: float = 0.0
+    input: int = -1
+    fill_on_true: bool = True
+
+
+@dataclass(frozen=True)
+class Extra:
+    """An extra input broadcast to [..., Sq, Sk]: its element strides along a row and a key."""
+
+    name: str
+    row_stride: int
+    col_stride: int
+    is_bool: bool
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    q: str  # DRAM location names
+    kt: str
+    v: str
+    out: str
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    dims: tuple[int, ...]  # batch dims, unit dims dropped and contiguous neighbours merged
+    strides: tuple[tuple[int, ...], ...]  # per operand (out, q, kt, v, *extras) along dims
+    extras: tuple[Extra, ...]
+    steps: tuple[Step, ...]
+    guard: bool
+    storage: Dtype
+    out_dtype: Dtype
+
+    @property
+    def kv_depth(self) -> int:
+        """The batch depth at which K and V are loaded: outside the dims they broadcast over."""
+        depth = len(self.dims)
+        while depth and self.strides[KT][depth - 1] == 0 and self.strides[V][depth - 1] == 0:
+            depth -= 1
+        return depth
+
+
+def json_list(cg: BirCodeGen, attrs: dict, key: str) -> list:
+    try:
+        raw = json.loads(attrs.get(key) or "[]")
+    except json.JSONDecodeError as exc:
+        raise cg.fail(f"attr {key} is not JSON: {exc}") from None
+    if not isinstance(raw, list):
+        raise cg.fail(f"attr {key} is not a JSON list: {raw!r}")
+    return raw
+
+
+def parse_steps(cg: BirCodeGen, attrs: dict, n_extra: int) -> tuple[Step, ...]:
+    steps = []
+    for item in json_list(cg, attrs, "steps"):
+        op = item.get("op") if isinstance(item, dict) else None
+        if op in ("scale", "divide"):
+            steps.append(Step(op, float(item["value"])))
+        elif op in ("add", "masked_fill"):
+            index = item.get("input")
+            if not isinstance(index, int) or not 0 <= index < n_extra:
+                raise cg.fail(f"step {item!r} names extra input {index!r}; the node has {n_extra}")
+            steps.append(
+                Step(op, float(item.get("value", 0.0)), index, bool(item.get("fill_on_true", True)))
+            )
+        elif op == "causal":
+            steps.append(Step(op))
+        else:
+            raise cg.fail(f"unknown score step {item!r}")
+    return tuple(steps)
+
+
+def parse_guard(cg: BirCodeGen, attrs: dict) -> bool:
+    raw = json_list(cg, attrs, "post_steps")
+    ops = [item.get("op") if isinstance(item, dict) else item for item in raw]
+    if any(op != "nan_to_zero" for op in ops):
+        raise cg.fail(f"unsupported post_steps {raw!r} (only nan_to_zero)")
+    return bool(ops)
+
+
+def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
+    attrs = node["attrs"]
+    q, kt, v, *extra_names = node["inputs"]
+    out = node["outputs"][0]
+    shape = {name: tuple(cg.graph.tensors[name].shape) for name in (q, kt, v, out, *extra_names)}
+    *_, sq, d = shape[q]
+    d_k, sk = shape[kt][-2:]
+    sk_v, dv = shape[v][-2:]
+    if d_k != d or sk_v != sk or shape[out][-2:] != (sq, dv) or min(map(len, shape.values())) < 2:
+        raise cg.fail(
+            f"shapes q {shape[q]}, kt {shape[kt]}, v {shape[v]} -> {shape[out]} "
+            "are not an attention"
+        )
+    batch = shape[out][:-2]
+    score_shape = (*batch, sq, sk)
+    strides = []
+    for name, rows, cols in ((out, sq, dv), (q, sq, d), (kt, d, sk), (v, sk, dv)):
+        if len(shape[name]) - 2 > len(batch):
+            raise cg.fail(f"input {name!r} has more batch dims than the output")
+        strides.append(tuple(s * rows * cols for s in broadcast_strides(shape[name][:-2], batch)))
+    extras = []
+    for name in extra_names:
+        padded = (1,) * (len(score_shape) - len(shape[name])) + shape[name]
+        if len(padded) != len(score_shape) or any(
+            s not in (1, t) for s, t in zip(padded, score_shape, strict=True)
+        ):
+            raise cg.fail(
+                f"extra input {name!r} {shape[name]} does not broadcast to the scores {score_shape}"
+            )
+        full = broadcast_strides(shape[name], score_shape)
+        strides.append(full[:-2])
+        dtype = cg.graph.tensors[name].dtype
+        extras.append(Extra(cg.dram(name).name, full[-2], full[-1], dtype is Dtype.BOOL))
+    dims, merged = merge_broadcast_dims(batch, strides)
+    storage = STORAGE_DTYPES.get(attrs.get("storage_dtype", "float32"))
+    if storage is None:
+        raise cg.fail(f"unknown storage_dtype {attrs.get('storage_dtype')!r}")
+    return AttentionArgs(
+        cg.dram(q).name,
+        cg.dram(kt).name,
+        cg.dram(v).name,
+        cg.dram(out).name,
+        sq,
+        sk,
+        d,
+        dv,
+        dims,
+        tuple(merged),
+        tuple(extras),
+        parse_steps(cg, attrs, len(extras)),
+        parse_guard(cg, attrs),
+        storage,
+        cg.graph.tensors[out].dtype,
+    )
+
+
+def storage_identity(cg: BirCodeGen, dtype: Dtype) -> Callable[[int], AccessPattern]:
+    """I[n, n] in `dtype` for PE transposes: the resident fp32 one, or a copy loaded per call
+    (the PE array pairs fp32 only with fp32, bf16/fp16 with each other)."""
+    if dtype is Dtype.FP32:
+        return cg.identity
+    name = f"identity_matrices.{dtype}"
+    if name not in cg.function.memory_locations:
+        cg.add_dram_const(name, np.eye(P, dtype=np.float32).astype(dtype.numpy))
+    tile = cg.sb_tile(f"identity_{dtype}", P, P, dtype)
+    cg.dma(cg.ap(tile), cg.dram_ap(name, Affine(), [(P, P), (1, P)]))
+    return lambda n: cg.ap(tile, [(1, n)], partitions=n)
+
+
+def load_row_tiles(cg: BirCodeGen, tile, loc: str, offset: Affine, rows: int, cols: int) -> None:
+    """tile[r mod 128, (r div 128)·cols + c] = M[r, c] for a row-major DRAM matrix M."""
+    full, rest = divmod(rows, P)
+    if full:
+        cg.dma(
+            cg.ap(tile, [(cols, full), (1, cols)], partitions=P),
+            cg.dram_ap(loc, offset, [(cols, P), (P * cols, full), (1, cols)]),
+        )
+    if rest:
+        cg.dma(
+            cg.ap(tile, [(1, cols)], full * cols, partitions=rest),
+            cg.dram_ap(loc, offset + full * P * cols, [(cols, rest), (1, cols)]),
+        )
+
+
+class AttentionTiles:
+    """Every SBUF and PSUM tile of one kernel call, reused across batches and query tiles."""
+
+    def __init__(self, cg: BirCodeGen, a: AttentionArgs) -> None:
+        s, fp32 = a.storage, Dtype.FP32
+        d_tiles, k_tiles = -(-a.d // P), -(-a.sk // P)
+        ops = {step.op for step in a.steps}
+        self.identity = storage_identity(cg, s)
+        self.k = cg.sb_tile("k", P, d_tiles * a.sk, s)
+        self.v = cg.sb_tile("v", P, k_tiles * a.dv, s)
+        self.q = cg.sb_tile("q", P, a.d, s)
+        self.qt = cg.sb_tile("qT", P, d_tiles * P, s)
+        self.scores = cg.sb_tile("scores", P, a.sk, fp32)
+        self.probs = self.scores if s is fp32 else cg.sb_tile("probs", P, a.sk, s)
+        self.pt = cg.sb_tile("pT", P, P, s)
+        self.rowmax = cg.sb_tile("rowmax", P, -(-a.sk // KEY_CHUNK), fp32)
+        self.stats = cg.sb_tile("stats", P, 2, fp32)  # −max, Σ
+        self.extra = (
+            cg.sb_tile("extra", P, KEY_CHUNK, fp32) if ops & {"add", "masked_fill"} else None
+        )
+        self.bound = cg.sb_tile("bound", P, KEY_CHUNK, fp32) if "masked_fill" in ops else None
+        self.causal_x0 = (a.sq - 1) // P * P  # start of the last query tile
+        self.causal = (
+            cg.sb_tile("causal", P, a.sk + self.causal_x0, fp32) if "causal" in ops else None
+        )
+        self.out = cg.sb_tile("out", P, a.dv, a.out_dtype)
+        self.qt_ps = cg.psum_tile("qT", P, P)
+        self.s_ps = cg.psum_tile("scores", P, KEY_CHUNK)
+        self.pt_ps = cg.psum_tile("pT", P, P)
+        self.o_ps = cg.psum_tile("out", P, -(-a.dv // KEY_CHUNK) * KEY_CHUNK)
+
+
+@kernel(TARGETS[0])
+@kernel(TARGETS[1])
+@kernel(TARGETS[2])
+def trace_attention(cg: BirCodeGen, node: dict) -> None:
+    a = attention_args(cg, node)
+    if 3 + -(-a.dv // KEY_CHUNK) > PSUM_NUM_BANKS:
+        raise cg.fail(f"Dv = {a.dv} needs more than the {PSUM_NUM_BANKS} PSUM banks")
+    try:
+        t = AttentionTiles(cg, a)
+    except CodegenError as exc:
+        raise cg.fail(
+            f"Sk = {a.sk} keys do not fit: the kernel keeps the fp32 score row, P and the "
+            f"resident K and V in SBUF (longer rows need an online softmax). {exc}"
+        ) from None
+    AttentionEmitter(cg, a, t).run()
+
+
+class AttentionEmitter:
+    def __init__(self, cg: BirCodeGen, a: AttentionArgs, t: AttentionTiles) -> None:
+        self.cg, self.a, self.t = cg, a, t
+        self.lead_scale = 1.0
+        steps = list(a.steps)
+        while steps and steps[0].op in ("scale", "divide"):
+            step = steps.pop(0)
+            self.lead_scale *= step.value if step.op == "scale" else 1.0 / step.value
+        self.steps = steps  # after the leading scales, which ride on the PSUM eviction
+        self.dv_chunks = [(v0, min(KEY_CHUNK, a.dv - v0)) for v0 in range(0, a.dv, KEY_CHUNK)]
+
+    def run(self) -> None:
+        if self.t.causal is not None:
+            self.build_causal_bound()
+        self.walk(0, [Affine()] * len(self.a.strides))
+
+    def build_causal_bound(self) -> None:
+        """causal[p, x] = −inf where x − X0 − p > Sk − Sq (a key past the row), else +inf."""
+        cg, a, tile = self.cg, self.a, self.t.causal
+        x0 = self.t.causal_x0
+        cg.emit(
+            Opcode.IOTA,
+            Engine.POOL,
+            cg.ap(tile),
+            {},
+            base=-x0 - (a.sk - a.sq),
+            channel_multiplier=-1,
+            steps=[1],
+        )
+        # Integer v: v ≥ 1 → (v − 0.5)·(−inf) = −inf; v ≤ 0 → +inf.
+        cg.tensor_scalar(cg.ap(tile), cg.ap(tile), AluOp.SUBTRACT, 0.5, AluOp.MULTIPLY, -math.inf)
+
+    def walk(self, depth: int, offsets: list[Affine]) -> None:
+        a, cg = self.a, self.cg
+        if depth == a.kv_depth:
+            self.load_kv(offsets)
+        if depth < len(a.dims):
+            for index in tiles(cg, a.dims[depth], 1, "b"):
+                inner = [
+                    off + index.start * st[depth]
+                    for off, st in zip(offsets, a.strides, strict=True)
+                ]
+                self.walk(depth + 1, inner)
+            return
+        for m in tiles(cg, a.sq, P, "q"):
+            self.query_tile(offsets, m)
+
+    def load_kv(self, offsets: list[Affine]) -> None:
+        a, t = self.a, self.t
+        load_row_tiles(self.cg, t.k, a.kt, offsets[KT], a.d, a.sk)
+        load_row_tiles(self.cg, t.v, a.v, offsets[V], a.sk, a.dv)
+
+    def query_tile(self, offsets: list[Affine], m: Tile) -> None:
+        cg, a, t = self.cg, self.a, self.t
+        cg.dma(
+            cg.ap(t.q, [(1, a.d)], partitions=m.size),
+            cg.dram_ap(a.q, offsets[Q] + m.start * a.d, [(a.d, m.size), (1, a.d)]),
+        )
+        for dt in tiles(cg, a.d, P, "dq"):
+            ps = cg.ap(t.qt_ps, [(1, m.size)], partitions=dt.size)
+            cg.matmul(
+                ps,
+                cg.ap(t.q, [(1, dt.size)], dt.start, partitions=m.size),
+                t.identity(m.size),
+                accumulate=False,
+            )
+            cg.tensor_copy(
+                cg.ap(t.qt, [(1, m.size)], tile_index(dt, P) * P, partitions=dt.size), ps
+            )
+        neg_max = cg.ap(t.stats, [(1, 1)], 0, partitions=m.size)
+        total = cg.ap(t.stats, [(1, 1)], 1, partitions=m.size)
+        single = a.sk <= KEY_CHUNK
+        for c in tiles(cg, a.sk, KEY_CHUNK, "kc"):
+            chunk = self.score_chunk(offsets, m, c)
+            if single:
+                cg.tensor_reduce(neg_max, chunk, AluOp.MAX, axes=1, negate=True)
+            else:
+                cg.tensor_reduce(
+                    cg.ap(t.rowmax, [(1, 1)], tile_index(c, KEY_CHUNK), partitions=m.size),
+                    chunk,
+                    AluOp.MAX,
+                    axes=1,
+                )
+        if not single:
+            cg.tensor_reduce(
+                neg_max,
+                cg.ap(t.rowmax, [(1, -(-a.sk // KEY_CHUNK))], partitions=m.size),
+                AluOp.MAX,
+                axes=1,
+                negate=True,
+            )
+        # An all −inf row: exp(−inf + FLT_MAX) = 0 rather than NaN (see the module docstring).
+        cg.tensor_scalar(neg_max, neg_max, AluOp.MIN, FLT_MAX)
+        probs = cg.ap(t.probs, [(1, a.sk)], partitions=m.size)
+        cg.activation(
+            probs, cg.ap(t.scores, [(1, a.sk)], partitions=m.size), ActFunc.EXP, bias=neg_max
+        )
+        cg.tensor_reduce(total, probs, AluOp.ADD, axes=1)
+        if a.guard:
+            cg.tensor_scalar(total, total, AluOp.MAX, FLT_MIN)
+        self.probs_times_v(m)
+        for j, (v0, vn) in enumerate(self.dv_chunks):
+            cg.tensor_scalar(
+                cg.ap(t.out, [(1, vn)], v0, partitions=m.size),
+                cg.ap(t.o_ps, [(1, vn)], j * KEY_CHUNK, partitions=m.size),
+                AluOp.DIVIDE,
+                total,
+            )
+        cg.dma(
+            cg.dram_ap(a.out, offsets[OUT] + m.start * a.dv, [(a.dv, m.size), (1, a.dv)]),
+            cg.ap(t.out, [(1, a.dv)], partitions=m.size),
+        )
+
+    def score_chunk(self, offsets: list[Affine], m: Tile, c: Tile) -> AccessPattern:
+        """S[rows, keys of chunk c] into the fp32 score row, with every step applied."""
+        cg, a, t = self.cg, self.a, self.t
+        ps = cg.ap(t.s_ps, [(1, c.size)], partitions=m.size)
+        for dt in tiles(cg, a.d, P, "d", peel_first=True):
+            slot = tile_index(dt, P)
+            cg.matmul(
+                ps,
+                cg.ap(t.qt, [(1, m.size)], slot * P, partitions=dt.size),
+                cg.ap(t.k, [(1, c.size)], slot * a.sk + c.start, partitions=dt.size),
+                accumulate=not dt.first,
+            )
+        chunk = cg.ap(t.scores, [(1, c.size)], c.start, partitions=m.size)
+        cg.activation(chunk, ps, ActFunc.COPY, scale=self.lead_scale)
+        for step in self.steps:
+            if step.op == "scale":
+                cg.tensor_scalar(chunk, chunk, AluOp.MULTIPLY, step.value)
+            elif step.op == "divide":
+                cg.tensor_scalar(chunk, chunk, AluOp.DIVIDE, step.value)
+            elif step.op == "causal":
+                window = cg.ap(
+                    t.causal, [(1, c.size)], c.start + m.start * -1 + t.causal_x0, partitions=m.size
+                )
+                cg.tensor_tensor(chunk, chunk, window, AluOp.MIN)
+            else:
+                self.extra_step(step, chunk, offsets, m, c)
+        return chunk
+
+    def extra_step(
+        self, step: Step, chunk: AccessPattern, offsets: list[Affine], m: Tile, c: Tile
+    ) -> None:
+        cg, t = self.cg, self.t
+        extra = self.a.extras[step.input]
+        values = cg.ap(t.extra, [(1, c.size)], partitions=m.size)
+        start = offsets[4 + step.input] + m.start * extra.row_stride + c.start * extra.col_stride
+        cg.dma(
+            values,
+            cg.dram_ap(extra.name, start, [(extra.row_stride, m.size), (extra.col_stride, c.size)]),
+        )
+        if step.op == "add":
+            cg.tensor_tensor(chunk, chunk, values, AluOp.ADD)
+            return
+        bound = cg.ap(t.bound, [(1, c.size)], partitions=m.size)
+        if not extra.is_bool:  # a float condition holds where nonzero: 1 − (c == 0)
+            cg.tensor_scalar(bound, values, AluOp.IS_EQUAL, 0.0, AluOp.SUBTRACT, 1.0, reverse1=True)
+            values = bound
+        # cond ∈ {0, 1} → bound = −inf where the fill applies, +inf where S is kept.
+        cg.tensor_scalar(
+            bound,
+            values,
+            AluOp.SUBTRACT,
+            0.5,
+            AluOp.MULTIPLY,
+            -math.inf if step.fill_on_true else math.inf,
+        )
+        cg.tensor_tensor(chunk, chunk, bound, AluOp.MIN)
+        if step.value != -math.inf:  # raise the filled places from −inf to the value
+            cg.tensor_scalar(bound, bound, AluOp.MULTIPLY, -1.0, AluOp.MIN, step.value)
+            cg.tensor_tensor(chunk, chunk, bound, AluOp.MAX)
+
+    def probs_times_v(self, m: Tile) -> None:
+        """O[rows, Dv] = Σ over key tiles of Pᵀ[keys, rows]ᵀ · v[keys, Dv], in PSUM."""
+        cg, a, t = self.cg, self.a, self.t
+        for kt in tiles(cg, a.sk, P, "kt", peel_first=True):
+            pt_ps = cg.ap(t.pt_ps, [(1, m.size)], partitions=kt.size)
+            cg.matmul(
+                pt_ps,
+                cg.ap(t.probs, [(1, kt.size)], kt.start, partitions=m.size),
+                t.identity(m.size),
+                accumulate=False,
+            )
+            pt = cg.ap(t.pt, [(1, m.size)], partitions=kt.size)
+            cg.activation(pt, pt_ps, ActFunc.COPY)
+            slot = tile_index(kt, P)
+            for j, (v0, vn) in enumerate(self.dv_chunks):
+                cg.matmul(
+                    cg.ap(t.o_ps, [(1, vn)], j * KEY_CHUNK, partitions=m.size),
+                    pt,
+                    cg.ap(t.v, [(1, vn)], slot * a.dv + v0, partitions=kt.size),
+                    accumulate=not kt.first,
+                )

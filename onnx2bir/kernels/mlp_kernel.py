@@ -1,0 +1,347 @@
+"""The fused MLP kernel behind the AwsNeuronMLPNKI CustomCall (seed 003 §3).
+
+In: a CustomCall node with inputs [x, w1, b1, w2, b2, w_up, b_up] ("" for an absent one):
+x [..., K], w1 [K, H] ([H, K] with attr trans_w1 = 1, Gemm's transB), b1 [H], w2 [H, N]
+([N, H] with trans_w2), b2 [N], and for SwiGLU the up projection w_up, b_up shaped like w1,
+b1 (transposed when attr trans_w_up is 1; it defaults to trans_w1). Out: y [..., N] in the
+node's output dtype, with
+
+    h = act(x·w1 + b1)                 relu | gelu (erf) | gelu_tanh | silu
+                                       | quick_gelu: z·sigmoid(1.702·z)
+                                       | swiglu: silu(x·w1 + b1) · (x·w_up + b_up)
+    y = h·w2 + b2
+
+All matmuls fp32 (the MLP raise carries no cast policy, seed 003 §3 NOTE).
+
+Layout. The first matmul produces hᵀ directly, so h needs no transpose between the two:
+hᵀ[H, tokens] = Σ_K w1[K, H]ᵀ · xᵀ[K, tokens] puts H on partitions, where b1 is a
+per-partition column and rides on the ScalarE activation that evicts PSUM; and hᵀ is
+exactly the stationary operand of the second matmul, y[tokens, N] = Σ_H hᵀ[H, tokens]ᵀ ·
+w2[H, N], which leaves tokens on partitions and N contiguous for the output DMA (b2 is added
+on VectorE from a partition-broadcast tile). Tokens go in blocks of up to 512 (one PSUM bank
+as the first matmul's moving free size); within a block the second matmul runs per 128
+tokens, each into its own PSUM bank, so every w2 tile is loaded once per block.
+
+The point of the fused kernel: hᵀ for a whole token block stays in SBUF between the two
+matmuls (⌈H/128⌉·block·4 bytes per partition), never going through DRAM. When that, xᵀ
+and the working tiles do not fit, the block shrinks (512 → 256 → 128 tokens); H too large
+even for 128 tokens fails with `cg.fail`. Weights stream per block: w1/w_up tiles [128, 128]
+as stationaries, w2 tiles [128, ≤512] as movings (transposed ones flipped on the PE array by
+`lower_matmul.load_tile`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION
+from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
+from onnx2bir.codegen.lower_conv import tile_index
+from onnx2bir.codegen.lower_matmul import MatrixView, load_tile
+from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.kernels import kernel
+
+TARGET = "AwsNeuronMLPNKI"
+P = NUM_PARTITIONS
+N_CHUNK = MATMUL_MAX_MOVING_FREE
+TOKEN_BLOCKS = (512, 256, 128)
+QUICK_GELU_ALPHA = 1.702
+LUT_ACTIVATIONS = {
+    "relu": ActFunc.RELU,
+    "gelu": ActFunc.GELU,
+    "gelu_tanh": ActFunc.GELU_TANH,
+    "silu": ActFunc.SILU,
+}
+ACTIVATIONS = (*LUT_ACTIVATIONS, "quick_gelu", "swiglu")
+
+
+@dataclass(frozen=True)
+class MlpArgs:
+    x: MatrixView  # [T, K]
+    w1: MatrixView  # [K, H]
+    b1: str | None
+    w2: MatrixView  # [H, N]
+    b2: str | None
+    w_up: MatrixView | None  # [K, H]
+    b_up: str | None
+    y: MatrixView  # [T, N]
+    activation: str
+    out_dtype: Dtype
+
+    @property
+    def tokens(self) -> int:
+        return self.x.rows
+
+    @property
+    def k(self) -> int:
+        return self.x.cols
+
+    @property
+    def h(self) -> int:
+        return self.w1.cols
+
+    @property
+    def n(self) -> int:
+        return self.w2.cols
+
+
+def _row_major(loc: str, rows: int, cols: int) -> MatrixView:
+    return MatrixView(loc, Affine(), rows, cols, cols, 1)
+
+
+def mlp_args(cg: BirCodeGen, node: dict) -> MlpArgs:
+    attrs = node["attrs"]
+    names = [*node["inputs"], *[""] * 7][:7]
+    x, w1, b1, w2, b2, w_up, b_up = names
+    out = node["outputs"][0]
+    activation = attrs.get("activation", "")
+    if activation not in ACTIVATIONS:
+        raise cg.fail(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    if not (x and w1 and w2) or (activation == "swiglu") != bool(w_up):
+        raise cg.fail(f"inputs {names}: x, w1, w2 are required, w_up exactly for swiglu")
+    tensors = cg.graph.tensors
+    x_shape = tuple(tensors[x].shape)
+    k, t = x_shape[-1], math.prod(x_shape[:-1])
+
+    def weight(name: str, transposed: bool, rows: int) -> MatrixView:
+        shape = tuple(tensors[name].shape)
+        if len(shape) != 2:
+            raise cg.fail(f"weight {name!r} {shape} is not a matrix")
+        view = _row_major(cg.dram(name).name, *shape)
+        view = view.T if transposed else view
+        if view.rows != rows:
+            raise cg.fail(f"weight {name!r} {shape} does not contract {rows} features")
+        return view
+
+    def bias(name: str, size: int) -> str | None:
+        if not name:
+            return None
+        if math.prod(tensors[name].shape) != size:
+            raise cg.fail(f"bias {name!r} {tuple(tensors[name].shape)} is not [{size}]")
+        return cg.dram(name).name
+
+    w1_view = weight(w1, bool(attrs.get("trans_w1", 0)), k)
+    h = w1_view.cols
+    w2_view = weight(w2, bool(attrs.get("trans_w2", 0)), h)
+    trans_up = attrs.get("trans_w_up", attrs.get("trans_w1", 0))
+    up_view = weight(w_up, bool(trans_up), k) if w_up else None
+    if up_view is not None and up_view.cols != h:
+        raise cg.fail(f"w_up {tensors[w_up].shape} does not match w1 {tensors[w1].shape}")
+    n = w2_view.cols
+    out_shape = tuple(tensors[out].shape)
+    if out_shape[-1:] != (n,) or math.prod(out_shape[:-1]) != t:
+        # Token-major order is all that matters: a Reshape between the dots (GPT-2) is fine.
+        raise cg.fail(f"output {out_shape} does not hold {t} tokens of {n} features")
+    return MlpArgs(
+        _row_major(cg.dram(x).name, t, k),
+        w1_view,
+        bias(b1, h),
+        w2_view,
+        bias(b2, n),
+        up_view,
+        bias(b_up, h),
+        _row_major(cg.dram(out).name, t, n),
+        activation,
+        tensors[out].dtype,
+    )
+
+
+def _row_bytes(elements: int, itemsize: int = 4) -> int:
+    return -(-elements * itemsize // SB_ALIGN) * SB_ALIGN
+
+
+def sbuf_bytes(a: MlpArgs, block: int) -> int:
+    """Bytes per partition the kernel's SBUF tiles take for a token block (see MlpTiles)."""
+    k_tiles, h_tiles = -(-a.k // P), -(-a.h // P)
+    gated = a.activation in ("quick_gelu", "swiglu")
+    return (
+        _row_bytes(a.k)  # x rows
+        + _row_bytes(k_tiles * block)  # xᵀ
+        + _row_bytes(h_tiles * block)  # hᵀ
+        + _row_bytes(P) * (3 if a.w_up is not None else 2)  # w1, w_up, staging
+        + _row_bytes(N_CHUNK) * 3  # w2, b2, y
+        + _row_bytes(2)  # bias columns
+        + (_row_bytes(block) if gated else 0)  # the gate's second operand
+    )
+
+
+def token_block(cg: BirCodeGen, a: MlpArgs) -> int:
+    """The largest token block whose hᵀ fits in SBUF beside the rest (identity reserved)."""
+    available = SBUF_BYTES_PER_PARTITION - _row_bytes(P)
+    for block in TOKEN_BLOCKS:
+        block = min(block, a.tokens)
+        if sbuf_bytes(a, block) <= available:
+            return block
+    raise cg.fail(
+        f"H = {a.h}, K = {a.k}: hᵀ and xᵀ for even 128 tokens need "
+        f"{sbuf_bytes(a, min(P, a.tokens))} bytes per partition, SBUF has {available}"
+    )
+
+
+class MlpTiles:
+    """The kernel's SBUF and PSUM tiles; `staging` and `transposed` are what `load_tile`
+    uses to flip a transposed weight tile."""
+
+    def __init__(self, cg: BirCodeGen, a: MlpArgs, block: int) -> None:
+        fp32 = Dtype.FP32
+        self.x = cg.sb_tile("x", P, a.k, fp32)
+        self.xt = cg.sb_tile("xT", P, -(-a.k // P) * block, fp32)
+        self.h = cg.sb_tile("hT", P, -(-a.h // P) * block, fp32)
+        self.w1 = cg.sb_tile("w1", P, P, fp32)
+        self.w_up = cg.sb_tile("w_up", P, P, fp32) if a.w_up is not None else None
+        self.staging = cg.sb_tile("staging", P, P, fp32)
+        self.w2 = cg.sb_tile("w2", P, N_CHUNK, fp32)
+        self.b2 = cg.sb_tile("b2", P, N_CHUNK, fp32)
+        self.y = cg.sb_tile("y", P, N_CHUNK, a.out_dtype)
+        self.bias = cg.sb_tile("bias", P, 2, fp32)  # b1, b_up columns
+        gated = a.activation in ("quick_gelu", "swiglu")
+        self.gate = cg.sb_tile("gate", P, block, fp32) if gated else None
+        self.transposed = cg.psum_tile("transposed", P, P)
+        self.h_ps = cg.psum_tile("h", P, block)
+        self.up_ps = cg.psum_tile("up", P, block) if a.w_up is not None else None
+        self.y_ps = cg.psum_tile("y", P, -(-block // P) * N_CHUNK)
+
+
+@kernel(TARGET)
+def trace_mlp(cg: BirCodeGen, node: dict) -> None:
+    a = mlp_args(cg, node)
+    block = token_block(cg, a)
+    MlpEmitter(cg, a, MlpTiles(cg, a, block), block).run()
+
+
+class MlpEmitter:
+    def __init__(self, cg: BirCodeGen, a: MlpArgs, t: MlpTiles, block: int) -> None:
+        self.cg, self.a, self.t, self.block = cg, a, t, block
+
+    def run(self) -> None:
+        for blk in tiles(self.cg, self.a.tokens, self.block, "tok"):
+            self.load_x_transposed(blk)
+            self.hidden(blk)
+            self.output(blk)
+
+    def load_x_transposed(self, blk: Tile) -> None:
+        """xᵀ[K, block] from 128-token row loads, flipped per K tile on the PE array."""
+        cg, a, t = self.cg, self.a, self.t
+        for ts in tiles(cg, blk.size, P, "tx"):
+            rows = cg.ap(t.x, [(1, a.k)], partitions=ts.size)
+            cg.dma(
+                rows, cg.dram_ap(a.x.loc, (blk.start + ts.start) * a.k, [(a.k, ts.size), (1, a.k)])
+            )
+            for kc in tiles(cg, a.k, P, "kx"):
+                flipped = cg.ap(t.transposed, [(1, ts.size)], partitions=kc.size)
+                cg.matmul(
+                    flipped,
+                    cg.ap(t.x, [(1, kc.size)], kc.start, partitions=ts.size),
+                    cg.identity(ts.size),
+                    accumulate=False,
+                )
+                cg.tensor_copy(
+                    cg.ap(
+                        t.xt,
+                        [(1, ts.size)],
+                        tile_index(kc, P) * self.block + ts.start,
+                        partitions=kc.size,
+                    ),
+                    flipped,
+                )
+
+    def hidden(self, blk: Tile) -> None:
+        """hᵀ[H, block] = act(w1ᵀ·xᵀ + b1), kept in SBUF."""
+        cg, a, t = self.cg, self.a, self.t
+        for hc in tiles(cg, a.h, P, "h"):
+            acc = cg.ap(t.h_ps, [(1, blk.size)], partitions=hc.size)
+            up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
+            for kc in tiles(cg, a.k, P, "k", peel_first=True):
+                moving = cg.ap(
+                    t.xt, [(1, blk.size)], tile_index(kc, P) * self.block, partitions=kc.size
+                )
+                w1 = load_tile(cg, a.w1.window(kc.start, kc.size, hc.start, hc.size), t.w1, t)
+                cg.matmul(acc, w1, moving, accumulate=not kc.first)
+                if up is not None:
+                    w_up = load_tile(
+                        cg, a.w_up.window(kc.start, kc.size, hc.start, hc.size), t.w_up, t
+                    )
+                    cg.matmul(up, w_up, moving, accumulate=not kc.first)
+            h = cg.ap(t.h, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
+            self.activate(h, acc, up, hc, blk)
+
+    def bias_column(self, name: str | None, column: int, hc: Tile) -> AccessPattern | None:
+        if name is None:
+            return None
+        col = self.cg.ap(self.t.bias, [(1, 1)], column, partitions=hc.size)
+        self.cg.dma(col, self.cg.dram_ap(name, hc.start, [(1, hc.size), (1, 1)]))
+        return col
+
+    def activate(
+        self, h: AccessPattern, acc: AccessPattern, up: AccessPattern | None, hc: Tile, blk: Tile
+    ) -> None:
+        cg, a, t = self.cg, self.a, self.t
+        b1 = self.bias_column(a.b1, 0, hc)
+        if a.activation in LUT_ACTIVATIONS:
+            cg.activation(h, acc, LUT_ACTIVATIONS[a.activation], bias=b1)
+            return
+        gate = cg.ap(t.gate, [(1, blk.size)], partitions=hc.size)
+        if a.activation == "quick_gelu":  # z = x·w1 + b1; h = z · sigmoid(1.702·z)
+            cg.activation(h, acc, ActFunc.COPY, bias=b1)
+            cg.activation(gate, h, ActFunc.SIGMOID, scale=QUICK_GELU_ALPHA)
+            cg.tensor_tensor(h, h, gate, AluOp.MULTIPLY)
+            return
+        # swiglu: h = silu(x·w1 + b1) · (x·w_up + b_up)
+        cg.activation(h, acc, ActFunc.SILU, bias=b1)
+        b_up = self.bias_column(a.b_up, 1, hc)
+        if b_up is None:
+            cg.tensor_tensor(h, h, up, AluOp.MULTIPLY)
+            return
+        cg.tensor_scalar(gate, up, AluOp.ADD, b_up)
+        cg.tensor_tensor(h, h, gate, AluOp.MULTIPLY)
+
+    def output(self, blk: Tile) -> None:
+        """y[block, N] = hᵀᵀ·w2 + b2, per 128 tokens into separate PSUM banks."""
+        cg, a, t = self.cg, self.a, self.t
+        for nc in tiles(cg, a.n, N_CHUNK, "n"):
+            if a.b2 is not None:  # b2 broadcast to every partition by a stride-0 DMA
+                cg.dma(
+                    cg.ap(t.b2, [(1, nc.size)], partitions=P),
+                    cg.dram_ap(a.b2, nc.start, [(0, P), (1, nc.size)]),
+                )
+            for hc in tiles(cg, a.h, P, "h2", peel_first=True):
+                w2 = load_tile(cg, a.w2.window(hc.start, hc.size, nc.start, nc.size), t.w2, t)
+                for ts in tiles(cg, blk.size, P, "ty"):
+                    cg.matmul(
+                        self.y_acc(ts, nc),
+                        cg.ap(
+                            t.h,
+                            [(1, ts.size)],
+                            tile_index(hc, P) * self.block + ts.start,
+                            partitions=hc.size,
+                        ),
+                        w2,
+                        accumulate=not hc.first,
+                    )
+            for ts in tiles(cg, blk.size, P, "ty"):
+                y = cg.ap(t.y, [(1, nc.size)], partitions=ts.size)
+                if a.b2 is not None:
+                    cg.tensor_tensor(
+                        y,
+                        self.y_acc(ts, nc),
+                        cg.ap(t.b2, [(1, nc.size)], partitions=ts.size),
+                        AluOp.ADD,
+                    )
+                else:
+                    cg.activation(y, self.y_acc(ts, nc), ActFunc.COPY)
+                cg.dma(
+                    cg.dram_ap(
+                        a.y.loc,
+                        (blk.start + ts.start) * a.n + nc.start,
+                        [(a.n, ts.size), (1, nc.size)],
+                    ),
+                    y,
+                )
+
+    def y_acc(self, ts: Tile, nc: Tile) -> AccessPattern:
+        return self.cg.ap(
+            self.t.y_ps, [(1, nc.size)], tile_index(ts, P) * N_CHUNK, partitions=ts.size
+        )
