@@ -122,8 +122,12 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
                       help="write the machine's (not onnxruntime's) outputs (.npz, or a "
                            "test_data_set folder of output_K.pb)")
     tol = validate.add_argument_group(
-        "tolerance (|machine - onnxruntime| <= atol + rtol*|onnxruntime|; defaults: fp32 path "
-        "atol 1e-4 rtol 1e-3, bf16/fp16 paths grow with the reduction length, integers exact)")
+        "tolerance",
+        "An element passes when |machine - onnxruntime| <= atol + rtol*|onnxruntime|. "
+        "Defaults: fp32 path atol 1e-4 rtol 1e-3; bf16/fp16 paths atol growing with the "
+        "reduction length, rtol 2^-6 / 1e-3; integers exact. Strongest first: --tolerance, "
+        "the file's tensors, --op-tolerance, the file's op_types, --atol/--rtol, the file's "
+        "default and paths.")
     tol.add_argument("--atol", type=float, help="absolute tolerance for every tensor")
     tol.add_argument("--rtol", type=float, help="relative tolerance for every tensor")
     tol.add_argument("--tolerance", action="append", default=[], metavar="NAME=ATOL,RTOL",

@@ -1,0 +1,247 @@
+"""`validate --localize`: which node went wrong first, by how much, and on which kernel.
+
+In: the folded ONNX model and the graph built from it before the passes (`Prepared`), the
+machine after a full run (every ONNX tensor the program materialises is a DRAM location named
+after it), the inputs, and the tolerance policy. Out: a JSON-ready dict with one record per
+node in topological order, the first node that exceeds its tolerance, the first node whose
+value is NaN or ±inf on each side, and each conv's kernel or fallback reason next to its error.
+
+Streaming (validator_anchors §6.1-2: marking every tensor at once runs out of memory). The
+machine holds its DRAM whatever we do; the oracle side is bounded: intermediates are exposed
+as extra outputs of the folded model in batches of at most `budget_bytes`, in topological
+order, each batch compared with the machine's DRAM and freed before the next run. Kept per
+tensor: a few numbers. The weights go to onnxruntime as inputs of the skeleton, never
+re-serialised (`ExposingOracle`).
+
+Own vs carried error (§8 "beat" 2). The first failing node (and the first node that makes
+NaN/inf, when it differs) is run alone on onnxruntime's values of its inputs
+(`onnx2bir.runtime.alone`): over tolerance alone, its own error; within, error carried in from
+earlier nodes and amplified here.
+
+Tensors a pass fused away (inside a raised attention block) have no DRAM location; their
+nodes are reported as "fused", and the block's output is compared at the node producing it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+
+from onnx2bir.bir.enums import MemoryType
+from onnx2bir.graph import Graph
+from onnx2bir.options import CompileOptions
+
+from .alone import diagnose, run_alone, runtime_inputs
+from .compare import compare_output, tensor_record
+from .machine import Machine
+from .oracle import run_onnxruntime
+from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of, value_info, value_infos
+from .tolerance import TolerancePolicy, reduction_length, tensor_paths
+
+DEFAULT_BUDGET_BYTES = 256 << 20
+
+
+# --- the oracle with intermediates exposed --------------------------------------------------
+class ExposingOracle:
+    """onnxruntime on the folded skeleton with chosen tensors as its outputs.
+
+    The weights the importer held aside stay graph inputs of the skeleton and are fed with the
+    inputs, so each run serialises only the skeleton: no copy of the weights per batch and no
+    2 GB protobuf limit.
+    """
+
+    def __init__(self, prepared: Prepared):
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(prepared.folded)
+        self.graph = prepared.pristine
+        self.weights = prepared.weights
+        self.value_info = value_infos(prepared.folded)
+
+    def run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        if not names:
+            return {}
+        outputs = self.model.graph.output
+        del outputs[:]
+        outputs.extend(value_info(name, self.value_info, self.graph) for name in names)
+        return run_onnxruntime(self.model.SerializeToString(), {**feeds, **self.weights}, names)
+
+
+# --- the walk -------------------------------------------------------------------------------
+def _nbytes(graph: Graph, tensor: str) -> int:
+    info = graph.tensors[tensor]
+    return math.prod(info.shape) * info.dtype.itemsize
+
+
+def _batches(graph: Graph, tensors: list[str], budget: int) -> list[list[str]]:
+    batches, current, size = [], [], 0
+    for tensor in tensors:
+        nbytes = _nbytes(graph, tensor)
+        if current and size + nbytes > budget:
+            batches.append(current)
+            current, size = [], 0
+        current.append(tensor)
+        size += nbytes
+    if current:
+        batches.append(current)
+    return batches
+
+
+def localize(
+    prepared: Prepared,
+    machine: Machine,
+    feeds: dict[str, np.ndarray],
+    policy: TolerancePolicy,
+    options: CompileOptions,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    factories: Iterable[ObserverFactory] = (),
+) -> dict:
+    """Compare every intermediate, in topological order (module docstring)."""
+    graph, compilation = prepared.pristine, prepared.compilation
+    locations = machine.locations
+    paths = tensor_paths(graph, compilation.module)
+    convs = conv_findings(compilation)
+    plan: list[tuple[str, dict, list[str], list[str]]] = []
+    for name, data in graph.nodes():
+        outputs = [t for t in data["outputs"] if t]
+        compared = [
+            t
+            for t in outputs
+            if t in locations
+            and locations[t].memory is MemoryType.DRAM
+            and not graph.tensors[t].is_const
+        ]
+        fused = [t for t in outputs if t not in locations]
+        plan.append((name, data, compared, fused))
+    tensor_results: dict[str, dict] = {}
+    oracle = ExposingOracle(prepared)
+    wanted = [t for _, _, compared, _ in plan for t in compared]
+    batches = _batches(graph, wanted, budget_bytes)
+    producer = {t: (name, data) for name, data, compared, _ in plan for t in compared}
+    for batch in batches:
+        reference = oracle.run(feeds, batch)
+        for tensor in batch:
+            node, data = producer[tensor]
+            ref = reference.pop(tensor)
+            tol = policy.for_tensor(
+                tensor,
+                data["op_type"],
+                paths.get(tensor, "fp32"),
+                ref,
+                reduction_length(graph, node),
+            )
+            result = compare_output(
+                tensor, machine.read(tensor), ref, tol.atol, tol.rtol, tol.source
+            )
+            tensor_results[tensor] = tensor_record(result)
+            del ref
+    nodes = [
+        _node_record(name, data, compared, fused, tensor_results, graph, convs, compilation)
+        for name, data, compared, fused in plan
+    ]
+    doc = {
+        "nodes_total": len(nodes),
+        "nodes_compared": sum(1 for n in nodes if n["status"] in ("ok", "FAIL")),
+        "tensors_compared": len(tensor_results),
+        "oracle_batches": len(batches),
+        "budget_bytes": budget_bytes,
+        "nodes": nodes,
+        "first_failing": None,
+        "first_nonfinite_machine": _first(nodes, "nonfinite_machine"),
+        "first_nonfinite_onnxruntime": _first(nodes, "nonfinite_onnxruntime"),
+        "convs": [_conv_row(n) for n in nodes if n["node"] in convs],
+    }
+    tolerances = {t: (r["atol"], r["rtol"]) for t, r in tensor_results.items()}
+
+    def alone(record: dict) -> dict:
+        names = runtime_inputs(prepared, record["node"])
+        values = {t: feeds[t] for t in names if t in feeds}
+        values.update(oracle.run(feeds, [t for t in names if t not in values]))
+        return run_alone(prepared, record["node"], values, options, factories, tolerances)
+
+    first = next((n for n in nodes if n["status"] == "FAIL"), None)
+    if first is not None:
+        doc["first_failing"] = diagnose(first, alone(first))
+    nan_node = doc["first_nonfinite_machine"]
+    if nan_node is not None and (first is None or nan_node["node"] != first["node"]):
+        nan_node["local"] = alone(next(n for n in nodes if n["node"] == nan_node["node"]))
+    return doc
+
+
+def _first(nodes: list[dict], key: str) -> dict | None:
+    for record in nodes:
+        if record.get(key):
+            return {
+                "node": record["node"],
+                "op_type": record["op_type"],
+                "tensors": [t["tensor"] for t in record["tensors"] if t[key]],
+                "count": record[key],
+                "inputs_finite": not record[f"input_{key}"],
+                "kernel": record.get("kernel"),
+                "lowering": record["lowering"],
+            }
+    return None
+
+
+def _conv_row(record: dict) -> dict:
+    keys = (
+        "node",
+        "op_type",
+        "kernel",
+        "registry_entry",
+        "fallback_reason",
+        "status",
+        "max_abs_err",
+        "max_rel_err",
+        "cosine",
+        "atol",
+        "rtol",
+        "min_atol",
+        "min_rtol",
+        "input_max_abs_err",
+    )
+    return {key: record.get(key) for key in keys}
+
+
+def _node_record(name, data, compared, fused, tensor_results, graph, convs, compilation) -> dict:
+    tensors = [tensor_results[t] for t in compared]
+    inputs = [tensor_results[t] for t in data["inputs"] if t in tensor_results]
+    record = {
+        "node": name,
+        "op_type": data["op_type"],
+        "outputs": [t for t in data["outputs"] if t],
+        "lowering": lowering_of(compilation, name),
+        "status": ("FAIL" if any(not t["passed"] for t in tensors) else "ok")
+        if tensors
+        else ("fused" if fused else "not compared"),
+        "tensors": tensors,
+        "input_max_abs_err": max((t["max_abs_err"] for t in inputs), default=0.0),
+        "input_max_rel_err": max((t["max_rel_err"] for t in inputs), default=0.0),
+        "nonfinite_machine": sum(t["nonfinite_machine"] for t in tensors),
+        "nonfinite_onnxruntime": sum(t["nonfinite_onnxruntime"] for t in tensors),
+        "input_nonfinite_machine": sum(t["nonfinite_machine"] for t in inputs),
+        "input_nonfinite_onnxruntime": sum(t["nonfinite_onnxruntime"] for t in inputs),
+    }
+    if tensors:
+        worst = max(tensors, key=lambda t: (not t["passed"], t["max_abs_err"]))
+        for key in (
+            "max_abs_err",
+            "max_rel_err",
+            "cosine",
+            "atol",
+            "rtol",
+            "mismatches",
+            "min_atol",
+            "min_rtol",
+            "worst",
+        ):
+            record[key] = worst[key]
+        record["passed"] = record["status"] == "ok"
+    if name in convs:
+        finding = convs[name]
+        record["kernel"] = finding.get("kernel")
+        record["registry_entry"] = finding.get("registry_entry")
+        record["fallback_reason"] = finding.get("fallback_reason")
+    return record

@@ -1,0 +1,349 @@
+"""The tolerance policy: which (atol, rtol) each compared tensor gets, and why.
+
+In: a tensor's name, the op type of the node that produced it, its *path* (the least precise
+storage its value went through) and its reference values. Out: a `Tolerance` whose `source`
+says which rule chose it. The comparison is numpy's allclose form,
+|a − r| ≤ atol + rtol·|r| (validator_anchors §5.3).
+
+Built-in defaults, by path:
+
+- **fp32** (every value stored in fp32): atol 1e-4, rtol 1e-3. rtol 1e-3 is the ONNX backend
+  runner's and ORT backend suite's rtol, atol 1e-4 ORT's compare_bert_results (§5.1). They
+  leave room for fp32 accumulation order (ORT and a numpy conv already differ by
+  1.4e-6 / 4e-6 on a 3x3x3 conv, §2.8); measured on models/small_cnn.onnx the machine is at
+  1.5e-8 absolute / 9.3e-7 relative, so they are not tight enough to need changing.
+- **bf16 / fp16** (the tensor, or a value upstream of it, was stored in bf16/fp16: an ONNX
+  dtype, or a BIR location its producer's instructions touch, e.g. matmul operands under
+  `--native-kernel-cast-type`). Unit roundoff u = 2^-8 (bf16) or 2^-11 (fp16) (§5.2).
+
+  A K-term dot product whose operands are rounded to the format and accumulated in fp32
+  (PSUM always accumulates in fp32, seed 003) has error e = Σ pᵢ(δᵢ + εᵢ) with |δ|, |ε| ≤ u.
+  Worst case |e| ≤ 2u·Σ|pᵢ| (the K·u bound of §5.2); with independent roundings (variance
+  u²/3 each) e is a random walk, σₑ = u·√(2/3)·√K·ρ with ρ the RMS of one product term
+  (the √K·u of §5.2). So
+
+      atol = max(1e-4, z·u·√(2/3)·√K·ρ)   with z = 6 (standard deviations)
+      rtol = 2^-6 (bf16: two ULPs, the ONNX runner's bf16 floor; torch uses 1.6e-2)
+             1e-3 (fp16: torch assert_close and ORT OpTester, about two ULPs)
+
+  The bound grows as √K at fixed operand scale. ρ is rarely known at an output, but √K·ρ
+  is: for terms of random sign the sum's RMS is √K·ρ, so ρ is estimated as rms(ref)/√K
+  (when terms share a sign rms(ref) ≈ K·mean|p| > √K·ρ, a looser bound where relative error
+  is small anyway). rtol covers the output's own rounding (0.5 ULP = u, §5.4).
+
+  Measured (numpy, bf16-rounded operands, fp32 accumulation, N=2048x64 outputs, against
+  float64): the smallest z that passes at rtol 2^-6 is 4.3 (K=9), 2.6 (K=64), 2.2 (K=576),
+  2.3 (K=4608) for ReLU·He-init operands, 3.1 / 2.4 / 2.2 / 2.2 for unit-normal operands,
+  ≤ 0 for positive operands; z = 6 passes them all. A real precision bug, accumulating in
+  bf16, needs z = 8.8 (K=64), 50 (K=576), 123 (K=4608) and fails, as every preset of §5.4
+  does, where cosine similarity stays above 0.997.
+- **exact** (integer and bool tensors): atol 0, rtol 0.
+
+Overrides, strongest first; atol and rtol resolve independently, so an override may set one:
+`--tolerance NAME=ATOL,RTOL` (a tensor), the file's `tensors`, `--op-tolerance OP=ATOL,RTOL`
+(tensors produced by that op type), the file's `op_types`, `--atol` / `--rtol`, the file's
+`default`, the file's `paths` (keys fp32, bf16, fp16, exact), the built-in path default.
+
+Tolerance file (`--tolerance-file FILE.json`), every key optional:
+
+    {"default":  {"atol": 1e-4, "rtol": 1e-3},
+     "paths":    {"bf16": {"rtol": 0.02}},
+     "op_types": {"Conv": {"atol": 1e-3, "rtol": 1e-2}},
+     "tensors":  {"logits": {"atol": 1e-3}}}
+
+("outputs" is accepted as another name for "tensors".)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onnx2bir.bir.enums import Dtype, MemoryType
+from onnx2bir.errors import UserError
+
+FP32_ATOL = 1e-4
+FP32_RTOL = 1e-3
+Z_SIGMA = 6.0
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+LOW_PRECISION_RTOL = {"bf16": 2.0**-6, "fp16": 1e-3}
+PATHS = ("fp32", "fp16", "bf16", "exact")
+# Looser paths win when paths meet (a bf16 value flowing into an fp32 op keeps bf16 error).
+_LOOSENESS = {"exact": 0, "fp32": 1, "fp16": 2, "bf16": 3}
+_FILE_KEYS = {"default", "paths", "op_types", "tensors", "outputs"}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    source: str = "default"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """An override that may set only one of atol, rtol."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    source: str = ""
+
+
+def path_of_dtype(dtype: Dtype | str) -> str:
+    dtype = Dtype(dtype)
+    return {Dtype.FP32: "fp32", Dtype.BF16: "bf16", Dtype.FP16: "fp16"}.get(dtype, "exact")
+
+
+def looser(a: str, b: str) -> str:
+    return a if _LOOSENESS[a] >= _LOOSENESS[b] else b
+
+
+def low_precision_tolerance(
+    path: str, reduction: int, term_rms: float | None = None, reference: np.ndarray | None = None
+) -> Tolerance:
+    """The bf16/fp16 bound for a reduction of length K (module docstring).
+
+    Give `term_rms` (ρ, the RMS of one product term) when it is known; otherwise it is
+    estimated from the reference as rms(ref)/√K.
+    """
+    u = UNIT_ROUNDOFF[path]
+    k = max(1, int(reduction))
+    how = "ρ given"
+    if term_rms is None:
+        term_rms = _rms(reference) / math.sqrt(k) if reference is not None else 0.0
+        how = "ρ = rms(ref)/√K"
+    atol = max(FP32_ATOL, Z_SIGMA * u * math.sqrt(2.0 / 3.0) * math.sqrt(k) * term_rms)
+    return Tolerance(
+        atol,
+        LOW_PRECISION_RTOL[path],
+        f"{path} path: atol = {Z_SIGMA:g}·u·√(2/3)·√K·ρ, K={k}, {how}",
+    )
+
+
+def _rms(values: np.ndarray | None) -> float:
+    if values is None or not np.size(values):
+        return 0.0
+    v = np.asarray(values).astype(np.float64)
+    v = v[np.isfinite(v)]
+    return float(np.sqrt(np.mean(v * v))) if v.size else 0.0
+
+
+@dataclass
+class TolerancePolicy:
+    atol: float | None = None  # --atol / --rtol: the global default
+    rtol: float | None = None
+    tensors: dict[str, Partial] = field(default_factory=dict)  # --tolerance
+    op_types: dict[str, Partial] = field(default_factory=dict)  # --op-tolerance
+    file_default: Partial = field(default_factory=Partial)
+    file_paths: dict[str, Partial] = field(default_factory=dict)
+    file_op_types: dict[str, Partial] = field(default_factory=dict)
+    file_tensors: dict[str, Partial] = field(default_factory=dict)
+
+    def for_tensor(
+        self,
+        name: str,
+        op_type: str | None,
+        path: str,
+        reference: np.ndarray | None = None,
+        reduction: int = 1,
+    ) -> Tolerance:
+        """The tolerance of one tensor, each of atol and rtol from the strongest rule."""
+        layers = [
+            self.tensors.get(name),
+            self.file_tensors.get(name),
+            self.op_types.get(op_type) if op_type else None,
+            self.file_op_types.get(op_type) if op_type else None,
+            Partial(self.atol, self.rtol, "--atol/--rtol"),
+            self.file_default,
+            self.file_paths.get(path),
+        ]
+        atol = rtol = None
+        atol_source = rtol_source = None
+        for layer in layers:
+            if layer is None:
+                continue
+            if atol is None and layer.atol is not None:
+                atol, atol_source = layer.atol, layer.source
+            if rtol is None and layer.rtol is not None:
+                rtol, rtol_source = layer.rtol, layer.source
+        if atol is None or rtol is None:
+            base = self.path_default(path, reference, reduction)
+            if atol is None:
+                atol, atol_source = base.atol, base.source
+            if rtol is None:
+                rtol, rtol_source = base.rtol, base.source
+        if atol_source == rtol_source:
+            return Tolerance(atol, rtol, atol_source)
+        return Tolerance(atol, rtol, f"atol from {atol_source}; rtol from {rtol_source}")
+
+    @staticmethod
+    def path_default(path: str, reference: np.ndarray | None, reduction: int) -> Tolerance:
+        if path == "exact":
+            return Tolerance(0.0, 0.0, "exact (integer or bool)")
+        if path == "fp32":
+            return Tolerance(FP32_ATOL, FP32_RTOL, "fp32 path default")
+        return low_precision_tolerance(path, reduction, reference=reference)
+
+
+# --- command line and file ---------------------------------------------------------------
+def parse_override(text: str, what: str) -> tuple[str, Partial]:
+    """`KEY=ATOL,RTOL` for `--tolerance` (what="tolerance", KEY a tensor) or `--op-tolerance`
+    (KEY an op type); either number may be left empty to keep the next rule's value."""
+    flag = f"--{what}"
+    key_name = "OP" if what == "op-tolerance" else "NAME"
+    key, sep, values = text.rpartition("=")
+    parts = values.split(",")
+    if not sep or not key or len(parts) != 2:
+        raise UserError(
+            f"{flag} {text!r}: expected {key_name}=ATOL,RTOL "
+            "(e.g. logits=1e-3,1e-2; leave one empty to keep its default)"
+        )
+    atol, rtol = (_number(part, f"{flag} {text!r}") if part.strip() else None for part in parts)
+    if atol is None and rtol is None:
+        raise UserError(f"{flag} {text!r}: give ATOL, RTOL or both")
+    return key, Partial(atol, rtol, f"{flag} {key}")
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{where}: {text!r} must be a finite number >= 0")
+    return value
+
+
+def _partial(entry: object, where: str) -> Partial:
+    if not isinstance(entry, dict) or not entry or set(entry) - {"atol", "rtol"}:
+        raise UserError(
+            f'{where}: expected {{"atol": number, "rtol": number}} (either may be left out)'
+        )
+    return Partial(
+        *(
+            None if entry.get(key) is None else _number(entry[key], where)
+            for key in ("atol", "rtol")
+        ),
+        source=where,
+    )
+
+
+def load_tolerance_file(path: str | Path, policy: TolerancePolicy) -> TolerancePolicy:
+    """Fill the file layers of `policy` from a JSON file (module docstring for the format)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such tolerance file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a readable JSON tolerance file ({exc})") from None
+    if not isinstance(doc, dict) or set(doc) - _FILE_KEYS:
+        unknown = sorted(set(doc) - _FILE_KEYS) if isinstance(doc, dict) else []
+        raise UserError(
+            f"{path}: expected an object with keys among "
+            f"{', '.join(sorted(_FILE_KEYS))}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+        )
+    if "default" in doc:
+        policy.file_default = _partial(doc["default"], f"{path.name} default")
+    for key, target in (
+        ("paths", policy.file_paths),
+        ("op_types", policy.file_op_types),
+        ("tensors", policy.file_tensors),
+        ("outputs", policy.file_tensors),
+    ):
+        section = doc.get(key, {})
+        if not isinstance(section, dict):
+            raise UserError(f'{path}: {key!r} must map names to {{"atol", "rtol"}}')
+        for name, entry in section.items():
+            if key == "paths" and name not in PATHS:
+                raise UserError(f"{path}: unknown path {name!r} (one of {', '.join(PATHS)})")
+            target[name] = _partial(entry, f"{path.name} {key}.{name}")
+    return policy
+
+
+# --- which path a tensor took --------------------------------------------------------------
+def node_of_origin(origin: str, nodes: set[str]) -> str | None:
+    """The graph node an instruction origin belongs to: itself, or the node a pass-inserted
+    helper ("conv/output_transpose") was made for."""
+    name = origin
+    while name not in nodes:
+        head, sep, _ = name.rpartition("/")
+        if not sep:
+            return None
+        name = head
+    return name
+
+
+def tensor_paths(graph, module=None) -> dict[str, str]:
+    """Path of every tensor of `graph` (a Graph before the passes, in topological order).
+
+    A node's own path is the loosest storage among its outputs' ONNX dtypes and the BIR
+    locations its instructions touch; a tensor's path is the loosest of its node's own path
+    and its inputs' paths, so low-precision error is followed downstream.
+    """
+    names = {name for name, _ in graph.nodes()}
+    touched: dict[str, str] = {}
+    if module is not None:
+        function = module.functions[0]
+        locations = function.memory_locations
+        for ins in function.instructions():
+            node = node_of_origin(ins.origin.node, names)
+            if node is None:
+                continue
+            for ap, _ in ins.accesses():
+                loc = locations.get(ap.loc)
+                if loc is None or not loc.dtype.is_float:
+                    continue
+                if loc.memory is MemoryType.DRAM and loc.dtype is Dtype.FP32:
+                    continue
+                touched[node] = looser(touched.get(node, "exact"), path_of_dtype(loc.dtype))
+    paths: dict[str, str] = {}
+    for name, info in graph.tensors.items():
+        if info.is_const or name in graph.inputs:
+            paths[name] = path_of_dtype(info.dtype)
+    for name, data in graph.nodes():
+        own = touched.get(name, "exact")
+        upstream = "exact"
+        for tensor in data["inputs"]:
+            if tensor:
+                upstream = looser(upstream, paths.get(tensor, "exact"))
+        for tensor in data["outputs"]:
+            if not tensor or tensor not in graph.tensors:
+                continue
+            path = path_of_dtype(graph.tensors[tensor].dtype)
+            if path != "exact":  # an integer result is compared exactly whatever fed it
+                path = looser(looser(path, own), upstream)
+            paths[tensor] = path
+    return paths
+
+
+def reduction_length(graph, node: str) -> int:
+    """K of the node's reduction (1 for elementwise ops)."""
+    data = graph.node(node)
+    op_type, inputs = data["op_type"], data["inputs"]
+    shape = lambda i: tuple(graph.tensors[inputs[i]].shape)  # noqa: E731
+    try:
+        if op_type in ("Conv", "ConvTranspose"):
+            kernel = shape(1)
+            k = math.prod(kernel[2:])
+            if op_type == "Conv":
+                return kernel[1] * k
+            return kernel[0] // max(1, data["attrs"].get("group", 1)) * k
+        if op_type == "MatMul":
+            return shape(0)[-1]
+        if op_type == "Gemm":
+            a = shape(0)
+            return a[0] if data["attrs"].get("transA", 0) else a[-1]
+        if op_type in ("Softmax", "LogSoftmax"):
+            return shape(0)[data["attrs"].get("axis", -1)]
+        if op_type in ("ReduceSum", "ReduceMean", "GlobalAveragePool"):
+            out = graph.tensors[data["outputs"][0]].shape
+            return max(1, math.prod(shape(0)) // max(1, math.prod(out)))
+    except (IndexError, KeyError, TypeError):
+        return 1
+    return 1

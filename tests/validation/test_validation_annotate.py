@@ -1,0 +1,78 @@
+"""`report --annotate`: the decisions as node metadata; the model still loads and runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+from validation_helpers import F32, SMALL_CNN, model, run, save
+
+from onnx2bir.runtime.oracle import run_onnxruntime
+
+REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"
+
+
+def _meta(node: onnx.NodeProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in node.metadata_props}
+
+
+def test_annotated_small_cnn_loads_runs_and_carries_the_decisions(tmp_path, capsys):
+    out = tmp_path / "annotated.onnx"
+    code, stdout, err = run(["report", SMALL_CNN, "--annotate", out], capsys)
+    assert code == 0 and "wrote" in err and "convolutions: 4 of 5" in stdout
+    annotated = onnx.load(str(out))
+    onnx.checker.check_model(annotated, full_check=True)
+    meta = {node.name: _meta(node) for node in annotated.graph.node}
+    assert meta["node_conv2d"]["onnx2bir.kernel"] == REP_NHWC
+    assert meta["node_conv2d"]["onnx2bir.lowering"] == f"kernel.{REP_NHWC}"
+    assert meta["node_conv2d"]["onnx2bir.registry_entry"] == "rep_nhwc"
+    assert "onnx2bir.fallback_reason" not in meta["node_conv2d"]
+    assert "feature_group_count 4 != 1" in meta["node_conv2d_4"]["onnx2bir.fallback_reason"]
+    assert meta["node_conv2d_4"]["onnx2bir.lowering"] == "generic.Conv"
+    assert meta["node_relu"]["onnx2bir.lowering"] == "generic.Relu"
+    assert all(int(m["onnx2bir.instructions"]) > 0 for m in meta.values())
+    assert "namespace" in meta["node_conv2d"]  # the exporter's own metadata is kept
+    model_meta = {e.key: e.value for e in annotated.metadata_props}
+    assert model_meta["onnx2bir.conv_kernel_match"] == "4 of 5 (80.00%)"
+    feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32), np.float32)}
+    np.testing.assert_array_equal(
+        run_onnxruntime(out, feeds)["logits"], run_onnxruntime(SMALL_CNN, feeds)["logits"]
+    )
+    # Annotating again replaces the entries rather than repeating them.
+    code, _, _ = run(["report", out, "--annotate", out], capsys)
+    again = onnx.load(str(out))
+    keys = [e.key for e in again.graph.node[0].metadata_props]
+    assert code == 0 and len(keys) == len(set(keys))
+
+
+def test_unnamed_and_folded_nodes(tmp_path, capsys):
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["c"]),  # constant: folded at compile time
+        helper.make_node("Mul", ["x", "c"], ["m"]),
+        helper.make_node("Relu", ["m"], ["y"]),
+    ]
+    proto = model(
+        nodes,
+        {"x": (F32, [2, 3])},
+        {"y": (F32, [2, 3])},
+        {"a": np.ones(3, np.float32), "b": np.full(3, 2.0, np.float32)},
+    )
+    source, out = save(proto, tmp_path / "m.onnx"), tmp_path / "m.annotated.onnx"
+    code, _, _ = run(["report", source, "--annotate", out], capsys)
+    assert code == 0
+    add, mul, relu = (_meta(node) for node in onnx.load(str(out)).graph.node)
+    assert add == {"onnx2bir.lowering": "folded"}
+    assert mul["onnx2bir.lowering"] == "generic.Mul" and mul["onnx2bir.node"] == "Mul_0"
+    assert relu["onnx2bir.node"] == "Relu_1"
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2}
+    np.testing.assert_array_equal(
+        run_onnxruntime(out, feeds)["y"], run_onnxruntime(source, feeds)["y"]
+    )
+
+
+def test_annotate_into_a_missing_folder_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "missing" / "a.onnx"
+    code, _, err = run(["report", SMALL_CNN, "--annotate", out], capsys)
+    assert code == 2 and "no such folder" in err
+    assert not out.parent.exists()
+    assert not list(tmp_path.iterdir())
