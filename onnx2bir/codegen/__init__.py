@@ -9,6 +9,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_data,
     lower_elementwise,
     lower_gather,
+    lower_index,
     lower_layout,
     lower_logic,
     lower_matmul,
@@ -16,6 +17,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_norm,
     lower_pool,
     lower_reduce,
+    lower_resize,
     lower_softmax,
 )
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError

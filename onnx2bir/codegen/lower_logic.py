@@ -1,0 +1,187 @@
+"""Generic lowering of comparisons, boolean logic, Where and the NaN/inf tests, on VectorE.
+
+All of them are elementwise with numpy broadcasting (`emit_elementwise`). A comparison is one
+TensorTensor whose 1/0 result lands in a bool tile; integer operands compare exactly (the
+machine computes integers in int64). Boolean tensors are 0/1 bytes, so Not is `x == 0` and Xor
+is `(a == b) == 0`. IsNaN uses x ≠ x: `is_equal(x, x)` is 0 exactly for NaN.
+
+Where on floats is a select built from min/max, which keeps ±inf in either branch intact
+(masked_fill with -inf is the common use; a multiply by the 0/1 condition would turn
+`0 · inf` into NaN): with H = (cond − ½)·∞, i.e. +∞ where cond holds and −∞ elsewhere,
+
+    out = max(min(x, H), min(y, −H))
+
+A NaN in the branch not taken still propagates (min/max propagate NaN). Integer Where is the
+exact `y + cond·(x − y)` in int64.
+"""
+
+from __future__ import annotations
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
+from onnx2bir.bir.ir import AccessPattern, Instruction
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower_elementwise import emit_elementwise, like, scratch_tile
+from onnx2bir.codegen.registry import lowering
+
+INF = float("inf")
+
+
+def scalar_op(
+    cg: BirCodeGen,
+    dst: AccessPattern,
+    src: AccessPattern,
+    integer: bool,
+    op0: str,
+    operand0: AccessPattern | float,
+    op1: str | None = None,
+    operand1: AccessPattern | float | None = None,
+    engine: Engine = Engine.DVE,
+) -> Instruction:
+    """TensorScalar whose immediates stay integers when `integer`.
+
+    `BirCodeGen.tensor_scalar` stores immediates as floats, which makes the machine compute
+    an integer tile in fp32 (inexact past 2^24); here integer tiles keep the int64 path.
+    Operands are immediates or [P, 1] access patterns.
+    """
+    srcs = {"in": src}
+    attrs: dict[str, object] = {"op0": str(op0), "reverse0": False}
+    for index, operand in ((0, operand0), (1, operand1)):
+        if isinstance(operand, AccessPattern):
+            srcs[f"scalar{index}"] = operand
+        elif operand is not None:
+            attrs[f"imm{index}"] = int(operand) if integer else float(operand)
+    if op1 is not None:
+        attrs.update(op1=str(op1), reverse1=False)
+    return cg.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
+
+
+def select_bounds(
+    cg: BirCodeGen, high: AccessPattern, low: AccessPattern, cond: AccessPattern
+) -> None:
+    """high = +inf where cond is 1, -inf where 0; low = -high (for `select`)."""
+    cg.tensor_scalar(high, cond, AluOp.SUBTRACT, 0.5, AluOp.MULTIPLY, INF)
+    cg.tensor_scalar(low, cond, AluOp.SUBTRACT, 0.5, AluOp.MULTIPLY, -INF)
+
+
+def select(
+    cg: BirCodeGen,
+    dst: AccessPattern,
+    a: AccessPattern,
+    b: AccessPattern,
+    high: AccessPattern,
+    low: AccessPattern,
+    tmp: AccessPattern,
+) -> None:
+    """dst = a where the condition behind (high, low) holds, else b; inf-safe."""
+    cg.tensor_tensor(tmp, a, high, AluOp.MIN)
+    cg.tensor_tensor(dst, b, low, AluOp.MIN)
+    cg.tensor_tensor(dst, dst, tmp, AluOp.MAX)
+
+
+_COMPARISONS = {
+    "Equal": AluOp.IS_EQUAL,
+    "Less": AluOp.IS_LT,
+    "LessOrEqual": AluOp.IS_LE,
+    "Greater": AluOp.IS_GT,
+    "GreaterOrEqual": AluOp.IS_GE,
+    "And": AluOp.LOGICAL_AND,
+    "Or": AluOp.LOGICAL_OR,
+}
+
+
+@lowering(*_COMPARISONS)
+def lower_comparison(cg: BirCodeGen, node: dict) -> None:
+    """One TensorTensor per tile, the 1/0 result stored as bool."""
+    op = _COMPARISONS[node["op_type"]]
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op))
+
+
+@lowering("Xor")
+def lower_xor(cg: BirCodeGen, node: dict) -> None:
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.IS_EQUAL)
+        cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
+
+    emit_elementwise(cg, node, compute)
+
+
+@lowering("Not")
+def lower_not(cg: BirCodeGen, node: dict) -> None:
+    emit_elementwise(
+        cg, node, lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], AluOp.IS_EQUAL, 0.0)
+    )
+
+
+@lowering("IsNaN")
+def lower_isnan(cg: BirCodeGen, node: dict) -> None:
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        cg.tensor_tensor(dst, srcs[0], srcs[0], AluOp.IS_EQUAL)
+        cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
+
+    emit_elementwise(cg, node, compute)
+
+
+@lowering("IsInf")
+def lower_isinf(cg: BirCodeGen, node: dict) -> None:
+    positive = node["attrs"].get("detect_positive", 1)
+    negative = node["attrs"].get("detect_negative", 1)
+    magnitude = scratch_tile(cg, "abs")
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        if positive and negative:
+            cg.activation(like(dst, magnitude), srcs[0], ActFunc.ABS)
+            cg.tensor_scalar(dst, like(dst, magnitude), AluOp.IS_EQUAL, INF)
+        elif positive or negative:
+            cg.tensor_scalar(dst, srcs[0], AluOp.IS_EQUAL, INF if positive else -INF)
+        else:
+            cg.memset(dst, 0.0, engine=Engine.DVE)
+
+    emit_elementwise(cg, node, compute)
+
+
+def fill_exact(cg: BirCodeGen, dst: AccessPattern, value: float | int, integer: bool) -> None:
+    """Memset that keeps an integer fill exact (the driver's `memset` stores a float)."""
+    if integer:
+        cg.emit(Opcode.MEMSET, Engine.POOL, dst, {}, value=int(value))
+    else:
+        cg.memset(dst, float(value))
+
+
+@lowering("Where")
+def lower_where(cg: BirCodeGen, node: dict) -> None:
+    """Scalar constant branches (the usual 0 / -inf of a mask) are filled once into a tile
+    instead of being read from DRAM per tile."""
+    dtype = cg.graph.tensors[node["outputs"][0]].dtype
+    integer = not dtype.is_float
+    filled: dict[int, object] = {}
+    for index in (1, 2):
+        info = cg.graph.tensors[node["inputs"][index]]
+        if info.is_const and info.const.size == 1:
+            filled[index] = scratch_tile(cg, f"branch{index}", dtype)
+            fill_exact(cg, cg.ap(filled[index]), info.const.reshape(-1)[0].item(), integer)
+    loaded = [name for index, name in enumerate(node["inputs"]) if index not in filled]
+
+    def operands(dst: AccessPattern, srcs: list[AccessPattern]) -> list[AccessPattern]:
+        loaded_tiles = iter(srcs)
+        return [
+            like(dst, filled[index]) if index in filled else next(loaded_tiles)
+            for index in range(3)
+        ]
+
+    if not integer:
+        high, low, tmp = (scratch_tile(cg, tag) for tag in ("high", "low", "tmp"))
+
+        def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+            cond, x, y = operands(dst, srcs)
+            select_bounds(cg, like(dst, high), like(dst, low), cond)
+            select(cg, dst, x, y, like(dst, high), like(dst, low), like(dst, tmp))
+    else:
+        diff = scratch_tile(cg, "diff", Dtype.INT64)  # bool x − y needs a sign
+
+        def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+            cond, x, y = operands(dst, srcs)
+            cg.tensor_tensor(like(dst, diff), x, y, AluOp.SUBTRACT)
+            cg.tensor_tensor(like(dst, diff), like(dst, diff), cond, AluOp.MULTIPLY)
+            cg.tensor_tensor(dst, like(dst, diff), y, AluOp.ADD)
+
+    emit_elementwise(cg, {**node, "inputs": loaded}, compute)

@@ -1,0 +1,304 @@
+"""Generic lowering of the normalisations: BatchNormalization (inference), LayerNormalization,
+InstanceNormalization and LRN.
+
+- BatchNormalization: channels on partitions. Per channel tile the per-channel constants fold
+  into one scale and shift on [C, 1] columns — s = scale · rsqrt(var + ε) (ScalarE rsqrt with
+  ε as its bias), t = B − mean · s (VectorE) — and each data tile [C, batch × pixels] is one
+  TensorScalar `x · s + t` with the columns as per-partition operands.
+- LayerNormalization / InstanceNormalization: rows on partitions (LN: every position before
+  `axis`; IN: the channels of one image), the normalised elements on the free dim. Two-pass
+  statistics on VectorE: the row sum (TensorReduce) gives −mean, the centred squares (ScalarE
+  square) summed give the variance, and ScalarE's rsqrt(Σ/D + ε) the inverse deviation. Then
+  `(x − mean) · rstd` times the scale and plus the bias: LN's are vectors along the free dim
+  (broadcast to every partition by a stride-0 DMA), IN's are per-channel columns. Rows longer
+  than ROW_CHUNK are read in chunks, once per pass.
+- LRN: the window sum across channels is a matmul with a band matrix (ones where
+  |c' − c| is inside the window, built with Iota and two comparisons):
+  `psum[c, px] = Σ_c' band[c', c] · x[c', px]²`. ScalarE reads PSUM to compute
+  ln(bias + α/size · Σ) and exp(−β · that), VectorE multiplies by x.
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower_conv import tile_index
+from onnx2bir.codegen.lower_data import copy_strided
+from onnx2bir.codegen.lower_gather import iota
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_strides, tiles
+
+FREE_TILE = 4096
+ROW_CHUNK = 8192
+
+
+@lowering("BatchNormalization")
+def lower_batch_norm(cg: BirCodeGen, node: dict) -> None:
+    if node["attrs"].get("training_mode", 0) or any(node["outputs"][1:]):
+        raise cg.fail("BatchNormalization in training mode is not supported (inference only)")
+    x, scale, bias, mean, var = node["inputs"][:5]
+    shape = tuple(cg.graph.tensors[x].shape)
+    batch, channels = shape[0], shape[1] if len(shape) > 1 else 1
+    pixels = math.prod(shape[2:])
+    eps = float(node["attrs"].get("epsilon", 1e-5))
+    p, fp32 = NUM_PARTITIONS, Dtype.FP32
+    cols = {
+        name: cg.sb_tile(tag, p, 1, fp32)
+        for tag, name in (("scale", scale), ("bias", bias), ("mean", mean), ("var", var))
+    }
+    shift = cg.sb_tile("shift", p, 1, fp32)
+    width = min(pixels, FREE_TILE)
+    images = max(1, min(batch, FREE_TILE // width)) if width == pixels else 1
+    data = cg.sb_tile("data", p, images * width, fp32)
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    for c in tiles(cg, channels, p, "c"):
+        col = {name: cg.ap(tile, partitions=c.size) for name, tile in cols.items()}
+        for name in col:
+            cg.dma(col[name], cg.dram_ap(cg.dram(name).name, c.start, [(1, c.size), (1, 1)]))
+        factor, offset = col[var], cg.ap(shift, partitions=c.size)
+        cg.activation(factor, col[var], ActFunc.RSQRT, bias_value=eps)
+        cg.tensor_tensor(factor, factor, col[scale], AluOp.MULTIPLY)
+        cg.tensor_tensor(offset, col[mean], factor, AluOp.MULTIPLY)
+        cg.tensor_tensor(offset, col[bias], offset, AluOp.SUBTRACT)
+        for n in tiles(cg, batch, images, "n"):
+            for s in tiles(cg, pixels, width, "s"):
+                start = n.start * (channels * pixels) + c.start * pixels + s.start
+                pattern = [(pixels, c.size), (channels * pixels, n.size), (1, s.size)]
+                tile = cg.ap(data, [(1, n.size * s.size)], partitions=c.size)
+                cg.dma(tile, cg.dram_ap(x_loc, start, pattern))
+                cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, factor, AluOp.ADD, offset)
+                cg.dma(cg.dram_ap(y_loc, start, pattern), tile)
+
+
+class _RowNorm:
+    """The tiles of a row normalisation over `length` elements per row."""
+
+    def __init__(self, cg: BirCodeGen, length: int, eps: float) -> None:
+        p, fp32 = NUM_PARTITIONS, Dtype.FP32
+        self.cg, self.length, self.eps = cg, length, eps
+        self.chunk = min(length, ROW_CHUNK)
+        self.chunks = -(-length // self.chunk)
+        self.data = cg.sb_tile("data", p, self.chunk, fp32)
+        self.square = cg.sb_tile("square", p, self.chunk, fp32)
+        self.partial = cg.sb_tile("partial", p, self.chunks, fp32)
+        self.neg_mean = cg.sb_tile("neg_mean", p, 1, fp32)
+        self.rstd = cg.sb_tile("rstd", p, 1, fp32)
+
+    def run(self, x: str, row_offset: Affine, rows: int, apply) -> None:
+        """Normalise `rows` rows of x starting at `row_offset` (row stride = length); then
+        `apply(centred tile, piece, rstd column)` for each chunk of the centred rows."""
+        cg, length, chunk = self.cg, self.length, self.chunk
+
+        def load(piece):
+            tile = cg.ap(self.data, [(1, piece.size)], partitions=rows)
+            cg.dma(tile, cg.dram_ap(x, row_offset + piece.start, [(length, rows), (1, piece.size)]))
+            return tile
+
+        def partial(piece):
+            return cg.ap(self.partial, [(1, 1)], tile_index(piece, chunk), partitions=rows)
+
+        neg_mean = cg.ap(self.neg_mean, partitions=rows)
+        rstd = cg.ap(self.rstd, partitions=rows)
+        partials = cg.ap(self.partial, partitions=rows)
+        for piece in tiles(cg, length, chunk, "l"):
+            cg.tensor_reduce(partial(piece), load(piece), AluOp.ADD, axes=1)
+        cg.tensor_reduce(neg_mean, partials, AluOp.ADD, axes=1, negate=True)
+        cg.tensor_scalar(neg_mean, neg_mean, AluOp.MULTIPLY, 1.0 / length)
+        for piece in tiles(cg, length, chunk, "l"):
+            tile = (
+                load(piece)
+                if self.chunks > 1
+                else cg.ap(self.data, [(1, piece.size)], partitions=rows)
+            )
+            cg.tensor_scalar(tile, tile, AluOp.ADD, neg_mean)
+            square = cg.ap(self.square, [(1, piece.size)], partitions=rows)
+            cg.activation(square, tile, ActFunc.SQUARE)
+            cg.tensor_reduce(partial(piece), square, AluOp.ADD, axes=1)
+        cg.tensor_reduce(rstd, partials, AluOp.ADD, axes=1)
+        cg.activation(rstd, rstd, ActFunc.RSQRT, scale=1.0 / length, bias_value=self.eps)
+        for piece in tiles(cg, length, chunk, "l"):
+            if self.chunks > 1:
+                tile = load(piece)
+                cg.tensor_scalar(tile, tile, AluOp.ADD, neg_mean)
+            else:
+                tile = cg.ap(self.data, [(1, piece.size)], partitions=rows)
+            apply(tile, piece, rstd)
+
+
+def _dense_vector(cg: BirCodeGen, name: str, shape: tuple[int, ...]) -> str:
+    """A DRAM location holding `name` broadcast to `shape`, contiguous (a copy if needed)."""
+    own = tuple(cg.graph.tensors[name].shape)
+    loc = cg.dram(name).name
+    if tuple((1,) * (len(shape) - len(own)) + own) == shape:
+        return loc
+    dense = cg.dram_scratch(f"{name}.dense", shape, cg.dram(name).dtype)
+    copy_strided(
+        cg,
+        dense.name,
+        Affine(),
+        loc,
+        Affine(),
+        shape,
+        contiguous_strides(shape),
+        broadcast_strides(own, shape),
+    )
+    return dense.name
+
+
+@lowering("LayerNormalization")
+def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
+    x, scale = node["inputs"][:2]
+    bias = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+    shape = tuple(cg.graph.tensors[x].shape)
+    axis = int(node["attrs"].get("axis", -1)) % len(shape)
+    rows, length = math.prod(shape[:axis]), math.prod(shape[axis:])
+    if rows * length == 0:
+        return
+    norm = _RowNorm(cg, length, float(node["attrs"].get("epsilon", 1e-5)))
+    vectors = {}
+    for tag, name in (("scale", scale), ("bias", bias)):
+        if name:
+            vectors[tag] = (
+                _dense_vector(cg, name, shape[axis:]),
+                cg.sb_tile(tag, NUM_PARTITIONS, norm.chunk, Dtype.FP32),
+            )
+
+    def load_vector(tag: str, piece, partitions: int):
+        loc, tile = vectors[tag]
+        ap = cg.ap(tile, [(1, piece.size)], partitions=partitions)
+        cg.dma(ap, cg.dram_ap(loc, piece.start, [(0, partitions), (1, piece.size)]))
+        return ap
+
+    resident = norm.chunks == 1  # then the same scale and bias rows serve every row tile
+    if resident:
+        for tag in vectors:
+            load_vector(tag, Tile(Affine(), length, True), NUM_PARTITIONS)
+    outputs = node["outputs"] + [""] * (3 - len(node["outputs"]))
+    y_loc = cg.dram(outputs[0]).name
+    stat = cg.sb_tile("stat", NUM_PARTITIONS, 1, Dtype.FP32)
+    for r in tiles(cg, rows, NUM_PARTITIONS, "r"):
+
+        def apply(tile, piece, rstd, r=r):
+            cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, rstd)
+            for tag, op in (("scale", AluOp.MULTIPLY), ("bias", AluOp.ADD)):
+                if tag not in vectors:
+                    continue
+                if resident:
+                    vector = cg.ap(vectors[tag][1], [(1, piece.size)], partitions=r.size)
+                else:
+                    vector = load_vector(tag, piece, r.size)
+                cg.tensor_tensor(tile, tile, vector, op)
+            cg.dma(
+                cg.dram_ap(
+                    y_loc, r.start * length + piece.start, [(length, r.size), (1, piece.size)]
+                ),
+                tile,
+            )
+
+        norm.run(cg.dram(x).name, r.start * length, r.size, apply)
+        if outputs[1]:
+            mean = cg.ap(stat, partitions=r.size)
+            cg.tensor_scalar(mean, cg.ap(norm.neg_mean, partitions=r.size), AluOp.MULTIPLY, -1.0)
+            cg.dma(cg.dram_ap(cg.dram(outputs[1]).name, r.start, [(1, r.size), (1, 1)]), mean)
+        if outputs[2]:
+            cg.dma(
+                cg.dram_ap(cg.dram(outputs[2]).name, r.start, [(1, r.size), (1, 1)]),
+                cg.ap(norm.rstd, partitions=r.size),
+            )
+
+
+@lowering("InstanceNormalization")
+def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
+    x, scale, bias = node["inputs"][:3]
+    shape = tuple(cg.graph.tensors[x].shape)
+    batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
+    if batch * channels * pixels == 0:
+        return
+    norm = _RowNorm(cg, pixels, float(node["attrs"].get("epsilon", 1e-5)))
+    p, fp32 = NUM_PARTITIONS, Dtype.FP32
+    gamma, beta, factor = (cg.sb_tile(tag, p, 1, fp32) for tag in ("scale", "bias", "factor"))
+    y_loc = cg.dram(node["outputs"][0]).name
+    for c in tiles(cg, channels, p, "c"):
+        columns = [cg.ap(tile, partitions=c.size) for tile in (gamma, beta, factor)]
+        for column, name in ((columns[0], scale), (columns[1], bias)):
+            cg.dma(column, cg.dram_ap(cg.dram(name).name, c.start, [(1, c.size), (1, 1)]))
+        for n in tiles(cg, batch, 1, "n"):
+            first_row = n.start * channels + c.start
+
+            def apply(tile, piece, rstd, c=c, columns=columns, first_row=first_row):
+                g, b, f = columns
+                cg.tensor_tensor(f, g, rstd, AluOp.MULTIPLY)
+                cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, f, AluOp.ADD, b)
+                cg.dma(
+                    cg.dram_ap(
+                        y_loc, first_row * pixels + piece.start, [(pixels, c.size), (1, piece.size)]
+                    ),
+                    tile,
+                )
+
+            norm.run(cg.dram(x).name, first_row * pixels, c.size, apply)
+
+
+@lowering("LRN")
+def lower_lrn(cg: BirCodeGen, node: dict) -> None:
+    attrs = node["attrs"]
+    size = int(attrs["size"])
+    alpha, beta = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75))
+    bias = float(attrs.get("bias", 1.0))
+    x = node["inputs"][0]
+    shape = tuple(cg.graph.tensors[x].shape)
+    batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
+    before, after = (size - 1) // 2, -(-(size - 1) // 2)
+    p, fp32 = NUM_PARTITIONS, Dtype.FP32
+    c_tiles = [(start, min(p, channels - start)) for start in range(0, channels, p)]
+    # Band blocks band[c', c] = 1 where −before ≤ c' − c ≤ after, for each (K, M) tile pair.
+    pairs = [
+        (k, m)
+        for m in range(len(c_tiles))
+        for k in range(len(c_tiles))
+        if c_tiles[k][0] <= c_tiles[m][0] + c_tiles[m][1] - 1 + after
+        and c_tiles[k][0] + c_tiles[k][1] - 1 >= c_tiles[m][0] - before
+    ]
+    band = cg.sb_tile("band", p, len(pairs) * p, fp32)
+    scratch = cg.sb_tile("band_scratch", p, p, fp32)
+    blocks = {}
+    for index, (k, m) in enumerate(pairs):
+        (k0, k_size), (m0, m_size) = c_tiles[k], c_tiles[m]
+        block = cg.ap(band, [(1, m_size)], index * p, partitions=k_size)
+        lower = cg.ap(scratch, [(1, m_size)], partitions=k_size)
+        iota(cg, block, k0 - m0, 1, [-1])  # c' − c
+        cg.tensor_scalar(lower, block, AluOp.IS_GE, float(-before))
+        cg.tensor_scalar(block, block, AluOp.IS_LE, float(after))
+        cg.tensor_tensor(block, block, lower, AluOp.MULTIPLY)
+        blocks.setdefault(m, []).append((k, block))
+    cols = min(pixels, MATMUL_MAX_MOVING_FREE)
+    data = cg.sb_tile("data", p, len(c_tiles) * cols, fp32)
+    squares = cg.sb_tile("squares", p, len(c_tiles) * cols, fp32)
+    factor = cg.sb_tile("factor", p, cols, fp32)
+    acc = cg.psum_tile("acc", p, MATMUL_MAX_MOVING_FREE)
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    for n in tiles(cg, batch, 1, "n"):
+        for s in tiles(cg, pixels, cols, "s"):
+
+            def tile_of(loc, index, s=s):
+                return cg.ap(loc, [(1, s.size)], index * cols, partitions=c_tiles[index][1])
+
+            def dram_of(loc, index, n=n, s=s):
+                start = n.start * (channels * pixels) + c_tiles[index][0] * pixels + s.start
+                return cg.dram_ap(loc, start, [(pixels, c_tiles[index][1]), (1, s.size)])
+
+            for index in range(len(c_tiles)):
+                cg.dma(tile_of(data, index), dram_of(x_loc, index))
+                cg.activation(tile_of(squares, index), tile_of(data, index), ActFunc.SQUARE)
+            for m, (_, m_size) in enumerate(c_tiles):
+                psum = cg.ap(acc, [(1, s.size)], partitions=m_size)
+                for number, (k, block) in enumerate(blocks[m]):
+                    cg.matmul(psum, block, tile_of(squares, k), accumulate=number > 0)
+                out = cg.ap(factor, [(1, s.size)], partitions=m_size)
+                cg.activation(out, psum, ActFunc.LOG, scale=alpha / size, bias_value=bias)
+                cg.activation(out, out, ActFunc.EXP, scale=-beta)
+                cg.tensor_tensor(out, tile_of(data, m), out, AluOp.MULTIPLY)
+                cg.dma(dram_of(y_loc, m), out)
