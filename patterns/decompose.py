@@ -48,8 +48,8 @@ from onnx2bir.patterns.attention import (
     ATTENTION,
     ATTENTION_WITHOUT_SWAP,
     CAUSAL_ATTENTION_WITHOUT_SWAP,
-    _is_causal_mask,
 )
+from onnx2bir.patterns.attention_match import _is_causal_mask
 from onnx2bir.patterns.attention_math import (
     Emitter,
     Heads,
