@@ -1,0 +1,203 @@
+"""Compile-time folding of an ONNX model: constants and shape arithmetic become values.
+
+In: a checked ModelProto whose runtime inputs have static shapes, and the weights the importer
+held aside (`importer.split_weights`). Out, from `fold_constants`: a copy in which every node
+whose inputs are known at compile time (constants, Shape and Size of static shapes, Gather on
+shapes, ConstantOfShape, Range, Concat of shapes, …) is evaluated and dropped, its value an
+initializer, or a weight held aside when large. Shape nodes fold from the inferred static
+shape; any other node is run, one at a time, by onnx's reference evaluator.
+`normalize_pool_ceil_mode` rewrites ceil_mode pools so that onnx's shape inference agrees with
+PyTorch and onnxruntime; `static_shapes` reads every fully static shape of a model. A failure of
+shape inference becomes a `UserError` with its first line.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnx2bir.errors import UserError
+
+# Ops whose outputs vary between runs: never folded even with constant inputs.
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
+_FOLD_MAX_ELEMENTS = 1 << 24
+# Initializers this large are held aside as numpy arrays while onnx checks and infers the rest
+# (importer.split_weights); a folded value this large joins them.
+WEIGHT_ELEMENTS = 4096
+
+
+def normalize_pool_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite ceil_mode=1 pools as ceil_mode=0 with extra high padding.
+
+    With ceil_mode, PyTorch and onnxruntime drop a last window that would start inside the
+    high padding; onnx's shape inference keeps it, so it disagrees with the shape PyTorch
+    exports declare. Padding the high side enough for the floor formula to give the same
+    count is exact for MaxPool (the pad is -inf) and for AveragePool without
+    count_include_pad (padding is not counted); other pools are left alone.
+    """
+    pools = [
+        n
+        for n in model.graph.node
+        if n.op_type in ("MaxPool", "AveragePool")
+        and any(a.name == "ceil_mode" and a.i == 1 for a in n.attribute)
+    ]
+    if not pools:
+        return model
+    shapes = static_shapes(onnx.shape_inference.infer_shapes(model, strict_mode=False))
+    for node in pools:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.input[0] not in shapes or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        if node.op_type == "AveragePool" and attrs.get("count_include_pad", 0):
+            continue
+        spatial = shapes[node.input[0]][2:]
+        rank = len(spatial)
+        kernel = attrs["kernel_shape"]
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        pads = list(attrs.get("pads") or [0] * (2 * rank))
+        out_dims = list(shapes[node.input[0]][:2])
+        for i in range(rank):
+            span = (kernel[i] - 1) * dilations[i] + 1
+            padded = spatial[i] + pads[i] + pads[i + rank]
+            out = -(-(padded - span) // strides[i]) + 1
+            if (out - 1) * strides[i] >= spatial[i] + pads[i]:
+                out -= 1  # the last window would start in the high padding
+            pads[i + rank] += max(0, (out - 1) * strides[i] + span - padded)
+            out_dims.append(out)
+        for value in model.graph.output:
+            if value.name == node.output[0]:
+                dims = value.type.tensor_type.shape.dim
+                del dims[:]
+                for size in out_dims:
+                    dims.add().dim_value = size
+        for attr in list(node.attribute):
+            if attr.name in ("ceil_mode", "pads"):
+                node.attribute.remove(attr)
+        node.attribute.extend(
+            [onnx.helper.make_attribute("pads", pads), onnx.helper.make_attribute("ceil_mode", 0)]
+        )
+    for value in list(model.graph.value_info):
+        if value.name in {n.output[0] for n in pools}:
+            model.graph.value_info.remove(value)
+    return model
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(
+            model, check_type=True, strict_mode=True, data_prop=True
+        )
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"shape inference failed: {first_line}") from exc
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if all(dim.HasField("dim_value") for dim in dims):
+            shapes[value.name] = tuple(dim.dim_value for dim in dims)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def fold_constants(
+    model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
+) -> onnx.ModelProto:
+    """Evaluate every node whose inputs are known at compile time; drop it from the graph.
+
+    Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by
+    onnx's reference evaluator. Folded values become initializers.
+    """
+    model = _infer(model)
+    graph = model.graph
+    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
+    shapes = static_shapes(model)
+    weights = {} if weights is None else weights
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    constants.update(weights)
+    kept = []
+    for node in graph.node:
+        values = _fold_node(node, constants, shapes, opsets)
+        if values is None:
+            kept.append(node)
+            continue
+        for name, value in zip(node.output, values, strict=False):
+            if name:
+                constants[name] = value
+    if len(kept) == len(graph.node):
+        return model
+    used = {name for node in kept for name in node.input} | {out.name for out in graph.output}
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    # IR < 4 ignores initializers that are not also graph inputs; folded values are not inputs.
+    folded.ir_version = max(folded.ir_version, 4)
+    del folded.graph.node[:]
+    folded.graph.node.extend(kept)
+    del folded.graph.initializer[:]
+    del folded.graph.value_info[:]
+    runtime = [value for value in folded.graph.input if value.name not in constants]
+    del folded.graph.input[:]
+    folded.graph.input.extend(runtime)
+    for name, value in constants.items():
+        if name not in used:
+            continue
+        value = np.asarray(value)
+        if value.size >= WEIGHT_ELEMENTS:  # a large folded value joins the weights held aside
+            weights[name] = value
+            folded.graph.input.append(
+                onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
+                )
+            )
+        else:
+            folded.graph.initializer.append(numpy_helper.from_array(value, name))
+    return _infer(folded)
+
+
+def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
+        return None
+    if node.op_type == "Shape" and node.input[0] in shapes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        shape = shapes[node.input[0]]
+        start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+        return [np.array(shape[start:end], dtype=np.int64)]
+    if node.op_type == "Size" and node.input[0] in shapes:
+        return [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+    if any(name and name not in constants for name in node.input):
+        return None
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    ):
+        return None
+    for name in node.output:
+        if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
+            return None
+    try:
+        evaluator = ReferenceEvaluator(node, opsets=opsets)
+        feeds = {name: constants[name] for name in node.input if name}
+        # log(0) = -inf and the like are values here, not problems worth a warning.
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [np.asarray(value) for value in evaluator.run(None, feeds)]
+    except Exception:
+        return None  # leave the node to the code generator, which reports it if unsupported
