@@ -162,6 +162,8 @@ class BirCodeGen:
             src = self.dram(tensor)
             dst = self.output_location(tensor)
             count = math.prod(src.shape)
+            if count == 0:
+                continue  # an empty output: nothing to move
             self.dma(
                 self.dram_ap(dst.name, Affine(), [(1, count)]),
                 self.dram_ap(src.name, Affine(), [(1, count)]),

@@ -28,8 +28,17 @@ def copy_dram(cg: BirCodeGen, dst: str, src: str, count: int) -> None:
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 def lower_copy(cg: BirCodeGen, node: dict) -> None:
     """Same elements, same order, new shape: a contiguous copy."""
-    if node["op_type"] == "Dropout" and len(node["outputs"]) > 1 and node["outputs"][1]:
-        raise cg.fail("Dropout's mask output is not supported (inference only)")
+    if node["op_type"] == "Dropout":
+        if len(node["outputs"]) > 1 and node["outputs"][1]:
+            raise cg.fail("Dropout's mask output is not supported (inference only)")
+        training = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+        ratio = node["inputs"][1] if len(node["inputs"]) > 1 else ""
+        drops = not ratio or not cg.graph.tensors[ratio].is_const or bool(
+            cg.graph.tensors[ratio].const.reshape(-1)[0])
+        if training and drops:
+            info = cg.graph.tensors[training]
+            if not info.is_const or bool(info.const.reshape(-1)[0]):
+                raise cg.fail("Dropout in training mode is not supported (inference only)")
     src, out = node["inputs"][0], node["outputs"][0]
     count = math.prod(cg.graph.tensors[out].shape)
     copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)

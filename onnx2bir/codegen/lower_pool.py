@@ -26,6 +26,7 @@ from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geomet
 from onnx2bir.codegen.tiling import tiles
 
 POOL_OUT_TILE = 1024
+POOL_BAND_BYTES = 96 * 1024  # SBUF bytes per partition one input band may take
 REDUCE_CHUNK = 8192
 
 
@@ -95,6 +96,13 @@ def _window_pool(cg: BirCodeGen, node: dict, geo: WindowGeometry, op: AluOp, fil
     plane = height * width
     cols = min(geo.out_w, POOL_OUT_TILE)
     rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
+    # Big windows: shrink the output tile until its input band fits the band budget.
+    while cols > 1 and geo.rows_needed(rows) * geo.cols_needed(cols) * dtype.itemsize > (
+            POOL_BAND_BYTES):
+        if rows > 1:
+            rows = max(1, rows // 2)
+        else:
+            cols = max(1, cols // 2)
     band = cg.sb_tile("band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols),
                       dtype)
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, rows * cols, dtype)
