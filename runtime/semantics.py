@@ -15,6 +15,7 @@ an instruction runs; loop-dependent bounds (and the Matmult bank) on every run.
 
 Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, §2), except that integer inputs
 are computed exactly in int64. Integer divide truncates toward zero; fp32 to integer truncates.
+The ALU and activation functions and `cast` are in `runtime/alu.py` (`erf` re-exported here).
 """
 
 from __future__ import annotations
@@ -37,121 +38,17 @@ from onnx2bir.bir.opcodes import (
     partition_start_allowed,
 )
 
+from .alu import ACTIVATIONS, F32, I64, REDUCTIONS, alu, cast, int_like
+from .alu import erf as erf
 from .machine import Machine, Operand, instruction_error
 
 Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
-_F32 = np.dtype(np.float32)
-_I64 = np.dtype(np.int64)
-
-
-def _int_like(dtype: np.dtype) -> bool:
-    return dtype.kind in "iub"  # ml_dtypes bfloat16 has kind "V", so it counts as float
-
-
-def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Convert to dtype: integers to integers directly, anything else through fp32 (§3.5)."""
-    values = np.asarray(values)
-    if values.dtype == dtype:
-        return values
-    if _int_like(values.dtype) and _int_like(dtype):
-        return values.astype(dtype)
-    return values.astype(_F32, copy=False).astype(dtype)
 
 
 def _store(view: np.ndarray, values: np.ndarray) -> None:
     """Write values into view in row-major element order, rounding to the view's dtype."""
     view[...] = cast(values, view.dtype).reshape(view.shape)
 
-
-# ---- ALU and activation functions -------------------------------------------------------------
-
-
-def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    quotient = np.abs(a) // np.abs(b)  # a zero divisor gives 0, as numpy's integer division does
-    return np.where((a < 0) != (b < 0), -quotient, quotient)
-
-
-def _int_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    exact = np.power(a, np.maximum(b, 0))
-    return np.where(b >= 0, exact, np.trunc(np.power(np.asarray(a, np.float64), b)))
-
-
-_ALU: dict[AluOp, Callable] = {
-    AluOp.ADD: np.add,
-    AluOp.SUBTRACT: np.subtract,
-    AluOp.MULTIPLY: np.multiply,
-    AluOp.DIVIDE: np.divide,
-    AluOp.MAX: np.maximum,
-    AluOp.MIN: np.minimum,
-    AluOp.POW: np.power,
-    AluOp.IS_EQUAL: np.equal,
-    AluOp.IS_LT: np.less,
-    AluOp.IS_LE: np.less_equal,
-    AluOp.IS_GT: np.greater,
-    AluOp.IS_GE: np.greater_equal,
-    AluOp.LOGICAL_AND: np.logical_and,  # nonzero (and NaN) is true
-    AluOp.LOGICAL_OR: np.logical_or,
-    AluOp.BYPASS: lambda a, b: a,
-}
-_INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow}
-
-
-def alu(op: AluOp, a, b, math_dtype: np.dtype) -> np.ndarray:
-    """`a op b` in math_dtype (fp32, or int64 for integer operands); comparisons give 1 or 0."""
-    result = np.asarray((_INT_ALU if math_dtype == _I64 else _ALU)[op](a, b))
-    return result if result.dtype == math_dtype else result.astype(math_dtype)
-
-
-# erf by its Maclaurin series in float64, Horner form in x². Past |x| = 4, 1 - erf(x) < 2e-8 is
-# below fp32 resolution, so clipping there costs nothing; inside, 64 terms and the float64
-# cancellation (~1e-10) keep the error under 1e-7.
-_ERF_COEFS = [(-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in reversed(range(64))]
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """Error function, fp32 result accurate to about 2e-8."""
-    x64 = np.clip(np.asarray(x, np.float64), -4.0, 4.0)
-    z = x64 * x64
-    acc = np.full_like(z, _ERF_COEFS[0])
-    for coef in _ERF_COEFS[1:]:
-        acc *= z
-        acc += coef
-    return (acc * x64 * (2.0 / math.sqrt(math.pi))).astype(_F32)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))  # never overflows
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(_F32)
-
-
-_ACT: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
-    ActFunc.COPY: lambda x: x,
-    ActFunc.RELU: lambda x: np.maximum(x, np.float32(0.0)),
-    ActFunc.SIGMOID: _sigmoid,
-    ActFunc.TANH: np.tanh,
-    ActFunc.EXP: np.exp,
-    ActFunc.LOG: np.log,
-    ActFunc.SQRT: np.sqrt,
-    ActFunc.RSQRT: lambda x: np.float32(1.0) / np.sqrt(x),
-    ActFunc.RECIPROCAL: lambda x: np.float32(1.0) / x,
-    ActFunc.SQUARE: np.square,
-    ActFunc.ABS: np.abs,
-    ActFunc.SIGN: np.sign,
-    ActFunc.ERF: erf,
-    ActFunc.GELU: lambda x: 0.5 * x * (1.0 + erf(x * np.float32(1.0 / math.sqrt(2.0)))),
-    ActFunc.GELU_TANH: lambda x: (
-        0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x**3)))
-    ),
-    ActFunc.SILU: lambda x: x * _sigmoid(x),
-    ActFunc.SOFTPLUS: lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, np.float32(0.0)),
-}
-
-_REDUCE = {
-    AluOp.ADD: np.add,
-    AluOp.MAX: np.maximum,
-    AluOp.MIN: np.minimum,
-    AluOp.MULTIPLY: np.multiply,
-}
 
 # ---- static checks ----------------------------------------------------------------------------
 
@@ -252,8 +149,9 @@ def _prep_dma(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     for side in (src, dst):
         if len(side.ap.shape) > DMA_MAX_DIMS:
             raise instruction_error(
-                ins, f"a DMA descriptor walks at most {DMA_MAX_DIMS} dims, "
-                f"{side.loc.name!r} is accessed with {len(side.ap.shape)}"
+                ins,
+                f"a DMA descriptor walks at most {DMA_MAX_DIMS} dims, "
+                f"{side.loc.name!r} is accessed with {len(side.ap.shape)}",
             )
     if src.ap.num_elements != dst.ap.num_elements:
         raise instruction_error(
@@ -301,8 +199,8 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     )
     if dst.terms:
         _check_bank(ins, dst, dst.element_offset(loop_values))
-    a = stat.view(loop_values).reshape(k, m_size).astype(_F32)
-    b = mov.view(loop_values).reshape(k, n_size).astype(_F32)
+    a = stat.view(loop_values).reshape(k, m_size).astype(F32)
+    b = mov.view(loop_values).reshape(k, n_size).astype(F32)
     out = dst.view(loop_values)
     result = np.matmul(a.T, b)
     if accumulate:
@@ -318,7 +216,7 @@ def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:
         _check_column(ins, dst, bias)
         if bias_value:
             raise instruction_error(ins, "has both a bias operand and a nonzero bias_value")
-    func = _ACT[_enum(ins, ActFunc, "func")]
+    func = ACTIVATIONS[_enum(ins, ActFunc, "func")]
     return src, dst, bias, func, np.float32(_number(ins, "scale")), np.float32(bias_value)
 
 
@@ -327,9 +225,9 @@ def activation(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> Non
     src, dst, bias, func, scale, bias_value = m.prepared.get(ins) or _prepare(
         m, ins, _prep_activation
     )
-    x = src.view(loop_values).reshape(src.partitions, -1).astype(_F32, copy=False)
+    x = src.view(loop_values).reshape(src.partitions, -1).astype(F32, copy=False)
     if bias is not None:
-        bias_value = bias.view(loop_values).reshape(-1, 1).astype(_F32)
+        bias_value = bias.view(loop_values).reshape(-1, 1).astype(F32)
     _store(dst.view(loop_values), func(x * scale + bias_value))
 
 
@@ -338,7 +236,7 @@ def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     _check_same_tile(ins, dst, a, b)
     if a.memory is MemoryType.PSUM and b.memory is MemoryType.PSUM:
         raise instruction_error(ins, "both inputs are in PSUM")
-    math_dtype = _I64 if _int_like(a.dtype) and _int_like(b.dtype) else _F32
+    math_dtype = I64 if int_like(a.dtype) and int_like(b.dtype) else F32
     return a, b, dst, _enum(ins, AluOp, "op"), math_dtype
 
 
@@ -355,14 +253,14 @@ def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     _check_same_tile(ins, dst, src)
     if ins.attrs.get("op1") is None and "scalar1" in ops:
         raise instruction_error(ins, "has operand scalar1 but no op1")
-    steps, integer = [], _int_like(src.dtype)
+    steps, integer = [], int_like(src.dtype)
     for i in (0, 1):
         if i == 1 and ins.attrs.get("op1") is None:
             break
         op, col, imm = _enum(ins, AluOp, f"op{i}"), ops.get(f"scalar{i}"), None
         if col is not None:
             _check_column(ins, dst, col)
-            integer = integer and _int_like(col.dtype)
+            integer = integer and int_like(col.dtype)
             if ins.attrs.get(f"imm{i}") is not None:
                 raise instruction_error(ins, f"has both scalar{i} and imm{i}")
         elif ins.attrs.get(f"imm{i}") is None:
@@ -371,7 +269,7 @@ def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
             imm = _number(ins, f"imm{i}")
             integer = integer and isinstance(imm, bool | int | np.integer)
         steps.append((op, col, imm, bool(ins.attrs.get(f"reverse{i}", False))))
-    dt = _I64 if integer else _F32
+    dt = I64 if integer else F32
     steps = [
         (op, col, None if col is not None else np.asarray(imm, dt), rev)
         for op, col, imm, rev in steps
@@ -392,7 +290,7 @@ def tensor_scalar(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> 
 def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     src, dst = ops["in"], ops["dst"]
     op = _enum(ins, AluOp, "op")
-    if op not in _REDUCE:
+    if op not in REDUCTIONS:
         raise instruction_error(ins, f"cannot reduce with {op}")
     counts, axes = src.ap.counts, ins.attrs["axes"]
     if not isinstance(axes, int) or isinstance(axes, bool) or not 1 <= axes <= len(counts):
@@ -403,8 +301,8 @@ def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
             ins, f"dst is {dst.partitions} x {dst.free_size}, result is {src.partitions} x {kept}"
         )
     axis = tuple(range(1 + len(counts) - axes, 1 + len(counts)))
-    math_dtype = _I64 if _int_like(src.dtype) else _F32
-    return src, dst, _REDUCE[op], axis, bool(ins.attrs.get("negate", False)), math_dtype
+    math_dtype = I64 if int_like(src.dtype) else F32
+    return src, dst, REDUCTIONS[op], axis, bool(ins.attrs.get("negate", False)), math_dtype
 
 
 def tensor_reduce(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
@@ -427,7 +325,7 @@ def tensor_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> No
 
 def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     value = _number(ins, "value")
-    dtype = _I64 if isinstance(value, bool | int | np.integer) else _F32
+    dtype = I64 if isinstance(value, bool | int | np.integer) else F32
     return ops["dst"], cast(np.asarray(value, dtype), ops["dst"].dtype)
 
 

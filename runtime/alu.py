@@ -1,0 +1,125 @@
+"""ALU and activation math of the compute engines: the numpy functions behind the opcodes.
+
+In: numpy arrays, and the AluOp or ActFunc of an instruction. Out: arrays in the math dtype:
+fp32 everywhere (ACT/DVE/POOL compute internally in fp32, trainium_facts.md §2), except that
+integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
+integer truncates (`cast`, §3.5). `alu` applies an AluOp (comparisons give 1 or 0),
+`ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each AluOp TensorReduce accepts
+to its ufunc; `erf` is a Maclaurin series accurate to fp32 resolution. The instruction
+semantics (`runtime/semantics.py`) bind operands and call these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from onnx2bir.bir.enums import ActFunc, AluOp
+
+F32 = np.dtype(np.float32)
+I64 = np.dtype(np.int64)
+
+
+def int_like(dtype: np.dtype) -> bool:
+    """Whether values of dtype are computed as integers (int64) rather than in fp32."""
+    return dtype.kind in "iub"  # ml_dtypes bfloat16 has kind "V", so it counts as float
+
+
+def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Convert to dtype: integers to integers directly, anything else through fp32 (§3.5)."""
+    values = np.asarray(values)
+    if values.dtype == dtype:
+        return values
+    if int_like(values.dtype) and int_like(dtype):
+        return values.astype(dtype)
+    return values.astype(F32, copy=False).astype(dtype)
+
+
+def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    quotient = np.abs(a) // np.abs(b)  # a zero divisor gives 0, as numpy's integer division does
+    return np.where((a < 0) != (b < 0), -quotient, quotient)
+
+
+def _int_pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    exact = np.power(a, np.maximum(b, 0))
+    return np.where(b >= 0, exact, np.trunc(np.power(np.asarray(a, np.float64), b)))
+
+
+_ALU: dict[AluOp, Callable] = {
+    AluOp.ADD: np.add,
+    AluOp.SUBTRACT: np.subtract,
+    AluOp.MULTIPLY: np.multiply,
+    AluOp.DIVIDE: np.divide,
+    AluOp.MAX: np.maximum,
+    AluOp.MIN: np.minimum,
+    AluOp.POW: np.power,
+    AluOp.IS_EQUAL: np.equal,
+    AluOp.IS_LT: np.less,
+    AluOp.IS_LE: np.less_equal,
+    AluOp.IS_GT: np.greater,
+    AluOp.IS_GE: np.greater_equal,
+    AluOp.LOGICAL_AND: np.logical_and,  # nonzero (and NaN) is true
+    AluOp.LOGICAL_OR: np.logical_or,
+    AluOp.BYPASS: lambda a, b: a,
+}
+_INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow}
+
+
+def alu(op: AluOp, a, b, math_dtype: np.dtype) -> np.ndarray:
+    """`a op b` in math_dtype (fp32, or int64 for integer operands); comparisons give 1 or 0."""
+    result = np.asarray((_INT_ALU if math_dtype == I64 else _ALU)[op](a, b))
+    return result if result.dtype == math_dtype else result.astype(math_dtype)
+
+
+# erf by its Maclaurin series in float64, Horner form in x². Past |x| = 4, 1 - erf(x) < 2e-8 is
+# below fp32 resolution, so clipping there costs nothing; inside, 64 terms and the float64
+# cancellation (~1e-10) keep the error under 1e-7.
+_ERF_COEFS = [(-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in reversed(range(64))]
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Error function, fp32 result accurate to about 2e-8."""
+    x64 = np.clip(np.asarray(x, np.float64), -4.0, 4.0)
+    z = x64 * x64
+    acc = np.full_like(z, _ERF_COEFS[0])
+    for coef in _ERF_COEFS[1:]:
+        acc *= z
+        acc += coef
+    return (acc * x64 * (2.0 / math.sqrt(math.pi))).astype(F32)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))  # never overflows
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(F32)
+
+
+ACTIVATIONS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
+    ActFunc.COPY: lambda x: x,
+    ActFunc.RELU: lambda x: np.maximum(x, np.float32(0.0)),
+    ActFunc.SIGMOID: _sigmoid,
+    ActFunc.TANH: np.tanh,
+    ActFunc.EXP: np.exp,
+    ActFunc.LOG: np.log,
+    ActFunc.SQRT: np.sqrt,
+    ActFunc.RSQRT: lambda x: np.float32(1.0) / np.sqrt(x),
+    ActFunc.RECIPROCAL: lambda x: np.float32(1.0) / x,
+    ActFunc.SQUARE: np.square,
+    ActFunc.ABS: np.abs,
+    ActFunc.SIGN: np.sign,
+    ActFunc.ERF: erf,
+    ActFunc.GELU: lambda x: 0.5 * x * (1.0 + erf(x * np.float32(1.0 / math.sqrt(2.0)))),
+    ActFunc.GELU_TANH: lambda x: (
+        0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + 0.044715 * x**3)))
+    ),
+    ActFunc.SILU: lambda x: x * _sigmoid(x),
+    ActFunc.SOFTPLUS: lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, np.float32(0.0)),
+}
+
+REDUCTIONS = {
+    AluOp.ADD: np.add,
+    AluOp.MAX: np.maximum,
+    AluOp.MIN: np.minimum,
+    AluOp.MULTIPLY: np.multiply,
+}
