@@ -371,6 +371,16 @@ def raise_block(graph: Graph, block: MlpBlock) -> None:
 _ANCHOR_OPS = {"Relu", "Gelu", "Erf", "Tanh", "Sigmoid"}
 
 
+def _near(graph: Graph, node: str, step, hops: int) -> bool:
+    """Whether a MatMul or Gemm lies within `hops` steps of `node` in one direction."""
+    frontier = {node}
+    for _ in range(hops):
+        frontier = {other for current in frontier for other in step(current)}
+        if any(graph.node(other)["op_type"] in DOTS for other in frontier):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class LowerToNKIKernelCC:
     """Raise MLP dot chains to the AwsNeuronMLPNKI kernel (seed 003 §3)."""
@@ -413,6 +423,9 @@ class LowerToNKIKernelCC:
 
     @staticmethod
     def _match(graph: Graph, anchor: str, claimed: set[str]):
+        if not (_near(graph, anchor, graph.nx.successors, 6)
+                and _near(graph, anchor, graph.nx.predecessors, 6)):
+            return None, None  # no projection on one side: a CNN activation, not an MLP
         first_reason = None
         for pattern in PATTERNS:
             for match in find_matches(graph, pattern, anchor, radius=12):
