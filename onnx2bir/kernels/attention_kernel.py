@@ -45,6 +45,9 @@ raised to FLT_MIN first, giving O = 0. (Σ ≥ 1 in any other row: its max contr
 exp(0).) Scores of +inf or NaN — only from non-finite inputs or a +inf fill — are outside
 this contract.
 
+The node is read into `AttentionArgs` by `attention_args`; this module lays out the tiles and
+emits the instructions.
+
 Limit: the whole fp32 score row, P, and K and V stay in SBUF, about
 4·⌈D/128⌉ + 4·Dv/128 + 4 (+4 causal) bytes per key per partition with fp32 storage and half
 the K/V/P share with bf16/fp16: Sk ≈ 10 000 keys at D = Dv = 128. Longer rows fail with
@@ -54,10 +57,8 @@ Dv ≤ 2560.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -66,8 +67,14 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_NUM_BANKS
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.codegen.lower_conv import tile_index
-from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, merge_broadcast_dims, tiles
+from onnx2bir.codegen.tiling import Affine, Tile, tiles
 from onnx2bir.kernels import kernel
+from onnx2bir.kernels.attention_args import KT, OUT, AttentionArgs, Q, Step, V, attention_args
+from onnx2bir.kernels.attention_args import STORAGE_DTYPES as STORAGE_DTYPES
+from onnx2bir.kernels.attention_args import Extra as Extra
+from onnx2bir.kernels.attention_args import json_list as json_list
+from onnx2bir.kernels.attention_args import parse_guard as parse_guard
+from onnx2bir.kernels.attention_args import parse_steps as parse_steps
 
 TARGETS = (
     "AttentionMMSoftmaxMM",
@@ -78,147 +85,6 @@ P = NUM_PARTITIONS
 KEY_CHUNK = MATMUL_MAX_MOVING_FREE  # one PSUM bank of fp32 scores
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
-STORAGE_DTYPES = {"float32": Dtype.FP32, "bfloat16": Dtype.BF16, "float16": Dtype.FP16}
-OUT, Q, KT, V = range(4)  # operand order in offsets and strides; extras follow
-
-
-@dataclass(frozen=True)
-class Step:
-    op: str  # scale | divide | add | masked_fill | causal
-    value: float = 0.0
-    input: int = -1
-    fill_on_true: bool = True
-
-
-@dataclass(frozen=True)
-class Extra:
-    """An extra input broadcast to [..., Sq, Sk]: its element strides along a row and a key."""
-
-    name: str
-    row_stride: int
-    col_stride: int
-    is_bool: bool
-
-
-@dataclass(frozen=True)
-class AttentionArgs:
-    q: str  # DRAM location names
-    kt: str
-    v: str
-    out: str
-    sq: int
-    sk: int
-    d: int
-    dv: int
-    dims: tuple[int, ...]  # batch dims, unit dims dropped and contiguous neighbours merged
-    strides: tuple[tuple[int, ...], ...]  # per operand (out, q, kt, v, *extras) along dims
-    extras: tuple[Extra, ...]
-    steps: tuple[Step, ...]
-    guard: bool
-    storage: Dtype
-    out_dtype: Dtype
-
-    @property
-    def kv_depth(self) -> int:
-        """The batch depth at which K and V are loaded: outside the dims they broadcast over."""
-        depth = len(self.dims)
-        while depth and self.strides[KT][depth - 1] == 0 and self.strides[V][depth - 1] == 0:
-            depth -= 1
-        return depth
-
-
-def json_list(cg: BirCodeGen, attrs: dict, key: str) -> list:
-    try:
-        raw = json.loads(attrs.get(key) or "[]")
-    except json.JSONDecodeError as exc:
-        raise cg.fail(f"attr {key} is not JSON: {exc}") from None
-    if not isinstance(raw, list):
-        raise cg.fail(f"attr {key} is not a JSON list: {raw!r}")
-    return raw
-
-
-def parse_steps(cg: BirCodeGen, attrs: dict, n_extra: int) -> tuple[Step, ...]:
-    steps = []
-    for item in json_list(cg, attrs, "steps"):
-        op = item.get("op") if isinstance(item, dict) else None
-        if op in ("scale", "divide"):
-            steps.append(Step(op, float(item["value"])))
-        elif op in ("add", "masked_fill"):
-            index = item.get("input")
-            if not isinstance(index, int) or not 0 <= index < n_extra:
-                raise cg.fail(f"step {item!r} names extra input {index!r}; the node has {n_extra}")
-            steps.append(
-                Step(op, float(item.get("value", 0.0)), index, bool(item.get("fill_on_true", True)))
-            )
-        elif op == "causal":
-            steps.append(Step(op))
-        else:
-            raise cg.fail(f"unknown score step {item!r}")
-    return tuple(steps)
-
-
-def parse_guard(cg: BirCodeGen, attrs: dict) -> bool:
-    raw = json_list(cg, attrs, "post_steps")
-    ops = [item.get("op") if isinstance(item, dict) else item for item in raw]
-    if any(op != "nan_to_zero" for op in ops):
-        raise cg.fail(f"unsupported post_steps {raw!r} (only nan_to_zero)")
-    return bool(ops)
-
-
-def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
-    attrs = node["attrs"]
-    q, kt, v, *extra_names = node["inputs"]
-    out = node["outputs"][0]
-    shape = {name: tuple(cg.graph.tensors[name].shape) for name in (q, kt, v, out, *extra_names)}
-    *_, sq, d = shape[q]
-    d_k, sk = shape[kt][-2:]
-    sk_v, dv = shape[v][-2:]
-    if d_k != d or sk_v != sk or shape[out][-2:] != (sq, dv) or min(map(len, shape.values())) < 2:
-        raise cg.fail(
-            f"shapes q {shape[q]}, kt {shape[kt]}, v {shape[v]} -> {shape[out]} "
-            "are not an attention"
-        )
-    batch = shape[out][:-2]
-    score_shape = (*batch, sq, sk)
-    strides = []
-    for name, rows, cols in ((out, sq, dv), (q, sq, d), (kt, d, sk), (v, sk, dv)):
-        if len(shape[name]) - 2 > len(batch):
-            raise cg.fail(f"input {name!r} has more batch dims than the output")
-        strides.append(tuple(s * rows * cols for s in broadcast_strides(shape[name][:-2], batch)))
-    extras = []
-    for name in extra_names:
-        padded = (1,) * (len(score_shape) - len(shape[name])) + shape[name]
-        if len(padded) != len(score_shape) or any(
-            s not in (1, t) for s, t in zip(padded, score_shape, strict=True)
-        ):
-            raise cg.fail(
-                f"extra input {name!r} {shape[name]} does not broadcast to the scores {score_shape}"
-            )
-        full = broadcast_strides(shape[name], score_shape)
-        strides.append(full[:-2])
-        dtype = cg.graph.tensors[name].dtype
-        extras.append(Extra(cg.dram(name).name, full[-2], full[-1], dtype is Dtype.BOOL))
-    dims, merged = merge_broadcast_dims(batch, strides)
-    storage = STORAGE_DTYPES.get(attrs.get("storage_dtype", "float32"))
-    if storage is None:
-        raise cg.fail(f"unknown storage_dtype {attrs.get('storage_dtype')!r}")
-    return AttentionArgs(
-        cg.dram(q).name,
-        cg.dram(kt).name,
-        cg.dram(v).name,
-        cg.dram(out).name,
-        sq,
-        sk,
-        d,
-        dv,
-        dims,
-        tuple(merged),
-        tuple(extras),
-        parse_steps(cg, attrs, len(extras)),
-        parse_guard(cg, attrs),
-        storage,
-        cg.graph.tensors[out].dtype,
-    )
 
 
 def storage_identity(cg: BirCodeGen, dtype: Dtype) -> Callable[[int], AccessPattern]:
