@@ -31,11 +31,11 @@ done by DMA and every compute operand starts at partition 0; §3.2 the bias is a
 of the ScalarE activation that evicts PSUM.
 
 INFERRED choices:
-- Tap groups: whole kernel rows per group when that needs no more matmuls than the minimum
-  ⌈taps·C_in / 128⌉ (then a group's im2col and weights are one DMA each); otherwise runs of
-  128 // C_in consecutive row-major taps, each one to three rectangles (a DMA each, ≤ 5 dims),
-  so the matmul count is the minimum. Partitions are packed densely at stride C_in, not at the
-  nki-library 32-partition stride, since only DMA writes them.
+- Tap groups (computed in `tap_grouping`): whole kernel rows per group when that needs no more
+  matmuls than the minimum ⌈taps·C_in / 128⌉ (then a group's im2col and weights are one DMA
+  each); otherwise runs of 128 // C_in consecutive row-major taps, each one to three rectangles
+  (a DMA each, ≤ 5 dims), so the matmul count is the minimum. Partitions are packed densely at
+  stride C_in, not at the nki-library 32-partition stride, since only DMA writes them.
 - The moving operands of all groups of a pixel tile are built before the matmuls and reused
   for every C_out tile; the weights of all groups and C_out tiles are loaded once per node.
 - Padding (and the lhs dilation) is realised in a zeroed DRAM scratch [N, C, Hp, Wp]
@@ -69,31 +69,11 @@ from onnx2bir.kernels.conv_common import (
     conv_attrs_with_out_shape,
     conv_kernel_args,
 )
+from onnx2bir.kernels.tap_grouping import TapBlock, group_taps, tap_groups, weight_taps
+from onnx2bir.kernels.tap_grouping import TapGroup as TapGroup
 from onnx2bir.patterns.conv import COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10
 
 ZERO_TILE = 2048  # elements per partition of the memset tile that zeroes DRAM scratch
-
-
-@dataclass(frozen=True)
-class TapBlock:
-    """A rectangle of filter taps stacked from tap slot `first` of its group on."""
-
-    row: int
-    rows: int
-    col: int
-    cols: int
-    first: int
-
-    @property
-    def taps(self) -> int:
-        return self.rows * self.cols
-
-
-TapGroup = tuple[TapBlock, ...]  # the taps of one matmul
-
-
-def group_taps(group: TapGroup) -> int:
-    return sum(block.taps for block in group)
 
 
 @dataclass(frozen=True)
@@ -106,47 +86,6 @@ class Source:
     chan: int
     row: int
     col: int
-
-
-def tap_groups(k_h: int, k_w: int, width: int) -> list[TapGroup]:
-    """The kernel's taps in groups of at most 128 / `width` (one matmul each).
-
-    Whole kernel rows per group when that costs no extra matmul (one DMA per group), else runs
-    of 128 / width consecutive taps in row-major order, each split into at most three
-    rectangles (a row's tail, whole rows, a row's head).
-    """
-    fit = NUM_PARTITIONS // width
-    taps = k_h * k_w
-    count = -(-taps // fit)
-    if k_w <= fit and -(-k_h // (fit // k_w)) == count:
-        per = -(-k_h // count)
-        return [(TapBlock(i, min(per, k_h - i), 0, k_w, 0),) for i in range(0, k_h, per)]
-    return [_run(start, min(start + fit, taps), k_w) for start in range(0, taps, fit)]
-
-
-def _run(start: int, stop: int, k_w: int) -> TapGroup:
-    """Taps [start, stop) of the row-major kernel as rectangles."""
-    blocks, tap = [], start
-    while tap < stop:
-        i, j = divmod(tap, k_w)
-        if j == 0 and stop - tap >= k_w:
-            rows = (stop - tap) // k_w
-            blocks.append(TapBlock(i, rows, 0, k_w, tap - start))
-            tap += rows * k_w
-        else:
-            cols = min(k_w - j, stop - tap)
-            blocks.append(TapBlock(i, 1, j, cols, tap - start))
-            tap += cols
-    return tuple(blocks)
-
-
-def weight_taps(args: ConvKernelArgs, block: TapBlock) -> tuple[int, list[tuple[int, int]]]:
-    """(element offset, [(stride, rows), (stride, cols)]) of a block's taps in w, flip applied."""
-    _, _, ws_h, ws_w = args.w_strides
-    if args.rhs_reversal:
-        first = (args.k_h - 1 - block.row) * ws_h + (args.k_w - 1 - block.col) * ws_w
-        return first, [(-ws_h, block.rows), (-ws_w, block.cols)]
-    return block.row * ws_h + block.col * ws_w, [(ws_h, block.rows), (ws_w, block.cols)]
 
 
 def pixel_tile(args: ConvKernelArgs) -> tuple[int, int]:
