@@ -119,19 +119,37 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+MAX_FOLD_ROUNDS = 8
+
+
 def fold_constants(
     model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
 ) -> onnx.ModelProto:
+    """Fold, re-infer shapes, and fold again until nothing changes.
+
+    A Shape node whose input only gets a static shape once earlier values are folded (e.g. a
+    Split by folded sizes) folds in the next round.
+    """
+    weights = {} if weights is None else weights
+    for _ in range(MAX_FOLD_ROUNDS):
+        model, changed = _fold_once(model, weights)
+        if not changed:
+            break
+    return model
+
+
+def _fold_once(model: onnx.ModelProto, weights: dict[str, np.ndarray]
+               ) -> tuple[onnx.ModelProto, bool]:
     """Evaluate every node whose inputs are known at compile time; drop it from the graph.
 
     Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by
-    onnx's reference evaluator. Folded values become initializers.
+    onnx's reference evaluator. Folded values become initializers. Returns the shape-inferred
+    model and whether anything folded.
     """
     model = _infer(model)
     graph = model.graph
     opsets = {entry.domain or "": entry.version for entry in model.opset_import}
     shapes = static_shapes(model)
-    weights = {} if weights is None else weights
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     constants.update(weights)
     kept = []
@@ -144,7 +162,7 @@ def fold_constants(
             if name:
                 constants[name] = value
     if len(kept) == len(graph.node):
-        return model
+        return model, False
     used = {name for node in kept for name in node.input} | {out.name for out in graph.output}
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
@@ -170,7 +188,7 @@ def fold_constants(
             )
         else:
             folded.graph.initializer.append(numpy_helper.from_array(value, name))
-    return _infer(folded)
+    return _infer(folded), True
 
 
 def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
