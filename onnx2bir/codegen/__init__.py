@@ -9,6 +9,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_data,
     lower_elementwise,
     lower_gather,
+    lower_gather_elements,
     lower_index,
     lower_layout,
     lower_logic,

@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
-from onnx2bir.bir.ir import AccessPattern, MemoryLocation
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
+from onnx2bir.bir.ir import AccessPattern, Instruction, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
@@ -86,13 +86,75 @@ def like(ap: AccessPattern, loc: MemoryLocation) -> AccessPattern:
     return replace(ap, loc=loc.name)
 
 
-def emit_elementwise(cg: BirCodeGen, node: dict, compute: Compute) -> None:
-    """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out."""
+# --- emission helpers: exact integer immediates and Iota, which the driver has no call for ---
+
+
+def scalar_op(
+    cg: BirCodeGen,
+    dst: AccessPattern,
+    src: AccessPattern,
+    integer: bool,
+    op0: str,
+    operand0: AccessPattern | float,
+    op1: str | None = None,
+    operand1: AccessPattern | float | None = None,
+    engine: Engine = Engine.DVE,
+) -> Instruction:
+    """TensorScalar whose immediates stay integers when `integer`.
+
+    `BirCodeGen.tensor_scalar` stores immediates as floats, which makes the machine compute
+    an integer tile in fp32 (inexact past 2^24); here integer tiles keep the int64 path.
+    Operands are immediates or [P, 1] access patterns.
+    """
+    srcs = {"in": src}
+    attrs: dict[str, object] = {"op0": str(op0), "reverse0": False}
+    for index, operand in ((0, operand0), (1, operand1)):
+        if isinstance(operand, AccessPattern):
+            srcs[f"scalar{index}"] = operand
+        elif operand is not None:
+            attrs[f"imm{index}"] = int(operand) if integer else float(operand)
+    if op1 is not None:
+        attrs.update(op1=str(op1), reverse1=False)
+    return cg.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
+
+
+def fill_exact(cg: BirCodeGen, dst: AccessPattern, value: float | int, integer: bool) -> None:
+    """Memset that keeps an integer fill exact (the driver's `memset` stores a float)."""
+    if integer:
+        cg.emit(Opcode.MEMSET, Engine.POOL, dst, {}, value=int(value))
+    else:
+        cg.memset(dst, float(value))
+
+
+def iota(
+    cg: BirCodeGen, dst: AccessPattern, base: int, channel_multiplier: int, steps: list[int]
+) -> None:
+    """dst[p, i…] = base + p · channel_multiplier + Σ i_k · steps[k] (GpSimd)."""
+    cg.emit(
+        Opcode.IOTA,
+        Engine.POOL,
+        dst,
+        {},
+        base=int(base),
+        channel_multiplier=int(channel_multiplier),
+        steps=[int(s) for s in steps],
+    )
+
+
+def emit_elementwise(cg: BirCodeGen, node: dict, compute: Compute,
+                     shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out.
+
+    `shapes` overrides the shape an input broadcasts from (same elements, e.g. a [C] slope
+    seen as [C, 1, 1] where an old opset broadcasts along the channel axis).
+    """
     inputs = [t for t in node["inputs"] if t]
     out = node["outputs"][0]
     out_shape = tuple(cg.graph.tensors[out].shape)
+    shapes = shapes or {}
     strides = [contiguous_strides(out_shape)] + [
-        broadcast_strides(tuple(cg.graph.tensors[t].shape), out_shape) for t in inputs
+        broadcast_strides(shapes.get(t, tuple(cg.graph.tensors[t].shape)), out_shape)
+        for t in inputs
     ]
     shape, merged = merge_broadcast_dims(out_shape, strides)
     if math.prod(out_shape) == 0:

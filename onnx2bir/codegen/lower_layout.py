@@ -200,7 +200,7 @@ def lower_pad(cg: BirCodeGen, node: dict) -> None:
         if cg.graph.opset >= 11 and len(node["inputs"]) > 2 and node["inputs"][2]:
             info = cg.graph.tensors[node["inputs"][2]]
             if info.is_const:
-                value = float(info.const.reshape(-1)[0])
+                value = info.const.reshape(-1)[0].item()
             else:
                 value = cg.dram_ap(cg.dram(node["inputs"][2]).name, Affine(), [(1, 1)])
         if any(begin > 0 or end > 0 for begin, end in pads):

@@ -17,42 +17,18 @@ exact `y + cond·(x − y)` in int64.
 
 from __future__ import annotations
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
-from onnx2bir.bir.ir import AccessPattern, Instruction
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
+from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_elementwise import emit_elementwise, like, scratch_tile
+from onnx2bir.codegen.lower_elementwise import (
+    emit_elementwise,
+    fill_exact,
+    like,
+    scratch_tile,
+)
 from onnx2bir.codegen.registry import lowering
 
 INF = float("inf")
-
-
-def scalar_op(
-    cg: BirCodeGen,
-    dst: AccessPattern,
-    src: AccessPattern,
-    integer: bool,
-    op0: str,
-    operand0: AccessPattern | float,
-    op1: str | None = None,
-    operand1: AccessPattern | float | None = None,
-    engine: Engine = Engine.DVE,
-) -> Instruction:
-    """TensorScalar whose immediates stay integers when `integer`.
-
-    `BirCodeGen.tensor_scalar` stores immediates as floats, which makes the machine compute
-    an integer tile in fp32 (inexact past 2^24); here integer tiles keep the int64 path.
-    Operands are immediates or [P, 1] access patterns.
-    """
-    srcs = {"in": src}
-    attrs: dict[str, object] = {"op0": str(op0), "reverse0": False}
-    for index, operand in ((0, operand0), (1, operand1)):
-        if isinstance(operand, AccessPattern):
-            srcs[f"scalar{index}"] = operand
-        elif operand is not None:
-            attrs[f"imm{index}"] = int(operand) if integer else float(operand)
-    if op1 is not None:
-        attrs.update(op1=str(op1), reverse1=False)
-    return cg.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
 
 
 def select_bounds(
@@ -137,14 +113,6 @@ def lower_isinf(cg: BirCodeGen, node: dict) -> None:
             cg.memset(dst, 0.0, engine=Engine.DVE)
 
     emit_elementwise(cg, node, compute)
-
-
-def fill_exact(cg: BirCodeGen, dst: AccessPattern, value: float | int, integer: bool) -> None:
-    """Memset that keeps an integer fill exact (the driver's `memset` stores a float)."""
-    if integer:
-        cg.emit(Opcode.MEMSET, Engine.POOL, dst, {}, value=int(value))
-    else:
-        cg.memset(dst, float(value))
 
 
 @lowering("Where")

@@ -21,8 +21,7 @@ from __future__ import annotations
 from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_elementwise import emit_elementwise, like, scratch_tile
-from onnx2bir.codegen.lower_logic import scalar_op
+from onnx2bir.codegen.lower_elementwise import emit_elementwise, like, scalar_op, scratch_tile
 from onnx2bir.codegen.registry import lowering
 
 
@@ -82,7 +81,14 @@ def lower_leaky_relu(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_scalar(dst, x, AluOp.MAX, 0.0)
         cg.tensor_tensor(dst, dst, neg, AluOp.ADD)
 
-    emit_elementwise(cg, node, compute)
+    shapes = {}
+    if node["op_type"] == "PRelu" and cg.graph.opset < 7:
+        # Before opset 7 a [C] slope is per channel (axis 1), not numpy-broadcast.
+        x_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)
+        slope = node["inputs"][1]
+        if tuple(cg.graph.tensors[slope].shape) == x_shape[1:2] and len(x_shape) > 2:
+            shapes[slope] = (x_shape[1],) + (1,) * (len(x_shape) - 2)
+    emit_elementwise(cg, node, compute, shapes)
 
 
 @lowering("Elu", "Selu", "Celu")

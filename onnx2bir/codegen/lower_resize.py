@@ -9,8 +9,9 @@ operations, with the scale taken from `scales` or, given `sizes`, as out / in
 
 - nearest: `nearest_mode` rounds each source coordinate to an index, so an axis is a list of
   source indices. The list is split into segments of the form `b + q·S + t·T` (q < Q, t < R:
-  an integer upsample is one segment with T = 0, a downsample one with R = 1), and every
-  combination of one segment per axis is one DRAM→DRAM DMA whose access pattern walks it.
+  an integer upsample is one segment with T = 0, a downsample one with R = 1, a 3/2 upsample
+  two), and every combination of one segment per axis is one DRAM→DRAM DMA whose access
+  pattern walks it.
 - linear / cubic (the last two axes; others must keep their size): the interpolation is
   separable, out = A · X · Bᵀ per plane, with A [out_h, in_h] and B [out_w, in_w] holding each
   output's tap weights (2 taps linear, 4 taps cubic with cubic_coeff_a and exclude_outside).
@@ -28,7 +29,7 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_data import copy_strided
+from onnx2bir.codegen.lower_data import copy_dram, copy_strided
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
 
@@ -119,41 +120,54 @@ def cubic_matrix(coords: np.ndarray, in_len: int, a: float, exclude_outside: boo
     return matrix
 
 
-def segments(src: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
-    """Split an axis' source indices into (out start, Q, R, src start, S, T) segments with
-    src[start + q·R + t] = src_start + q·S + t·T, the fewest a greedy walk finds."""
+MAX_PERIOD = 64
+
+
+def segments(src: np.ndarray) -> list[tuple[int, int, int, int, int, int, int]]:
+    """Split an axis' source indices into (out start, Q, out step, R, src start, S, T): the
+    outputs start + q·step + t take src start + q·S + t·T, for q < Q and t < R.
+
+    Greedy from the left: the stretch is the longest prefix periodic with some period P ≤
+    MAX_PERIOD (src[i + P] = src[i] + S; an upsample by 3/2 has P = 3, S = 2), and each run of
+    its P phases that step evenly is one segment of Q = ⌈(length − phase) / P⌉ outputs.
+    """
     found = []
     position, total = 0, len(src)
     while position < total:
-        best = None
-        for inner in range(1, total - position + 1):
-            step = int(src[position + 1] - src[position]) if inner > 1 else 0
-            block = src[position : position + inner]
-            if inner > 1 and np.any(np.diff(block) != step):
-                break
-            # How many whole blocks of `inner` repeat with a constant shift?
-            rest = src[position:]
-            blocks = len(rest) // inner
-            shaped = rest[: blocks * inner].reshape(blocks, inner)
-            pattern = shaped - shaped[:, :1]
-            shift = shaped[:, 0] - shaped[0, 0]
-            good = 1
-            if blocks > 1:
-                stride = int(shift[1])
-                while (
-                    good < blocks
-                    and np.array_equal(pattern[good], pattern[0])
-                    and shift[good] == good * stride
-                ):
-                    good += 1
-            else:
-                stride = 0
-            covered = good * inner
-            if best is None or covered > best[0]:
-                best = (covered, good, inner, stride, step)
-        covered, outer, inner, stride, step = best
-        found.append((position, outer, inner, int(src[position]), stride, step))
-        position += covered
+        rest = src[position:]
+        best_length, best_period = 1, 1
+        for period in range(1, min(MAX_PERIOD, len(rest) - 1) + 1):
+            shift = rest[period] - rest[0]
+            bad = np.nonzero(rest[period:] - rest[:-period] - shift)[0]
+            length = period + (bad[0] if len(bad) else len(rest) - period)
+            if length > best_length:
+                best_length, best_period = length, period
+        length, period = best_length, best_period
+        shift = int(rest[period] - rest[0]) if period < len(rest) else 0
+        phase = 0
+        while phase < min(period, length):
+            count = -(-(length - phase) // period)
+            run = 1
+            step = int(rest[phase + 1] - rest[phase]) if phase + 1 < min(period, length) else 0
+            while (
+                phase + run < min(period, length)
+                and -(-(length - phase - run) // period) == count
+                and rest[phase + run] - rest[phase + run - 1] == step
+            ):
+                run += 1
+            found.append(
+                (
+                    position + phase,
+                    count,
+                    period,
+                    run,
+                    int(rest[phase]),
+                    shift,
+                    step if run > 1 else 0,
+                )
+            )
+            phase += run
+        position += length
     return found
 
 
@@ -175,8 +189,10 @@ def _scales(cg: BirCodeGen, node: dict, in_shape, out_shape) -> list[float]:
     policy = attrs.get("keep_aspect_ratio_policy", "stretch")
     ratios = {a: float(F32(out_shape[a]) / F32(in_shape[a])) for a in axes}
     if policy != "stretch":
-        sizes_name = inputs[3]
-        sizes = [int(v) for v in cg.graph.tensors[sizes_name].const.reshape(-1)]
+        sizes_info = cg.graph.tensors[inputs[3]]
+        if not sizes_info.is_const:
+            raise cg.fail(f"Resize sizes must be constants with keep_aspect_ratio_policy={policy}")
+        sizes = [int(v) for v in sizes_info.const.reshape(-1)]
         requested = [float(F32(s) / F32(in_shape[a])) for a, s in zip(axes, sizes, strict=True)]
         common = min(requested) if policy == "not_larger" else max(requested)
         ratios = dict.fromkeys(axes, common)
@@ -200,9 +216,11 @@ def lower_resize(cg: BirCodeGen, node: dict) -> None:
     if math.prod(out_shape) == 0:
         return
     scales = _scales(cg, node, in_shape, out_shape)
-    # An axis that keeps its length is copied as is, whatever its scale (as onnxruntime does).
+    if in_shape == out_shape:  # onnxruntime copies the input then, whatever the scales
+        copy_dram(cg, cg.dram(out).name, cg.dram(x).name, math.prod(out_shape))
+        return
     coords = [
-        source_coordinates(transform, o, i, s) if o != i else None
+        None if s == 1.0 else source_coordinates(transform, o, i, s)
         for o, i, s in zip(out_shape, in_shape, scales, strict=True)
     ]
     if mode == "nearest":
@@ -245,10 +263,10 @@ def _resize_nearest(cg, x, out, in_shape, out_shape, indices) -> None:
             per_axis.append([(0, [(in_shape[axis], out_strides[axis], in_strides[axis])], 0)])
             continue
         options = []
-        for start, outer, inner, src_start, stride, step in segments(src):
+        for start, count, out_step, run, src_start, shift, step in segments(src):
             dims = [
-                (outer, inner * out_strides[axis], stride * in_strides[axis]),
-                (inner, out_strides[axis], step * in_strides[axis]),
+                (count, out_step * out_strides[axis], shift * in_strides[axis]),
+                (run, out_strides[axis], step * in_strides[axis]),
             ]
             options.append((start * out_strides[axis], dims, src_start * in_strides[axis]))
         per_axis.append(options)

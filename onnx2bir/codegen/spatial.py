@@ -9,12 +9,14 @@ window and the tile loops need no edge cases.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower_elementwise import fill_exact
 from onnx2bir.codegen.tiling import Affine, tiles
 
 FILL_TILE = 2048
@@ -89,7 +91,8 @@ def fill_dram(cg: BirCodeGen, loc: str, total: int, dtype: Dtype,
         cg.dma(cg.ap(fill_tile), cg.dram_ap(fill.loc, Affine(fill.offset),
                                             [(0, NUM_PARTITIONS), (0, FILL_TILE)]))
     else:
-        cg.memset(cg.ap(fill_tile), fill)
+        exact = not dtype.is_float and math.isfinite(fill) and fill == int(fill)
+        fill_exact(cg, cg.ap(fill_tile), fill, exact)
     rows = total // FILL_TILE
     for row in tiles(cg, rows, NUM_PARTITIONS, "fill"):
         cg.dma(cg.dram_ap(loc, row.start * FILL_TILE, [(FILL_TILE, row.size), (1, FILL_TILE)]),

@@ -9,11 +9,16 @@ rtol 1e-3, integer and bool outputs exactly). Opsets are the ones PyTorch's expo
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
-from conftest import assert_matches_onnxruntime, make_model, one_node_model
-from onnx import TensorProto, helper
+from conftest import IR_VERSION, assert_matches_onnxruntime, make_model, one_node_model
+from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir.compiler import import_graph
+from onnx2bir.bir.verify import verify_module
+from onnx2bir.compiler import compile_graph, import_graph
+from onnx2bir.errors import UserError
+from onnx2bir.options import CompileOptions
+from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import synthesize_inputs
 
 
@@ -49,7 +54,7 @@ def typed_model(
     initializers: dict | None = None,
     order: tuple[str, ...] | None = None,
     **attrs,
-) -> object:
+) -> onnx.ModelProto:
     """A one-node model whose inputs carry their own element types; `order` reorders the
     node's inputs (graph inputs and initializers by name)."""
     names = list(order) if order else [*inputs, *(initializers or {})]
@@ -59,16 +64,11 @@ def typed_model(
         "test",
         [helper.make_tensor_value_info(n, elem_types[n], list(s)) for n, s in inputs.items()],
         [helper.make_tensor_value_info("y", out_type, None)],
-        [
-            helper.make_tensor(
-                n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape, v.reshape(-1).tolist()
-            )
-            for n, v in (initializers or {}).items()
-        ],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in (initializers or {}).items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    import onnx
-
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION
+    )
     model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     onnx.checker.check_model(model, full_check=True)
     return model
@@ -498,7 +498,7 @@ def test_pad_large_int64() -> None:
         {"x": (3, 300, 9)},
         {"x": TensorProto.INT64},
         TensorProto.INT64,
-        initializers={"p": int64(0, 2, 1, 1, 2, 1), "v": np.array([7], np.int64)},
+        initializers={"p": int64(0, 2, 1, 1, 2, 1), "v": np.array([(1 << 50) + 7], np.int64)},
     )
     exact(model)
 
@@ -1055,10 +1055,11 @@ def test_range(case: str, runtime: bool) -> None:
         [helper.make_tensor_value_info("y", elem, [length])],
         [helper.make_tensor(n, elem, [], [v.item()]) for n, v in inits.items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-    exact(
-        model, feeds={n: values[n] for n in runtime_names}
-    ) if elem != TensorProto.FLOAT else check(model, feeds={n: values[n] for n in runtime_names})
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+    tolerance = 1e-5 if elem == TensorProto.FLOAT else 0.0  # onnxruntime accumulates delta
+    check(model, feeds={n: values[n] for n in runtime_names}, atol=tolerance, rtol=tolerance)
 
 
 # --- Resize -------------------------------------------------------------------------------------
@@ -1254,3 +1255,140 @@ def test_reduce_int64_exact(op: str) -> None:
     if op != "ReduceProd":
         x = x * 100000  # squares beyond 2^53: exact only in int64
     exact(model, feeds={"x": x})
+
+
+# --- opset variants -----------------------------------------------------------------------------
+
+
+def _variant(op: str, opset: int):
+    inits = {}
+    if op == "Cast":
+        return typed_model(
+            "Cast",
+            {"x": (3, 4)},
+            {"x": TensorProto.FLOAT},
+            TensorProto.INT32,
+            opset=opset,
+            to=TensorProto.INT32,
+        )
+    if op == "Where":
+        return typed_model(
+            "Where",
+            {"c": (3, 4), "a": (3, 4), "b": (4,)},
+            {"c": TensorProto.BOOL, "a": TensorProto.FLOAT, "b": TensorProto.FLOAT},
+            TensorProto.FLOAT,
+            opset=opset,
+        )
+    if op == "Equal":
+        return typed_model(
+            "Equal",
+            {"a": (3, 4), "b": (4,)},
+            {"a": TensorProto.INT64, "b": TensorProto.INT64},
+            TensorProto.BOOL,
+            opset=opset,
+        )
+    if op == "CumSum":
+        inits = {"axis": int64(1)}
+    elif op == "Trilu":
+        inits = {"k": int64(1)}
+    elif op in ("Expand", "Tile"):
+        inits = {"s": int64(2, 3, 4)} if op == "Expand" else {"s": int64(2, 1)}
+    elif op == "Clip":
+        inits = {"lo": np.full((), -0.3, np.float32)}
+    return one_node_model(op, {"x": (3, 4)}, opset=opset, initializers=inits)
+
+
+OPSET_VARIANTS = [
+    ("Cast", 13),
+    ("Cast", 19),
+    ("Cast", 21),
+    ("Where", 16),
+    ("Equal", 19),
+    ("CumSum", 14),
+    ("Trilu", 14),
+    ("Expand", 13),
+    ("Tile", 13),
+    ("HardSigmoid", 6),
+    ("HardSwish", 14),
+    ("Elu", 6),
+    ("Selu", 6),
+    ("LeakyRelu", 16),
+    ("Softsign", 1),
+    ("Mish", 18),
+    ("Celu", 12),
+    ("Clip", 13),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "opset"), OPSET_VARIANTS, ids=[f"{o}-{v}" for o, v in OPSET_VARIANTS]
+)
+def test_opset_variants(op: str, opset: int) -> None:
+    check(_variant(op, opset), atol=0.0 if op in ("Cast", "Equal", "Where") else 1e-4)
+
+
+def test_resize_nearest_three_halves() -> None:
+    """A 3/2 upsample: each axis is two periodic segments, so four DMAs in all."""
+    exact(resize_model((1, 2, 20, 30), "nearest", [1, 1, 1.5, 1.5]))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 1.3, 1.0], [1, 1, 1.3, 2.0]], ids=str)
+def test_resize_scale_without_length_change(mode: str, scales) -> None:
+    """Scale 1.3 on 3 rows keeps 3 rows: onnxruntime copies a tensor whose shape does not
+    change, but still maps the rows through the scale when another axis resizes."""
+    check(resize_model((1, 1, 3, 4), mode, scales))
+
+
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.INT64])
+def test_where_both_branches_scalar_constants(elem: int) -> None:
+    """The exported attention mask: Where(mask, 0, lowest) with 0-d constant branches."""
+    np_type = helper.tensor_dtype_to_np_dtype(elem)
+    low = -np.inf if elem == TensorProto.FLOAT else -(1 << 60) - 3
+    model = typed_model(
+        "Where",
+        {"c": (1, 1, 16, 16)},
+        {"c": TensorProto.BOOL},
+        elem,
+        initializers={"a": np.zeros((), np_type), "b": np.array(low, np_type)},
+    )
+    exact(model)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (2, 3, 4, 5)], ids=str)
+def test_prelu_opset6_per_channel_slope(shape) -> None:
+    """Before opset 7 a [C] slope applies per channel, not along the last axis. onnxruntime
+    has no PRelu-6 kernel, so the reference is the formula."""
+    model = one_node_model("PRelu", {"x": shape, "s": (3,)}, opset=6)
+    compiled = compile_graph(import_graph(model), CompileOptions(), [])
+    assert not verify_module(compiled.module)
+    feeds = feeds_of(model, 2)
+    got = run_function(compiled.module, feeds)["y"]
+    slope = feeds["s"].reshape((3,) + (1,) * (len(shape) - 2))
+    np.testing.assert_allclose(
+        got, np.where(feeds["x"] > 0, feeds["x"], feeds["x"] * slope), rtol=1e-6, atol=1e-7
+    )
+
+
+def test_resize_aspect_policy_needs_constant_sizes() -> None:
+    node = helper.make_node(
+        "Resize",
+        ["x", "", "", "sizes"],
+        ["y"],
+        mode="nearest",
+        keep_aspect_ratio_policy="not_larger",
+    )
+    graph = helper.make_graph(
+        [node],
+        "test",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4]),
+            helper.make_tensor_value_info("sizes", TensorProto.INT64, [4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+    with pytest.raises(UserError, match="sizes must be constants"):
+        check(model, feeds={"x": weights(1, 1, 1, 4, 4), "sizes": int64(1, 1, 8, 8)})
