@@ -323,6 +323,33 @@ def tensor_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> No
     _store(dst.view(loop_values), src.view(loop_values))
 
 
+def _prep_copy_predicated(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    dst, predicate, src = ops["dst"], ops["predicate"], ops.get("in")
+    _check_same_tile(ins, dst, predicate, *([src] if src is not None else []))
+    if not int_like(predicate.dtype):
+        raise instruction_error(ins, f"predicate must be an integer tile, not {predicate.dtype}")
+    if src is not None and src.dtype != dst.dtype:
+        raise instruction_error(ins, f"copies {src.dtype} into {dst.dtype}; dtypes must match")
+    if src is None:
+        if "imm" not in ins.attrs:
+            raise instruction_error(ins, "needs an 'in' operand or an 'imm' value")
+        src = cast(np.asarray(_number(ins, "imm")), dst.dtype)
+    return dst, predicate, src, bool(ins.attrs.get("reverse_pred", False))
+
+
+def copy_predicated(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """CopyPredicated: dst = in where the predicate is nonzero (zero with reverse_pred)."""
+    dst, predicate, src, reverse = m.prepared.get(ins) or _prepare(m, ins, _prep_copy_predicated)
+    out = dst.view(loop_values).reshape(dst.partitions, -1)
+    mask = predicate.view(loop_values).reshape(dst.partitions, -1) != 0
+    if reverse:
+        mask = ~mask
+    values = src.view(loop_values).reshape(dst.partitions, -1) if isinstance(src, Operand) else src
+    np.copyto(out, values, where=mask)
+    if not np.shares_memory(out, dst.view(loop_values)):
+        dst.view(loop_values)[...] = out.reshape(dst.view(loop_values).shape)
+
+
 def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     value = _number(ins, "value")
     dtype = I64 if isinstance(value, bool | int | np.integer) else F32
@@ -365,6 +392,7 @@ SEMANTICS: dict[Opcode, Semantics] = {
     Opcode.TENSOR_SCALAR: tensor_scalar,
     Opcode.TENSOR_REDUCE: tensor_reduce,
     Opcode.TENSOR_COPY: tensor_copy,
+    Opcode.COPY_PREDICATED: copy_predicated,
     Opcode.MEMSET: memset,
     Opcode.IOTA: iota,
 }

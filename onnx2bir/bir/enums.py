@@ -55,6 +55,7 @@ class Opcode(enum.StrEnum):
     TENSOR_SCALAR = "TensorScalar"
     TENSOR_REDUCE = "TensorReduce"
     TENSOR_COPY = "TensorCopy"
+    COPY_PREDICATED = "CopyPredicated"
     MEMSET = "Memset"
     IOTA = "Iota"
 

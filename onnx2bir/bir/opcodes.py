@@ -17,6 +17,10 @@ Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
 - TensorReduce: reduces the last `axes` free dims of `in` with `op` (add, max, min, multiply);
   `negate` flips the sign of the result.
 - TensorCopy: `dst = in`, converting dtype through fp32 when the dtypes differ.
+- CopyPredicated: where `predicate` (an integer/bool tile) is nonzero — zero when
+  `reverse_pred` — `dst = in` (or the immediate `imm`); elsewhere dst keeps its value. Bits
+  are copied as they are, so a NaN or inf in the branch not taken cannot leak (nki.isa
+  tensor_copy_predicated, VectorE). in and dst share a dtype.
 - Memset: every element of `dst` becomes `value`.
 - Iota: `dst[p, i1, …] = base + p · channel_multiplier + Σ i_k · steps[k]`, integer math.
 
@@ -69,6 +73,9 @@ OPCODES: dict[Opcode, OpcodeSpec] = {
     ),
     Opcode.TENSOR_REDUCE: OpcodeSpec(_COMPUTE, ("in",), (), ("op", "axes"), ON_CHIP, ON_CHIP),
     Opcode.TENSOR_COPY: OpcodeSpec(_COMPUTE | {Engine.ACT}, ("in",), (), (), ON_CHIP, ON_CHIP),
+    Opcode.COPY_PREDICATED: OpcodeSpec(
+        frozenset({Engine.DVE}), ("predicate",), ("in",), (), ON_CHIP, ON_CHIP
+    ),
     Opcode.MEMSET: OpcodeSpec(_COMPUTE, (), (), ("value",), ON_CHIP, ON_CHIP),
     Opcode.IOTA: OpcodeSpec(
         frozenset({Engine.POOL}),

@@ -54,6 +54,13 @@ IDENTITY = "identity_fp32"  # the SBUF tile (seed 004: "identity_%s")
 IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
 
 
+def _immediate(value) -> int | float:
+    """An instruction immediate: integers stay integers (exact int64 math on the machine)."""
+    if isinstance(value, bool | int | np.integer):
+        return int(value)
+    return float(value)
+
+
 def kernel_name_of(data: dict) -> str | None:
     """The kernel a node asks for: a NativeKernel's `func_name` (conv selection) or a
     CustomCall's `custom_call_target` (attention and MLP raises); None for a plain op."""
@@ -228,7 +235,9 @@ class BirCodeGen:
         kind = self._dram_kind(tensor)
         loc = MemoryLocation(tensor, MemoryType.DRAM, kind, info.dtype, tuple(info.shape))
         if kind is MemoryKind.CONST:
-            self.module.constants[tensor] = np.ascontiguousarray(info.const)
+            # ascontiguousarray turns a 0-d array into shape (1,); keep the tensor's shape.
+            self.module.constants[tensor] = np.ascontiguousarray(info.const).reshape(
+                info.const.shape)
         return fn.add_memory_location(loc)
 
     def output_location(self, tensor: str) -> MemoryLocation:
@@ -430,7 +439,7 @@ class BirCodeGen:
             if isinstance(operand, AccessPattern):
                 srcs[f"scalar{index}"] = operand
             elif operand is not None:
-                attrs[f"imm{index}"] = float(operand)
+                attrs[f"imm{index}"] = _immediate(operand)
         if op1 is not None:
             attrs.update(op1=str(op1), reverse1=reverse1)
         return self.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
@@ -454,7 +463,7 @@ class BirCodeGen:
         return self.emit(Opcode.TENSOR_COPY, engine, dst, {"in": src})
 
     def memset(self, dst: AccessPattern, value: float, engine: Engine = Engine.POOL) -> Instruction:
-        return self.emit(Opcode.MEMSET, engine, dst, {}, value=float(value))
+        return self.emit(Opcode.MEMSET, engine, dst, {}, value=_immediate(value))
 
     def fail(self, reason: str) -> CodegenError:
         """An error naming the current node and rule."""
