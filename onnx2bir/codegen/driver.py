@@ -462,6 +462,19 @@ class BirCodeGen:
     ) -> Instruction:
         return self.emit(Opcode.TENSOR_COPY, engine, dst, {"in": src})
 
+    def copy_predicated(
+        self, dst: AccessPattern, predicate: AccessPattern, src: AccessPattern | float,
+        reverse: bool = False,
+    ) -> Instruction:
+        """dst = src where predicate is nonzero (zero when `reverse`); elsewhere dst stays."""
+        srcs = {"predicate": predicate}
+        attrs: dict[str, object] = {"reverse_pred": reverse}
+        if isinstance(src, AccessPattern):
+            srcs["in"] = src
+        else:
+            attrs["imm"] = _immediate(src)
+        return self.emit(Opcode.COPY_PREDICATED, Engine.DVE, dst, srcs, **attrs)
+
     def memset(self, dst: AccessPattern, value: float, engine: Engine = Engine.POOL) -> Instruction:
         return self.emit(Opcode.MEMSET, engine, dst, {}, value=_immediate(value))
 

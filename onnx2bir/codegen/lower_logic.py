@@ -5,19 +5,14 @@ TensorTensor whose 1/0 result lands in a bool tile; integer operands compare exa
 machine computes integers in int64). Boolean tensors are 0/1 bytes, so Not is `x == 0` and Xor
 is `(a == b) == 0`. IsNaN uses x ≠ x: `is_equal(x, x)` is 0 exactly for NaN.
 
-Where on floats is a select built from min/max, which keeps ±inf in either branch intact
-(masked_fill with -inf is the common use; a multiply by the 0/1 condition would turn
-`0 · inf` into NaN): with H = (cond − ½)·∞, i.e. +∞ where cond holds and −∞ elsewhere,
-
-    out = max(min(x, H), min(y, −H))
-
-A NaN in the branch not taken still propagates (min/max propagate NaN). Integer Where is the
-exact `y + cond·(x − y)` in int64.
+Where is a TensorCopy of y and a CopyPredicated of x where the condition holds: bits are
+copied, never combined arithmetically, so ±inf and NaN in either branch come out exactly as
+ONNX says (masked_fill with -inf, and the NaN guard `Where(IsNaN(P), 0, P)`).
 """
 
 from __future__ import annotations
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
+from onnx2bir.bir.enums import ActFunc, AluOp, Engine
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_elementwise import (
@@ -117,8 +112,9 @@ def lower_isinf(cg: BirCodeGen, node: dict) -> None:
 
 @lowering("Where")
 def lower_where(cg: BirCodeGen, node: dict) -> None:
-    """Scalar constant branches (the usual 0 / -inf of a mask) are filled once into a tile
-    instead of being read from DRAM per tile."""
+    """out = y, then x copied over it where cond holds (CopyPredicated): exact for every
+    dtype, and a NaN or inf in the branch not taken cannot leak. Scalar constant branches (the
+    usual 0 / -inf of a mask) are filled once into a tile instead of being read per tile."""
     dtype = cg.graph.tensors[node["outputs"][0]].dtype
     integer = not dtype.is_float
     filled: dict[int, object] = {}
@@ -136,20 +132,9 @@ def lower_where(cg: BirCodeGen, node: dict) -> None:
             for index in range(3)
         ]
 
-    if not integer:
-        high, low, tmp = (scratch_tile(cg, tag) for tag in ("high", "low", "tmp"))
-
-        def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
-            cond, x, y = operands(dst, srcs)
-            select_bounds(cg, like(dst, high), like(dst, low), cond)
-            select(cg, dst, x, y, like(dst, high), like(dst, low), like(dst, tmp))
-    else:
-        diff = scratch_tile(cg, "diff", Dtype.INT64)  # bool x − y needs a sign
-
-        def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
-            cond, x, y = operands(dst, srcs)
-            cg.tensor_tensor(like(dst, diff), x, y, AluOp.SUBTRACT)
-            cg.tensor_tensor(like(dst, diff), like(dst, diff), cond, AluOp.MULTIPLY)
-            cg.tensor_tensor(dst, like(dst, diff), y, AluOp.ADD)
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        cond, x, y = operands(dst, srcs)
+        cg.tensor_copy(dst, y)
+        cg.copy_predicated(dst, cond, x)
 
     emit_elementwise(cg, {**node, "inputs": loaded}, compute)

@@ -1392,3 +1392,22 @@ def test_resize_aspect_policy_needs_constant_sizes() -> None:
     )
     with pytest.raises(UserError, match="sizes must be constants"):
         check(model, feeds={"x": weights(1, 1, 1, 4, 4), "sizes": int64(1, 1, 8, 8)})
+
+
+def test_where_nan_guard_is_exact() -> None:
+    """Where(IsNaN(p), 0, p): a NaN in the branch not taken must not leak (CopyPredicated)."""
+    from onnx2bir.compiler import compile_model
+    from onnx2bir.runtime.interpreter import run_function
+
+    nodes = [helper.make_node("Log", ["x"], ["p"]),  # log of negatives: NaN
+             helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["y"])]
+    model = make_model(nodes, {"x": (3, 50)}, {"y": (3, 50)},
+                       initializers={"zero": np.array(0.0, np.float32)})
+    compilation = compile_model(model)
+    x = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
+    got = run_function(compilation.module, {"x": x})["y"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = np.where(x < 0, 0.0, np.log(x)).astype(np.float32)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -441,3 +441,53 @@ def test_compute_operands_have_at_most_four_free_dims():
     rejects(mach, instr(Opcode.MEMSET, Engine.DVE, five, value=0.0), ["5 free dims"])
     run(mach, instr(Opcode.MEMSET, Engine.DVE, ap(loc, ((8, 4), (4, 2), (2, 2), (1, 2))), value=3))
     assert (get(mach, loc) == 3).all()
+
+
+def test_copy_predicated_copies_bits_only_where_the_predicate_holds():
+    dst, src = tile("d", 4, 8), tile("s", 4, 8, address=64)
+    pred = tile("p", 4, 8, Dtype.UINT8, address=128)
+    mach = machine(dst, src, pred)
+    before = RNG.standard_normal((4, 8)).astype(np.float32)
+    values = np.full((4, 8), np.nan, np.float32)
+    values[:, ::2] = np.inf
+    mask = RNG.integers(0, 2, (4, 8)).astype(np.uint8)
+    put(mach, dst, before)
+    put(mach, src, values)
+    put(mach, pred, mask)
+    run(
+        mach,
+        instr(Opcode.COPY_PREDICATED, Engine.DVE, ap(dst), {"in": ap(src), "predicate": ap(pred)}),
+    )
+    got = get(mach, dst)
+    assert (got[mask == 0] == before[mask == 0]).all()  # no NaN leaks into kept elements
+    assert np.array_equal(got[mask == 1], values[mask == 1], equal_nan=True)
+    run(
+        mach,
+        instr(
+            Opcode.COPY_PREDICATED,
+            Engine.DVE,
+            ap(dst),
+            {"predicate": ap(pred)},
+            imm=-1.5,
+            reverse_pred=True,
+        ),
+    )
+    assert (get(mach, dst)[mask == 0] == -1.5).all()
+
+
+def test_copy_predicated_rules():
+    dst, src = tile("d", 4, 8), tile("s", 4, 8, Dtype.FP16, address=64)
+    fpred = tile("p", 4, 8, address=128)
+    mach = machine(dst, src, fpred)
+    rejects(
+        mach,
+        instr(Opcode.COPY_PREDICATED, Engine.DVE, ap(dst), {"in": ap(dst), "predicate": ap(fpred)}),
+        ["integer"],
+    )
+    ipred = tile("q", 4, 8, Dtype.UINT8, address=192)
+    mach = machine(dst, src, ipred)
+    rejects(
+        mach,
+        instr(Opcode.COPY_PREDICATED, Engine.DVE, ap(dst), {"in": ap(src), "predicate": ap(ipred)}),
+        ["dtypes must match"],
+    )
