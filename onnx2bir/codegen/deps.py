@@ -10,9 +10,11 @@ ordered, which is what lets the per-node arenas reuse the same addresses.
 An earlier access is forgotten once a later write covers it completely: every later hazard
 on those bytes then meets that write first and is ordered behind it transitively. Readers of
 a buffer that is never rewritten (the identity weight, say) would accumulate without bound, so
-each memory keeps at most `WINDOW` recent accesses. A hazard against an access further back
-than that is not recorded: a known approximation, which the machine does not depend on (it
-executes in program order); a scheduler reading these edges would need the window widened.
+each memory slice keeps at most `WINDOW` recent accesses (on-chip accesses are indexed by the
+8 KiB slices of the partition they touch, so a new access meets only accesses near it). A
+hazard against an access further back than that is not recorded: a known approximation, which
+the machine does not depend on (it executes in program order); a scheduler reading these
+edges would need the window widened.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from onnx2bir.bir.enums import DepKind, MemoryType
 from onnx2bir.bir.ir import AccessPattern, Dependency, Instruction, MemoryLocation
 
 WINDOW = 512
+BUCKET_BYTES = 8192  # on-chip accesses are indexed by 8 KiB slices of the partition
 _PRECEDENCE = {DepKind.FLOW: 0, DepKind.OUTPUT: 1, DepKind.ANTI: 2, DepKind.ORDERED: 3}
 
 
@@ -68,9 +71,19 @@ def region_of(
     )
 
 
+def _buckets(region: Region) -> list[tuple[str, int]]:
+    """The bucket keys a region touches: one per DRAM tensor, 8 KiB slices of SBUF/PSUM."""
+    if region.memory.startswith("DRAM:"):
+        return [(region.memory, 0)]
+    return [
+        (region.memory, b)
+        for b in range(region.first_byte // BUCKET_BYTES, region.last_byte // BUCKET_BYTES + 1)
+    ]
+
+
 class DependencyTracker:
     def __init__(self) -> None:
-        self._accesses: dict[str, list[tuple[int, bool, Region]]] = {}
+        self._accesses: dict[tuple[str, int], list[tuple[int, bool, Region]]] = {}
 
     def add(
         self,
@@ -85,23 +98,23 @@ class DependencyTracker:
             for ap, is_write in inst.accesses()
         ]
         for region, is_write in regions:
-            for source, was_write, earlier in self._accesses.get(region.memory, ()):
-                if not region.overlaps(earlier):
-                    continue
-                if was_write:
-                    kind = DepKind.OUTPUT if is_write else DepKind.FLOW
-                elif is_write:
-                    kind = DepKind.ANTI
-                else:
-                    continue
-                known = edges.get(source)
-                if known is None or _PRECEDENCE[kind] < _PRECEDENCE[known]:
-                    edges[source] = kind
+            for bucket in _buckets(region):
+                for source, was_write, earlier in self._accesses.get(bucket, ()):
+                    if not (was_write or is_write) or not region.overlaps(earlier):
+                        continue
+                    if was_write:
+                        kind = DepKind.OUTPUT if is_write else DepKind.FLOW
+                    else:
+                        kind = DepKind.ANTI
+                    known = edges.get(source)
+                    if known is None or _PRECEDENCE[kind] < _PRECEDENCE[known]:
+                        edges[source] = kind
         inst.deps = [Dependency(source, kind) for source, kind in sorted(edges.items())]
         for region, is_write in regions:
-            entries = self._accesses.setdefault(region.memory, [])
-            if is_write:
-                entries[:] = [entry for entry in entries if not region.covers(entry[2])]
-            entries.append((inst.id, is_write, region))
-            if len(entries) > WINDOW:
-                del entries[: len(entries) - WINDOW]
+            for bucket in _buckets(region):
+                entries = self._accesses.setdefault(bucket, [])
+                if is_write:
+                    entries[:] = [entry for entry in entries if not region.covers(entry[2])]
+                entries.append((inst.id, is_write, region))
+                if len(entries) > WINDOW:
+                    del entries[: len(entries) - WINDOW]
