@@ -49,27 +49,51 @@ def _dim_arg(text: str) -> tuple[str, int]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="the ONNX model file")
-    parser.add_argument("--input-shape", action="append", type=_shape_arg, default=[],
-                        metavar="NAME=D0,D1,...",
-                        help="fix the shape of input NAME (repeatable)")
-    parser.add_argument("--dim", action="append", type=_dim_arg, default=[],
-                        metavar="SYMBOL=N",
-                        help="give symbolic dimension SYMBOL the size N (repeatable)")
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        type=_shape_arg,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="fix the shape of input NAME (repeatable)",
+    )
+    parser.add_argument(
+        "--dim",
+        action="append",
+        type=_dim_arg,
+        default=[],
+        metavar="SYMBOL=N",
+        help="give symbolic dimension SYMBOL the size N (repeatable)",
+    )
     group = parser.add_argument_group("compile options (reference compiler spelling)")
-    group.add_argument("--native-kernel-cast-type", default=compile_options.DEFAULT_CAST_TYPE,
-                       metavar="WHAT-to-TYPE",
-                       help=f"storage dtype of native kernel matmul operands: "
-                            f"{compile_options.CAST_TYPE_GRAMMAR}; default %(default)s")
-    group.add_argument("--enable-native-kernel-attention", action="store_true",
-                       help="raise matmul-softmax-matmul attention to a native kernel")
-    group.add_argument("--enable-native-kernel-attention-bf16", action="store_true",
-                       help="raise attention whatever the input dtype, with bf16 intermediates")
-    group.add_argument("--experimental-convolution-kernel-match", action="store_true",
-                       help="also try the experimental convolution kernel registry")
-    group.add_argument("--target", default=compile_options.DEFAULT_TARGET,
-                       help="target device name (default %(default)s)")
-    parser.add_argument("--stats", action="store_true",
-                        help="print the passes' statistic counters")
+    group.add_argument(
+        "--native-kernel-cast-type",
+        default=compile_options.DEFAULT_CAST_TYPE,
+        metavar="WHAT-to-TYPE",
+        help=f"storage dtype of native kernel matmul operands: "
+        f"{compile_options.CAST_TYPE_GRAMMAR}; default %(default)s",
+    )
+    group.add_argument(
+        "--enable-native-kernel-attention",
+        action="store_true",
+        help="raise matmul-softmax-matmul attention to a native kernel",
+    )
+    group.add_argument(
+        "--enable-native-kernel-attention-bf16",
+        action="store_true",
+        help="raise attention whatever the input dtype, with bf16 intermediates",
+    )
+    group.add_argument(
+        "--experimental-convolution-kernel-match",
+        action="store_true",
+        help="also try the experimental convolution kernel registry",
+    )
+    group.add_argument(
+        "--target",
+        default=compile_options.DEFAULT_TARGET,
+        help="target device name (default %(default)s)",
+    )
+    parser.add_argument("--stats", action="store_true", help="print the passes' statistic counters")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
@@ -77,79 +101,130 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="onnx2bir",
         description="Compile an ONNX model to BIR for a NeuronCore-like accelerator, run it on "
-                    "a numpy model of the hardware, and check the numbers against onnxruntime.",
+        "a numpy model of the hardware, and check the numbers against onnxruntime.",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser(
-        "convert", help="compile MODEL and write DIR/<model>.bir.json and its constants",
+        "convert",
+        help="compile MODEL and write DIR/<model>.bir.json and its constants",
         description="Compile MODEL to BIR. Writes DIR/<model>.bir.json and "
-                    "DIR/<model>.consts.bin; nothing is written unless compilation succeeds.")
+        "DIR/<model>.consts.bin; nothing is written unless compilation succeeds.",
+    )
     _common(convert)
-    convert.add_argument("-o", "--output", required=True, metavar="DIR",
-                         help="folder for the BIR files (created if missing)")
+    convert.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder for the BIR files (created if missing)",
+    )
     validate = commands.add_parser(
-        "validate", help="compile, simulate and compare every output with onnxruntime",
+        "validate",
+        help="compile, simulate and compare every output with onnxruntime",
         description="Compile MODEL, run it on the NeuronCore model and compare each output "
-                    "with onnxruntime on the same inputs. Exit 0: all outputs match; 1: one "
-                    "does not; 2: bad input.")
+        "with onnxruntime on the same inputs. Exit 0: all outputs match; 1: one "
+        "does not; 2: bad input.",
+    )
     _common(validate)
     _validate_options(validate)
     report = commands.add_parser(
-        "report", help="what the compiler found and decided for MODEL",
+        "report",
+        help="what the compiler found and decided for MODEL",
         description="List what the passes decided for MODEL — each convolution's kernel or "
-                    "why it fell back to the generic path, attention and MLP blocks — and "
-                    "whether the model compiles, without simulating.")
+        "why it fell back to the generic path, attention and MLP blocks — and "
+        "whether the model compiles, without simulating.",
+    )
     _common(report)
     report.add_argument("--json", action="store_true", help="print the report as JSON")
-    report.add_argument("--explain", metavar="NODE",
-                        help="print the whole kernel-registry walk for convolution NODE")
-    report.add_argument("--annotate", metavar="OUT.onnx",
-                        help="also write the model with each node's kernel, fallback reason, "
-                             "idiom and lowering as node metadata (shown by Netron)")
+    report.add_argument(
+        "--explain",
+        metavar="NODE",
+        help="print the whole kernel-registry walk for convolution NODE",
+    )
+    report.add_argument(
+        "--annotate",
+        metavar="OUT.onnx",
+        help="also write the model with each node's kernel, fallback reason, "
+        "idiom and lowering as node metadata (shown by Netron)",
+    )
     return parser
 
 
 def _validate_options(validate: argparse.ArgumentParser) -> None:
     data = validate.add_argument_group("inputs and outputs")
-    data.add_argument("--inputs", metavar="FILE.npz|DIR",
-                      help="input arrays by graph-input name: an .npz file, or an ONNX "
-                           "test_data_set_N folder of input_K.pb (default: seeded random; "
-                           "gather indices bounded by their table, attention masks in {0, 1})")
+    data.add_argument(
+        "--inputs",
+        metavar="FILE.npz|DIR",
+        help="input arrays by graph-input name: an .npz file, or an ONNX "
+        "test_data_set_N folder of input_K.pb (default: seeded random; "
+        "gather indices bounded by their table, attention masks in {0, 1})",
+    )
     data.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
-    data.add_argument("--save-inputs", metavar="FILE.npz|DIR",
-                      help="write the inputs used (.npz, or a test_data_set folder)")
-    data.add_argument("--save-outputs", metavar="FILE.npz|DIR",
-                      help="write the machine's (not onnxruntime's) outputs (.npz, or a "
-                           "test_data_set folder of output_K.pb)")
+    data.add_argument(
+        "--save-inputs",
+        metavar="FILE.npz|DIR",
+        help="write the inputs used (.npz, or a test_data_set folder)",
+    )
+    data.add_argument(
+        "--save-outputs",
+        metavar="FILE.npz|DIR",
+        help="write the machine's (not onnxruntime's) outputs (.npz, or a "
+        "test_data_set folder of output_K.pb)",
+    )
     tol = validate.add_argument_group(
         "tolerance",
         "An element passes when |machine - onnxruntime| <= atol + rtol*|onnxruntime|. "
         "Defaults: fp32 path atol 1e-4 rtol 1e-3; bf16/fp16 paths atol growing with the "
         "reduction length, rtol 2^-6 / 1e-3; integers exact. Strongest first: --tolerance, "
         "the file's tensors, --op-tolerance, the file's op_types, --atol/--rtol, the file's "
-        "default and paths.")
+        "default and paths.",
+    )
     tol.add_argument("--atol", type=float, help="absolute tolerance for every tensor")
     tol.add_argument("--rtol", type=float, help="relative tolerance for every tensor")
-    tol.add_argument("--tolerance", action="append", default=[], metavar="NAME=ATOL,RTOL",
-                     help="tolerance of one output or intermediate tensor (repeatable; leave a "
-                          "number empty to keep the default, e.g. logits=,1e-2)")
-    tol.add_argument("--op-tolerance", action="append", default=[], metavar="OP=ATOL,RTOL",
-                     help="tolerance of tensors produced by op type OP (repeatable)")
-    tol.add_argument("--tolerance-file", metavar="FILE.json",
-                     help='tolerances from JSON: {"default", "paths", "op_types", "tensors"}, '
-                          'each {"atol", "rtol"} (see onnx2bir.runtime.tolerance)')
+    tol.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="NAME=ATOL,RTOL",
+        help="tolerance of one output or intermediate tensor (repeatable; leave a "
+        "number empty to keep the default, e.g. logits=,1e-2)",
+    )
+    tol.add_argument(
+        "--op-tolerance",
+        action="append",
+        default=[],
+        metavar="OP=ATOL,RTOL",
+        help="tolerance of tensors produced by op type OP (repeatable)",
+    )
+    tol.add_argument(
+        "--tolerance-file",
+        metavar="FILE.json",
+        help='tolerances from JSON: {"default", "paths", "op_types", "tensors"}, '
+        'each {"atol", "rtol"} (see onnx2bir.runtime.tolerance)',
+    )
     loc = validate.add_argument_group("localisation")
-    loc.add_argument("--localize", action="store_true",
-                     help="compare every intermediate tensor with onnxruntime; report the "
-                          "first node over tolerance (its own error vs error carried in), the "
-                          "first NaN/inf, and each conv's kernel next to its error")
-    loc.add_argument("--localize-budget", type=float, default=256, metavar="MB",
-                     help="onnxruntime holds at most this many MB of intermediates at once "
-                          "(default %(default)s)")
+    loc.add_argument(
+        "--localize",
+        action="store_true",
+        help="compare every intermediate tensor with onnxruntime; report the "
+        "first node over tolerance (its own error vs error carried in), the "
+        "first NaN/inf, and each conv's kernel next to its error",
+    )
+    loc.add_argument(
+        "--localize-budget",
+        type=float,
+        default=256,
+        metavar="MB",
+        help="onnxruntime holds at most this many MB of intermediates at once "
+        "(default %(default)s)",
+    )
     validate.add_argument("--json", action="store_true", help="print the result as JSON")
-    validate.add_argument("--no-progress", action="store_true",
-                          help="no progress bar (it is drawn on stderr only when stderr is a "
-                               "terminal and the simulation runs over a second)")
+    validate.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (it is drawn on stderr only when stderr is a "
+        "terminal and the simulation runs over a second)",
+    )
 
 
 def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
@@ -165,16 +240,18 @@ def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
 def _compile(args: argparse.Namespace, keep_going: bool = False):
     from onnx2bir.compiler import compile_model
 
-    return compile_model(args.model, _options(args), dict(args.input_shape), dict(args.dim),
-                         keep_going=keep_going)
+    return compile_model(
+        args.model, _options(args), dict(args.input_shape), dict(args.dim), keep_going=keep_going
+    )
 
 
 def _print_stats(args, compilation) -> None:
     if args.stats:
         from onnx2bir.passes import format_statistics
 
-        print(format_statistics(compilation.passes.statistics) or "(no statistics)",
-              file=sys.stderr)
+        print(
+            format_statistics(compilation.passes.statistics) or "(no statistics)", file=sys.stderr
+        )
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -201,8 +278,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     instructions = sum(1 for _ in compilation.module.functions[0].instructions())
-    print(f"wrote {out / (stem + '.bir.json')} ({instructions} instructions) and "
-          f"{out / (stem + '.consts.bin')}")
+    print(
+        f"wrote {out / (stem + '.bir.json')} ({instructions} instructions) and "
+        f"{out / (stem + '.consts.bin')}"
+    )
     return EXIT_OK
 
 
@@ -235,16 +314,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise UserError(f"--localize-budget {args.localize_budget}: must be > 0")
     policy = _policy(args)
     doc, feeds, outputs = validation_report.run_validate(
-        args.model, _options(args), policy, input_shapes=dict(args.input_shape),
-        dims=dict(args.dim), inputs=args.inputs, seed=args.seed, localize_nodes=args.localize,
-        budget_bytes=int(args.localize_budget * (1 << 20)), progress=not args.no_progress,
-        on_compiled=lambda compilation: _print_stats(args, compilation))
+        args.model,
+        _options(args),
+        policy,
+        input_shapes=dict(args.input_shape),
+        dims=dict(args.dim),
+        inputs=args.inputs,
+        seed=args.seed,
+        localize_nodes=args.localize,
+        budget_bytes=int(args.localize_budget * (1 << 20)),
+        progress=not args.no_progress,
+        on_compiled=lambda compilation: _print_stats(args, compilation),
+    )
     if args.save_inputs:
         validation_report.save_inputs(args.save_inputs, feeds)
     if args.save_outputs:
         validation_report.save_outputs(args.save_outputs, outputs)
-    print(validation_report.to_json_text(doc) if args.json
-          else validation_report.format_text(doc))
+    print(validation_report.to_json_text(doc) if args.json else validation_report.format_text(doc))
     return EXIT_OK if doc["passed"] else EXIT_MISMATCH
 
 
@@ -255,8 +341,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.annotate:  # the annotation needs the folded model to name unnamed nodes
         from onnx2bir.runtime.prepared import prepare
 
-        prepared = prepare(args.model, _options(args), dict(args.input_shape), dict(args.dim),
-                           keep_going=True)
+        prepared = prepare(
+            args.model, _options(args), dict(args.input_shape), dict(args.dim), keep_going=True
+        )
         compilation = prepared.compilation
     else:
         compilation = _compile(args, keep_going=True)
@@ -302,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # an onnx2bir bug: say so, keep the traceback behind --debug
         if args.debug:
             traceback.print_exc()
-        print(f"onnx2bir: internal error: {type(exc).__name__}: {exc} "
-              "(rerun with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"onnx2bir: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
 
 

@@ -31,8 +31,12 @@ def default_passes() -> list:
     from onnx2bir.patterns.decompose import DecomposeAttention
     from onnx2bir.patterns.mlp import LowerToNKIKernelCC
 
-    return [LowerToCustomNativeKernel(), DecomposeAttention(), LowerToNKIKernelCC(),
-            TransformConvOp()]
+    return [
+        LowerToCustomNativeKernel(),
+        DecomposeAttention(),
+        LowerToNKIKernelCC(),
+        TransformConvOp(),
+    ]
 
 
 @dataclass

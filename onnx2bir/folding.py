@@ -138,8 +138,9 @@ def fold_constants(
     return model
 
 
-def _fold_once(model: onnx.ModelProto, weights: dict[str, np.ndarray]
-               ) -> tuple[onnx.ModelProto, bool]:
+def _fold_once(
+    model: onnx.ModelProto, weights: dict[str, np.ndarray]
+) -> tuple[onnx.ModelProto, bool]:
     """Evaluate every node whose inputs are known at compile time; drop it from the graph.
 
     Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by

@@ -306,8 +306,13 @@ class TransformConvOp:
             one_d = len(graph.tensors[op.inputs[0]].shape) == 3
             if one_d and not op.weight_is_const:
                 # The kernels see a 1-D conv through a unit-height view of a constant weight.
-                findings.append(_finding(op, None, "1-D conv with a computed weight: no "
-                                                   "unit-height view for the kernels"))
+                findings.append(
+                    _finding(
+                        op,
+                        None,
+                        "1-D conv with a computed weight: no unit-height view for the kernels",
+                    )
+                )
                 continue
             selection = select_kernel(op, options, self.is_pglt)
             finding = _finding(op, selection, selection.fallback_reason)

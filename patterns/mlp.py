@@ -423,8 +423,10 @@ class LowerToNKIKernelCC:
 
     @staticmethod
     def _match(graph: Graph, anchor: str, claimed: set[str]):
-        if not (_near(graph, anchor, graph.nx.successors, 6)
-                and _near(graph, anchor, graph.nx.predecessors, 6)):
+        if not (
+            _near(graph, anchor, graph.nx.successors, 6)
+            and _near(graph, anchor, graph.nx.predecessors, 6)
+        ):
             return None, None  # no projection on one side: a CNN activation, not an MLP
         first_reason = None
         for pattern in PATTERNS:

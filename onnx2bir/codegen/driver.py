@@ -237,7 +237,8 @@ class BirCodeGen:
         if kind is MemoryKind.CONST:
             # ascontiguousarray turns a 0-d array into shape (1,); keep the tensor's shape.
             self.module.constants[tensor] = np.ascontiguousarray(info.const).reshape(
-                info.const.shape)
+                info.const.shape
+            )
         return fn.add_memory_location(loc)
 
     def output_location(self, tensor: str) -> MemoryLocation:
@@ -463,7 +464,10 @@ class BirCodeGen:
         return self.emit(Opcode.TENSOR_COPY, engine, dst, {"in": src})
 
     def copy_predicated(
-        self, dst: AccessPattern, predicate: AccessPattern, src: AccessPattern | float,
+        self,
+        dst: AccessPattern,
+        predicate: AccessPattern,
+        src: AccessPattern | float,
         reverse: bool = False,
     ) -> Instruction:
         """dst = src where predicate is nonzero (zero when `reverse`); elsewhere dst stays."""

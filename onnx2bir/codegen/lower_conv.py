@@ -31,8 +31,9 @@ def tile_index(tile: Tile, size: int) -> Affine:
     """The ordinal of a tile produced by `tiles(extent, size)` (its start divided by size)."""
     if tile.start.const % size or any(coef % size for _, coef in tile.start.terms):
         raise ValueError("tile start is not a multiple of the tile size")
-    return Affine(tile.start.const // size,
-                  tuple((axis, coef // size) for axis, coef in tile.start.terms))
+    return Affine(
+        tile.start.const // size, tuple((axis, coef // size) for axis, coef in tile.start.terms)
+    )
 
 
 @lowering("Conv")
@@ -47,14 +48,38 @@ def lower_conv(cg: BirCodeGen, node: dict) -> None:
     if dtype is not Dtype.FP32:
         raise cg.fail(f"the generic conv computes in fp32; input is {dtype}")
     src, height, width = padded_input(cg, x_name, batch * channels, geo, 0.0)
-    emit_conv(cg, geo, src, height, width, batch, channels, cg.dram(w_name).name, w_shape[0],
-              w_shape[1], int(node["attrs"].get("group", 1)),
-              cg.dram(b_name).name if b_name else None, cg.dram(node["outputs"][0]).name)
+    emit_conv(
+        cg,
+        geo,
+        src,
+        height,
+        width,
+        batch,
+        channels,
+        cg.dram(w_name).name,
+        w_shape[0],
+        w_shape[1],
+        int(node["attrs"].get("group", 1)),
+        cg.dram(b_name).name if b_name else None,
+        cg.dram(node["outputs"][0]).name,
+    )
 
 
-def emit_conv(cg: BirCodeGen, geo: WindowGeometry, src: str, height: int, width: int,
-              batch: int, channels: int, w_loc: str, c_out: int, c_in_group: int, groups: int,
-              b_loc: str | None, y_loc: str) -> None:
+def emit_conv(
+    cg: BirCodeGen,
+    geo: WindowGeometry,
+    src: str,
+    height: int,
+    width: int,
+    batch: int,
+    channels: int,
+    w_loc: str,
+    c_out: int,
+    c_in_group: int,
+    groups: int,
+    b_loc: str | None,
+    y_loc: str,
+) -> None:
     """Conv of the already padded DRAM input `src` [batch, channels, height, width] by the
     OIHW weights at `w_loc` [c_out, c_in_group, kernel_h, kernel_w] into `y_loc`; `geo`
     gives the window (its pads are already in `src`)."""
@@ -93,34 +118,85 @@ def emit_conv(cg: BirCodeGen, geo: WindowGeometry, src: str, height: int, width:
                     cg.memset(cg.ap(w_sb), 0.0)
                     for member in range(g.size):
                         cg.dma(
-                            cg.ap(w_sb, [(m_size, taps), (1, c_out_group)],
-                                  member * c_out_group, partitions=c_in_group,
-                                  partition_start=member * c_in_group),
-                            cg.dram_ap(w_loc, (first_out + member * c_out_group) * weight_row,
-                                       [(taps, c_in_group), (1, taps),
-                                        (weight_row, c_out_group)]),
+                            cg.ap(
+                                w_sb,
+                                [(m_size, taps), (1, c_out_group)],
+                                member * c_out_group,
+                                partitions=c_in_group,
+                                partition_start=member * c_in_group,
+                            ),
+                            cg.dram_ap(
+                                w_loc,
+                                (first_out + member * c_out_group) * weight_row,
+                                [(taps, c_in_group), (1, taps), (weight_row, c_out_group)],
+                            ),
                         )
                 else:
                     for k in tiles(cg, c_in_group, NUM_PARTITIONS, "kw"):
                         cg.dma(
-                            cg.ap(w_sb, [(m_size, taps), (1, m_size)],
-                                  tile_index(k, NUM_PARTITIONS) * (taps * m_size),
-                                  partitions=k.size),
-                            cg.dram_ap(w_loc, first_out * weight_row + k.start * taps,
-                                       [(taps, k.size), (1, taps), (weight_row, m_size)]),
+                            cg.ap(
+                                w_sb,
+                                [(m_size, taps), (1, m_size)],
+                                tile_index(k, NUM_PARTITIONS) * (taps * m_size),
+                                partitions=k.size,
+                            ),
+                            cg.dram_ap(
+                                w_loc,
+                                first_out * weight_row + k.start * taps,
+                                [(taps, k.size), (1, taps), (weight_row, m_size)],
+                            ),
                         )
                 if b_loc:
-                    cg.dma(cg.ap(bias_sb, partitions=m_size),
-                           cg.dram_ap(b_loc, first_out, [(1, m_size), (1, 1)]))
-                _emit_output_tiles(cg, geo, n, first_in, first_out, m_size, k_extent
-                                   if per_tile == 1 else g.size * c_in_group, rows, cols,
-                                   src, channels, plane, width, x_sb, w_sb, acc, out_sb,
-                                   bias_sb if b_loc else None, y_loc, c_out)
+                    cg.dma(
+                        cg.ap(bias_sb, partitions=m_size),
+                        cg.dram_ap(b_loc, first_out, [(1, m_size), (1, 1)]),
+                    )
+                _emit_output_tiles(
+                    cg,
+                    geo,
+                    n,
+                    first_in,
+                    first_out,
+                    m_size,
+                    k_extent if per_tile == 1 else g.size * c_in_group,
+                    rows,
+                    cols,
+                    src,
+                    channels,
+                    plane,
+                    width,
+                    x_sb,
+                    w_sb,
+                    acc,
+                    out_sb,
+                    bias_sb if b_loc else None,
+                    y_loc,
+                    c_out,
+                )
 
 
-def _emit_output_tiles(cg, geo, n, first_in, first_out, m_size, k_extent, rows, cols, src,
-                       channels, plane, width, x_sb, w_sb, acc, out_sb, bias_sb, y_loc,
-                       c_out) -> None:
+def _emit_output_tiles(
+    cg,
+    geo,
+    n,
+    first_in,
+    first_out,
+    m_size,
+    k_extent,
+    rows,
+    cols,
+    src,
+    channels,
+    plane,
+    width,
+    x_sb,
+    w_sb,
+    acc,
+    out_sb,
+    bias_sb,
+    y_loc,
+    c_out,
+) -> None:
     taps = geo.taps
     out_plane = geo.out_h * geo.out_w
     for row in tiles(cg, geo.out_h, rows, "oh"):
@@ -133,24 +209,38 @@ def _emit_output_tiles(cg, geo, n, first_in, first_out, m_size, k_extent, rows, 
                 first_channel = n.start * channels + first_in + k.start
                 cg.dma(
                     cg.ap(x_sb, [(1, band_rows * band_cols)], partitions=k.size),
-                    cg.dram_ap(src, first_channel * plane
-                               + row.start * (geo.stride_h * width) + col.start * geo.stride_w,
-                               [(plane, k.size), (width, band_rows), (1, band_cols)]),
+                    cg.dram_ap(
+                        src,
+                        first_channel * plane
+                        + row.start * (geo.stride_h * width)
+                        + col.start * geo.stride_w,
+                        [(plane, k.size), (width, band_rows), (1, band_cols)],
+                    ),
                 )
                 k_index = tile_index(k, NUM_PARTITIONS)
                 for tap in range(taps):
                     i, j = divmod(tap, geo.kernel_w)
-                    moving = cg.ap(x_sb, [(geo.stride_h * band_cols, row.size),
-                                          (geo.stride_w, col.size)],
-                                   i * geo.dilation_h * band_cols + j * geo.dilation_w,
-                                   partitions=k.size)
-                    stationary = cg.ap(w_sb, [(1, m_size)], k_index * (taps * m_size)
-                                       + tap * m_size, partitions=k.size)
+                    moving = cg.ap(
+                        x_sb,
+                        [(geo.stride_h * band_cols, row.size), (geo.stride_w, col.size)],
+                        i * geo.dilation_h * band_cols + j * geo.dilation_w,
+                        partitions=k.size,
+                    )
+                    stationary = cg.ap(
+                        w_sb,
+                        [(1, m_size)],
+                        k_index * (taps * m_size) + tap * m_size,
+                        partitions=k.size,
+                    )
                     cg.matmul(psum, stationary, moving, accumulate=not (k.first and tap == 0))
             result = cg.ap(out_sb, [(1, pixels)], partitions=m_size)
             bias = cg.ap(bias_sb, partitions=m_size) if bias_sb is not None else None
             cg.activation(result, psum, ActFunc.COPY, bias=bias)
-            cg.dma(cg.dram_ap(y_loc, (n.start * c_out + first_out) * out_plane
-                              + row.start * geo.out_w + col.start,
-                              [(out_plane, m_size), (geo.out_w, row.size), (1, col.size)]),
-                   result)
+            cg.dma(
+                cg.dram_ap(
+                    y_loc,
+                    (n.start * c_out + first_out) * out_plane + row.start * geo.out_w + col.start,
+                    [(out_plane, m_size), (geo.out_w, row.size), (1, col.size)],
+                ),
+                result,
+            )

@@ -21,8 +21,9 @@ DMA_CHUNK = 1 << 20
 def copy_dram(cg: BirCodeGen, dst: str, src: str, count: int) -> None:
     for start in range(0, count, DMA_CHUNK):
         size = min(DMA_CHUNK, count - start)
-        cg.dma(cg.dram_ap(dst, Affine(start), [(1, size)]),
-               cg.dram_ap(src, Affine(start), [(1, size)]))
+        cg.dma(
+            cg.dram_ap(dst, Affine(start), [(1, size)]), cg.dram_ap(src, Affine(start), [(1, size)])
+        )
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
@@ -33,8 +34,11 @@ def lower_copy(cg: BirCodeGen, node: dict) -> None:
             raise cg.fail("Dropout's mask output is not supported (inference only)")
         training = node["inputs"][2] if len(node["inputs"]) > 2 else ""
         ratio = node["inputs"][1] if len(node["inputs"]) > 1 else ""
-        drops = not ratio or not cg.graph.tensors[ratio].is_const or bool(
-            cg.graph.tensors[ratio].const.reshape(-1)[0])
+        drops = (
+            not ratio
+            or not cg.graph.tensors[ratio].is_const
+            or bool(cg.graph.tensors[ratio].const.reshape(-1)[0])
+        )
         if training and drops:
             info = cg.graph.tensors[training]
             if not info.is_const or bool(info.const.reshape(-1)[0]):
@@ -51,7 +55,7 @@ def lower_concat(cg: BirCodeGen, node: dict) -> None:
     out_shape = cg.graph.tensors[out].shape
     axis = node["attrs"]["axis"] % len(out_shape)
     outer = math.prod(out_shape[:axis])
-    inner = math.prod(out_shape[axis + 1:])
+    inner = math.prod(out_shape[axis + 1 :])
     row = out_shape[axis] * inner
     position = 0
     dst = cg.dram(out).name
@@ -60,14 +64,23 @@ def lower_concat(cg: BirCodeGen, node: dict) -> None:
             continue
         length = cg.graph.tensors[tensor].shape[axis] * inner
         if length and outer:
-            cg.dma(cg.dram_ap(dst, Affine(position), [(row, outer), (1, length)]),
-                   cg.dram_ap(cg.dram(tensor).name, Affine(), [(length, outer), (1, length)]))
+            cg.dma(
+                cg.dram_ap(dst, Affine(position), [(row, outer), (1, length)]),
+                cg.dram_ap(cg.dram(tensor).name, Affine(), [(length, outer), (1, length)]),
+            )
         position += length
 
 
-def copy_strided(cg: BirCodeGen, dst: str, dst_offset: Affine, src: str, src_offset: Affine,
-                 shape: tuple[int, ...], dst_strides: tuple[int, ...],
-                 src_strides: tuple[int, ...]) -> None:
+def copy_strided(
+    cg: BirCodeGen,
+    dst: str,
+    dst_offset: Affine,
+    src: str,
+    src_offset: Affine,
+    shape: tuple[int, ...],
+    dst_strides: tuple[int, ...],
+    src_strides: tuple[int, ...],
+) -> None:
     """DRAM→DRAM: dst[i] = src[i] for every index i of `shape`, each side through its strides.
 
     Dims both sides walk contiguously (or both broadcast) are merged; strides may be negative
@@ -76,20 +89,28 @@ def copy_strided(cg: BirCodeGen, dst: str, dst_offset: Affine, src: str, src_off
     if math.prod(shape) == 0:
         return
     shape, (dst_strides, src_strides) = merge_broadcast_dims(
-        tuple(shape), [tuple(dst_strides), tuple(src_strides)])
+        tuple(shape), [tuple(dst_strides), tuple(src_strides)]
+    )
     if not shape:
         shape, dst_strides, src_strides = (1,), (1,), (1,)
 
     def walk(depth: int, dst_off: Affine, src_off: Affine) -> None:
         if len(shape) - depth <= DMA_MAX_DIMS:
-            cg.dma(cg.dram_ap(dst, dst_off, list(zip(dst_strides[depth:], shape[depth:],
-                                                     strict=True))),
-                   cg.dram_ap(src, src_off, list(zip(src_strides[depth:], shape[depth:],
-                                                     strict=True))))
+            cg.dma(
+                cg.dram_ap(
+                    dst, dst_off, list(zip(dst_strides[depth:], shape[depth:], strict=True))
+                ),
+                cg.dram_ap(
+                    src, src_off, list(zip(src_strides[depth:], shape[depth:], strict=True))
+                ),
+            )
             return
         for index in tiles(cg, shape[depth], 1, "t"):
-            walk(depth + 1, dst_off + index.start * dst_strides[depth],
-                 src_off + index.start * src_strides[depth])
+            walk(
+                depth + 1,
+                dst_off + index.start * dst_strides[depth],
+                src_off + index.start * src_strides[depth],
+            )
 
     walk(0, dst_offset, src_offset)
 
@@ -104,5 +125,13 @@ def lower_transpose(cg: BirCodeGen, node: dict) -> None:
     perm = node["attrs"].get("perm") or list(reversed(range(len(in_shape))))
     out_shape = tuple(in_shape[axis] for axis in perm)
     in_strides = contiguous_strides(in_shape)
-    copy_strided(cg, cg.dram(out).name, Affine(), cg.dram(src).name, Affine(), out_shape,
-                 contiguous_strides(out_shape), tuple(in_strides[a] for a in perm))
+    copy_strided(
+        cg,
+        cg.dram(out).name,
+        Affine(),
+        cg.dram(src).name,
+        Affine(),
+        out_shape,
+        contiguous_strides(out_shape),
+        tuple(in_strides[a] for a in perm),
+    )

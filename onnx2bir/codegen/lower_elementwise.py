@@ -58,9 +58,7 @@ def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[_Pie
             base = tuple(s * rows * cols for s in step)
             pieces.append(_Piece(base, (), 1, (0,) * count, rest, step))
         return [piece for piece in pieces if piece.rows]
-    outer = tuple(
-        (shape[d], tuple(s[d] for s in strides)) for d in range(len(shape) - 2)
-    )
+    outer = tuple((shape[d], tuple(s[d] for s in strides)) for d in range(len(shape) - 2))
     return [
         _Piece(
             (0,) * count,
@@ -141,8 +139,9 @@ def iota(
     )
 
 
-def emit_elementwise(cg: BirCodeGen, node: dict, compute: Compute,
-                     shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+def emit_elementwise(
+    cg: BirCodeGen, node: dict, compute: Compute, shapes: dict[str, tuple[int, ...]] | None = None
+) -> None:
     """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out.
 
     `shapes` overrides the shape an input broadcasts from (same elements, e.g. a [C] slope
@@ -160,8 +159,10 @@ def emit_elementwise(cg: BirCodeGen, node: dict, compute: Compute,
     if math.prod(out_shape) == 0:
         return
     locations = [cg.dram(out)] + [cg.dram(t) for t in inputs]
-    sb = [cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, loc.dtype)
-          for index, loc in enumerate(locations)]
+    sb = [
+        cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, loc.dtype)
+        for index, loc in enumerate(locations)
+    ]
     for piece in _pieces(shape, merged):
         _emit_piece(cg, piece, locations, sb, compute, 0, [Affine()] * len(locations))
 
@@ -177,10 +178,17 @@ def _emit_piece(cg, piece: _Piece, locations, sb, compute, depth: int, offsets) 
         for col in tiles(cg, piece.cols, FREE_TILE, "c"):
             aps = []
             for index, loc in enumerate(locations):
-                start = (piece.base[index] + offsets[index] + row.start * piece.row_strides[index]
-                         + col.start * piece.col_strides[index])
-                dram = cg.dram_ap(loc.name, start, [(piece.row_strides[index], row.size),
-                                                    (piece.col_strides[index], col.size)])
+                start = (
+                    piece.base[index]
+                    + offsets[index]
+                    + row.start * piece.row_strides[index]
+                    + col.start * piece.col_strides[index]
+                )
+                dram = cg.dram_ap(
+                    loc.name,
+                    start,
+                    [(piece.row_strides[index], row.size), (piece.col_strides[index], col.size)],
+                )
                 aps.append((dram, cg.ap(sb[index], [(1, col.size)], partitions=row.size)))
             for dram, tile in aps[1:]:
                 cg.dma(tile, dram)
@@ -212,8 +220,9 @@ def lower_activation(cg: BirCodeGen, node: dict) -> None:
 
 @lowering("Neg")
 def lower_neg(cg: BirCodeGen, node: dict) -> None:
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], ActFunc.COPY,
-                                                                   scale=-1.0))
+    emit_elementwise(
+        cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], ActFunc.COPY, scale=-1.0)
+    )
 
 
 _BINARY = {

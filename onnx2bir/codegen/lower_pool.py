@@ -41,20 +41,24 @@ def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
     _window_pool(cg, node, geo, AluOp.MAX, float("-inf"), None)
 
 
-def divisor_map(geo: WindowGeometry, pad_bottom: int, pad_right: int,
-                count_include_pad: bool) -> np.ndarray:
+def divisor_map(
+    geo: WindowGeometry, pad_bottom: int, pad_right: int, count_include_pad: bool
+) -> np.ndarray:
     """Elements each AveragePool window divides by, [out_h, out_w]: the taps inside the
     input, or with count_include_pad inside the padded input (a ceil_mode window reaching past
     the end padding counts only what is inside it)."""
+
     def counts(out, size, stride, dilation, kernel, begin, end):
         low, high = (-begin, size + end) if count_include_pad else (0, size)
         taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
         return ((taps >= low) & (taps < high)).sum(1)
 
-    rows = counts(geo.out_h, geo.in_h, geo.stride_h, geo.dilation_h, geo.kernel_h,
-                  geo.pad_top, pad_bottom)
-    cols = counts(geo.out_w, geo.in_w, geo.stride_w, geo.dilation_w, geo.kernel_w,
-                  geo.pad_left, pad_right)
+    rows = counts(
+        geo.out_h, geo.in_h, geo.stride_h, geo.dilation_h, geo.kernel_h, geo.pad_top, pad_bottom
+    )
+    cols = counts(
+        geo.out_w, geo.in_w, geo.stride_w, geo.dilation_w, geo.kernel_w, geo.pad_left, pad_right
+    )
     return (rows[:, None] * cols[None, :]).astype(np.float32)
 
 
@@ -83,8 +87,14 @@ def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
     _window_pool(cg, node, geo, AluOp.ADD, 0.0, name)
 
 
-def _window_pool(cg: BirCodeGen, node: dict, geo: WindowGeometry, op: AluOp, fill: float,
-                 divisor: float | str | None) -> None:
+def _window_pool(
+    cg: BirCodeGen,
+    node: dict,
+    geo: WindowGeometry,
+    op: AluOp,
+    fill: float,
+    divisor: float | str | None,
+) -> None:
     """Windows of the `fill`-framed input reduced with `op` (a 4-D access pattern: output
     rows, output cols, window rows, window cols), then divided by `divisor`: an immediate or
     a DRAM [out_h, out_w] map broadcast to every partition."""
@@ -98,13 +108,13 @@ def _window_pool(cg: BirCodeGen, node: dict, geo: WindowGeometry, op: AluOp, fil
     rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
     # Big windows: shrink the output tile until its input band fits the band budget.
     while cols > 1 and geo.rows_needed(rows) * geo.cols_needed(cols) * dtype.itemsize > (
-            POOL_BAND_BYTES):
+        POOL_BAND_BYTES
+    ):
         if rows > 1:
             rows = max(1, rows // 2)
         else:
             cols = max(1, cols // 2)
-    band = cg.sb_tile("band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols),
-                      dtype)
+    band = cg.sb_tile("band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols), dtype)
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, rows * cols, dtype)
     if isinstance(divisor, str):
         div_sb = cg.sb_tile("divisors", NUM_PARTITIONS, rows * cols, dtype)
@@ -114,28 +124,49 @@ def _window_pool(cg: BirCodeGen, node: dict, geo: WindowGeometry, op: AluOp, fil
         for row in tiles(cg, geo.out_h, rows, "oh"):
             for col in tiles(cg, geo.out_w, cols, "ow"):
                 band_rows, band_cols = geo.rows_needed(row.size), geo.cols_needed(col.size)
-                cg.dma(cg.ap(band, [(1, band_rows * band_cols)], partitions=p.size),
-                       cg.dram_ap(src, p.start * plane + row.start * (geo.stride_h * width)
-                                  + col.start * geo.stride_w,
-                                  [(plane, p.size), (width, band_rows), (1, band_cols)]))
-                windows = cg.ap(band, [(geo.stride_h * band_cols, row.size),
-                                       (geo.stride_w, col.size),
-                                       (geo.dilation_h * band_cols, geo.kernel_h),
-                                       (geo.dilation_w, geo.kernel_w)], partitions=p.size)
+                cg.dma(
+                    cg.ap(band, [(1, band_rows * band_cols)], partitions=p.size),
+                    cg.dram_ap(
+                        src,
+                        p.start * plane
+                        + row.start * (geo.stride_h * width)
+                        + col.start * geo.stride_w,
+                        [(plane, p.size), (width, band_rows), (1, band_cols)],
+                    ),
+                )
+                windows = cg.ap(
+                    band,
+                    [
+                        (geo.stride_h * band_cols, row.size),
+                        (geo.stride_w, col.size),
+                        (geo.dilation_h * band_cols, geo.kernel_h),
+                        (geo.dilation_w, geo.kernel_w),
+                    ],
+                    partitions=p.size,
+                )
                 result = cg.ap(out_sb, [(1, row.size * col.size)], partitions=p.size)
                 cg.tensor_reduce(result, windows, op, axes=2)
                 if isinstance(divisor, float):
                     cg.tensor_scalar(result, result, AluOp.DIVIDE, divisor)
                 elif isinstance(divisor, str):
                     div = cg.ap(div_sb, [(1, row.size * col.size)], partitions=p.size)
-                    cg.dma(div, cg.dram_ap(divisor, row.start * geo.out_w + col.start,
-                                           [(0, p.size), (geo.out_w, row.size),
-                                            (1, col.size)]))
+                    cg.dma(
+                        div,
+                        cg.dram_ap(
+                            divisor,
+                            row.start * geo.out_w + col.start,
+                            [(0, p.size), (geo.out_w, row.size), (1, col.size)],
+                        ),
+                    )
                     cg.tensor_tensor(result, result, div, AluOp.DIVIDE)
-                cg.dma(cg.dram_ap(y_loc, p.start * out_plane + row.start * geo.out_w
-                                  + col.start, [(out_plane, p.size), (geo.out_w, row.size),
-                                                (1, col.size)]),
-                       result)
+                cg.dma(
+                    cg.dram_ap(
+                        y_loc,
+                        p.start * out_plane + row.start * geo.out_w + col.start,
+                        [(out_plane, p.size), (geo.out_w, row.size), (1, col.size)],
+                    ),
+                    result,
+                )
 
 
 @lowering("GlobalAveragePool", "GlobalMaxPool")
@@ -153,16 +184,22 @@ def lower_global_pool(cg: BirCodeGen, node: dict) -> None:
     total = cg.sb_tile("sum", NUM_PARTITIONS, 1, dtype)
     for p in tiles(cg, planes, NUM_PARTITIONS, "p"):
         for piece in tiles(cg, size, chunk, "hw"):
-            cg.dma(cg.ap(data, [(1, piece.size)], partitions=p.size),
-                   cg.dram_ap(x_loc, p.start * size + piece.start,
-                              [(size, p.size), (1, piece.size)]))
-            cg.tensor_reduce(cg.ap(partial, [(1, 1)], tile_index(piece, chunk),
-                                   partitions=p.size),
-                             cg.ap(data, [(1, piece.size)], partitions=p.size), op, 1)
-        cg.tensor_reduce(cg.ap(total, partitions=p.size),
-                         cg.ap(partial, partitions=p.size), op, 1)
+            cg.dma(
+                cg.ap(data, [(1, piece.size)], partitions=p.size),
+                cg.dram_ap(x_loc, p.start * size + piece.start, [(size, p.size), (1, piece.size)]),
+            )
+            cg.tensor_reduce(
+                cg.ap(partial, [(1, 1)], tile_index(piece, chunk), partitions=p.size),
+                cg.ap(data, [(1, piece.size)], partitions=p.size),
+                op,
+                1,
+            )
+        cg.tensor_reduce(cg.ap(total, partitions=p.size), cg.ap(partial, partitions=p.size), op, 1)
         if op is AluOp.ADD:
-            cg.activation(cg.ap(total, partitions=p.size), cg.ap(total, partitions=p.size),
-                          ActFunc.COPY, scale=1.0 / size)
-        cg.dma(cg.dram_ap(y_loc, p.start, [(1, p.size), (1, 1)]),
-               cg.ap(total, partitions=p.size))
+            cg.activation(
+                cg.ap(total, partitions=p.size),
+                cg.ap(total, partitions=p.size),
+                ActFunc.COPY,
+                scale=1.0 / size,
+            )
+        cg.dma(cg.dram_ap(y_loc, p.start, [(1, p.size), (1, 1)]), cg.ap(total, partitions=p.size))

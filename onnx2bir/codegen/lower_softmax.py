@@ -34,7 +34,7 @@ def lower_softmax(cg: BirCodeGen, node: dict) -> None:
     if cg.graph.opset < 13:
         outer, length, inner = math.prod(shape[:axis]), math.prod(shape[axis:]), 1
     else:
-        outer, length, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+        outer, length, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
     if outer * length * inner == 0:
         return
     dtype = cg.graph.tensors[x_name].dtype
@@ -54,10 +54,13 @@ def lower_softmax(cg: BirCodeGen, node: dict) -> None:
 
     for o in tiles(cg, loops, 1, "o"):
         for r in tiles(cg, rows, NUM_PARTITIONS, "r"):
+
             def chunk_aps(piece, loc, r=r, o=o):
-                dram = cg.dram_ap(loc, o.start * loop_stride + r.start * row_stride
-                                  + piece.start * inner,
-                                  [(row_stride, r.size), (inner, piece.size)])
+                dram = cg.dram_ap(
+                    loc,
+                    o.start * loop_stride + r.start * row_stride + piece.start * inner,
+                    [(row_stride, r.size), (inner, piece.size)],
+                )
                 return dram, cg.ap(data, [(1, piece.size)], partitions=r.size)
 
             def partial_ap(piece, r=r):
@@ -71,8 +74,9 @@ def lower_softmax(cg: BirCodeGen, node: dict) -> None:
                 dram, sb = chunk_aps(piece, x_loc)
                 cg.dma(sb, dram)
                 cg.tensor_reduce(partial_ap(piece), sb, AluOp.MAX, axes=1)
-            cg.tensor_reduce(column(neg_max), cg.ap(partial, partitions=r.size), AluOp.MAX,
-                             axes=1, negate=True)
+            cg.tensor_reduce(
+                column(neg_max), cg.ap(partial, partitions=r.size), AluOp.MAX, axes=1, negate=True
+            )
             # Pass 2: Σ exp(x − max). With one chunk the exponentials stay in SBUF.
             for piece in tiles(cg, length, chunk, "l"):
                 dram, sb = chunk_aps(piece, x_loc)

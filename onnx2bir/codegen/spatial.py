@@ -62,8 +62,9 @@ def window_geometry(cg: BirCodeGen, node: dict, kernel: tuple[int, ...]) -> Wind
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         begins = []
         for i in range(rank):
-            total = max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
-                        - in_sp[i])
+            total = max(
+                0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_sp[i]
+            )
             begins.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
     elif auto_pad == "VALID":
         begins = [0] * rank
@@ -71,16 +72,34 @@ def window_geometry(cg: BirCodeGen, node: dict, kernel: tuple[int, ...]) -> Wind
         begins = list((attrs.get("pads") or [0] * (2 * rank))[:rank])
     kernel = list(kernel)
     if rank == 1:
-        for values, unit in ((in_sp, 1), (out_sp, 1), (kernel, 1), (strides, 1),
-                             (dilations, 1), (begins, 0)):
+        for values, unit in (
+            (in_sp, 1),
+            (out_sp, 1),
+            (kernel, 1),
+            (strides, 1),
+            (dilations, 1),
+            (begins, 0),
+        ):
             values.insert(0, unit)
-    return WindowGeometry(in_sp[0], in_sp[1], out_sp[0], out_sp[1], kernel[0], kernel[1],
-                          strides[0], strides[1], dilations[0], dilations[1], begins[0],
-                          begins[1])
+    return WindowGeometry(
+        in_sp[0],
+        in_sp[1],
+        out_sp[0],
+        out_sp[1],
+        kernel[0],
+        kernel[1],
+        strides[0],
+        strides[1],
+        dilations[0],
+        dilations[1],
+        begins[0],
+        begins[1],
+    )
 
 
-def fill_dram(cg: BirCodeGen, loc: str, total: int, dtype: Dtype,
-              fill: float | AccessPattern) -> None:
+def fill_dram(
+    cg: BirCodeGen, loc: str, total: int, dtype: Dtype, fill: float | AccessPattern
+) -> None:
     """Write `fill` to elements [0, total) of DRAM location `loc`, from one SBUF tile.
 
     `fill` is a constant (Memset) or a one-element DRAM access pattern whose value a
@@ -88,23 +107,30 @@ def fill_dram(cg: BirCodeGen, loc: str, total: int, dtype: Dtype,
     """
     fill_tile = cg.sb_tile("fill", NUM_PARTITIONS, FILL_TILE, dtype)
     if isinstance(fill, AccessPattern):
-        cg.dma(cg.ap(fill_tile), cg.dram_ap(fill.loc, Affine(fill.offset),
-                                            [(0, NUM_PARTITIONS), (0, FILL_TILE)]))
+        cg.dma(
+            cg.ap(fill_tile),
+            cg.dram_ap(fill.loc, Affine(fill.offset), [(0, NUM_PARTITIONS), (0, FILL_TILE)]),
+        )
     else:
         exact = not dtype.is_float and math.isfinite(fill) and fill == int(fill)
         fill_exact(cg, cg.ap(fill_tile), fill, exact)
     rows = total // FILL_TILE
     for row in tiles(cg, rows, NUM_PARTITIONS, "fill"):
-        cg.dma(cg.dram_ap(loc, row.start * FILL_TILE, [(FILL_TILE, row.size), (1, FILL_TILE)]),
-               cg.ap(fill_tile, partitions=row.size))
+        cg.dma(
+            cg.dram_ap(loc, row.start * FILL_TILE, [(FILL_TILE, row.size), (1, FILL_TILE)]),
+            cg.ap(fill_tile, partitions=row.size),
+        )
     if total % FILL_TILE:
         rest = total % FILL_TILE
-        cg.dma(cg.dram_ap(loc, Affine(rows * FILL_TILE), [(1, 1), (1, rest)]),
-               cg.ap(fill_tile, [(1, rest)], partitions=1))
+        cg.dma(
+            cg.dram_ap(loc, Affine(rows * FILL_TILE), [(1, 1), (1, rest)]),
+            cg.ap(fill_tile, [(1, rest)], partitions=1),
+        )
 
 
-def padded_input(cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry,
-                 fill: float) -> tuple[str, int, int]:
+def padded_input(
+    cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry, fill: float
+) -> tuple[str, int, int]:
     """(DRAM location, height, width) of the input framed by `fill`; no copy if unpadded."""
     height = max(geo.pad_top + geo.in_h, geo.rows_needed(geo.out_h))
     width = max(geo.pad_left + geo.in_w, geo.cols_needed(geo.out_w))
@@ -114,8 +140,16 @@ def padded_input(cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry,
     scratch = cg.dram_scratch("padded", (planes, height, width), source.dtype)
     fill_dram(cg, scratch.name, planes * height * width, source.dtype, fill)
     interior = geo.pad_top * width + geo.pad_left
-    cg.dma(cg.dram_ap(scratch.name, Affine(interior),
-                      [(height * width, planes), (width, geo.in_h), (1, geo.in_w)]),
-           cg.dram_ap(source.name, Affine(),
-                      [(geo.in_h * geo.in_w, planes), (geo.in_w, geo.in_h), (1, geo.in_w)]))
+    cg.dma(
+        cg.dram_ap(
+            scratch.name,
+            Affine(interior),
+            [(height * width, planes), (width, geo.in_h), (1, geo.in_w)],
+        ),
+        cg.dram_ap(
+            source.name,
+            Affine(),
+            [(geo.in_h * geo.in_w, planes), (geo.in_w, geo.in_h), (1, geo.in_w)],
+        ),
+    )
     return scratch.name, height, width

@@ -45,8 +45,16 @@ def test_validate_small_cnn_passes_and_reports_json(capsys):
     doc = json.loads(out)
     assert code == 0 and doc["passed"] is True
     (output,) = doc["outputs"]
-    assert set(output) >= {"name", "shape", "max_abs_err", "max_rel_err", "cosine", "atol",
-                           "rtol", "passed"}
+    assert set(output) >= {
+        "name",
+        "shape",
+        "max_abs_err",
+        "max_rel_err",
+        "cosine",
+        "atol",
+        "rtol",
+        "passed",
+    }
     assert output["name"] == "logits" and output["shape"] == [1, 10]
     assert output["cosine"] > 0.9999
     assert {"import", "codegen", "simulate", "onnxruntime"} <= set(doc["timings"])
@@ -94,22 +102,30 @@ def test_not_an_onnx_file(tmp_path, capsys):
 
 
 def test_model_failing_the_checker(tmp_path, capsys):
-    graph = helper.make_graph([helper.make_node("Relu", ["ghost"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["ghost"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     path = _save(helper.make_model(graph, ir_version=9), tmp_path / "bad.onnx")
     code, _, err = run(["validate", path], capsys)
     assert_one_line_error(code, err, "checker")
 
 
 def test_every_unsupported_op_is_listed_with_its_count(tmp_path, capsys):
-    nodes = [helper.make_node("Relu", ["x"], ["a"]),
-             helper.make_node("Hardmax", ["a"], ["b"]),
-             helper.make_node("Hardmax", ["b"], ["c"]),
-             helper.make_node("LpNormalization", ["c"], ["y"])]
-    graph = helper.make_graph(nodes, "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Hardmax", ["a"], ["b"]),
+        helper.make_node("Hardmax", ["b"], ["c"]),
+        helper.make_node("LpNormalization", ["c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     path = _save(model, tmp_path / "exotic.onnx")
     code, _, err = run(["convert", path, "-o", tmp_path / "out"], capsys)
@@ -118,9 +134,12 @@ def test_every_unsupported_op_is_listed_with_its_count(tmp_path, capsys):
 
 
 def test_unset_symbolic_dimension(tmp_path, capsys):
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
     path = _save(helper.make_model(graph, ir_version=9), tmp_path / "dyn.onnx")
     code, _, err = run(["validate", path], capsys)
     assert_one_line_error(code, err, "'N'", "--dim N=")
@@ -130,10 +149,12 @@ def test_unset_symbolic_dimension(tmp_path, capsys):
 
 def test_external_data_outside_the_folder(tmp_path, capsys):
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
-        [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+        [numpy_helper.from_array(np.ones(4, np.float32), "w")],
+    )
     model = helper.make_model(graph, ir_version=9)
     weight = model.graph.initializer[0]
     weight.ClearField("raw_data")
@@ -173,7 +194,10 @@ def test_convert_into_an_existing_folder_leaves_no_staging_files(tmp_path, capsy
     (tmp_path / "keep.txt").write_text("mine")
     assert run(["convert", SMALL_CNN, "-o", tmp_path], capsys)[0] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "keep.txt", "small_cnn.bir.json", "small_cnn.consts.bin"]
+        "keep.txt",
+        "small_cnn.bir.json",
+        "small_cnn.consts.bin",
+    ]
 
 
 def test_report_json_lists_ops(capsys):
@@ -185,10 +209,15 @@ def test_report_json_lists_ops(capsys):
 
 
 def test_console_script_and_module_entry_point(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "onnx2bir", "--help"], capture_output=True,
-                            text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "onnx2bir", "--help"], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0 and "convert" in result.stdout and "validate" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "onnx2bir", "validate", str(SMALL_CNN)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "onnx2bir", "validate", str(SMALL_CNN)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert onnx.load(str(SMALL_CNN)).graph.output[0].name in result.stdout

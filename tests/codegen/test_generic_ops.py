@@ -383,11 +383,15 @@ def test_maxpool_ceil_mode_window_starting_in_the_padding(declared) -> None:
     """7 rows + 2 pads, kernel 2, stride 2: onnx's shape inference keeps a fifth window that
     would start in the high padding; PyTorch and onnxruntime drop it (4 rows). The importer
     rewrites the pool to ceil_mode 0 with the padding that gives onnxruntime's count."""
-    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
-                            pads=[1, 1, 1, 1], ceil_mode=1)
-    graph = helper.make_graph([node], "pool",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 9])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)])
+    node = helper.make_node(
+        "MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1
+    )
+    graph = helper.make_graph(
+        [node],
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)],
+    )
     if declared is None:
         graph.output[0].type.tensor_type.ClearField("shape")
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)

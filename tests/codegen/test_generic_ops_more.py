@@ -1399,11 +1399,14 @@ def test_where_nan_guard_is_exact() -> None:
     from onnx2bir.compiler import compile_model
     from onnx2bir.runtime.interpreter import run_function
 
-    nodes = [helper.make_node("Log", ["x"], ["p"]),  # log of negatives: NaN
-             helper.make_node("IsNaN", ["p"], ["nan"]),
-             helper.make_node("Where", ["nan", "zero", "p"], ["y"])]
-    model = make_model(nodes, {"x": (3, 50)}, {"y": (3, 50)},
-                       initializers={"zero": np.array(0.0, np.float32)})
+    nodes = [
+        helper.make_node("Log", ["x"], ["p"]),  # log of negatives: NaN
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "p"], ["y"]),
+    ]
+    model = make_model(
+        nodes, {"x": (3, 50)}, {"y": (3, 50)}, initializers={"zero": np.array(0.0, np.float32)}
+    )
     compilation = compile_model(model)
     x = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
     got = run_function(compilation.module, {"x": x})["y"]

@@ -260,7 +260,10 @@ def test_no_match_transposed_dilation_walk():
     selection = select_kernel(conv_op_from_node(graph, "ConvTranspose_0"), CompileOptions())
     assert selection.kernel is None
     assert [label for label, _ in selection.refusals][-3:] == [
-        "column_packing", "replication", "rep_nhwc_Pcinh2"]
+        "column_packing",
+        "replication",
+        "rep_nhwc_Pcinh2",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -29,10 +29,12 @@ def conv_model(x_shape, c_out, kernel, bias, seed, **attrs) -> onnx.ModelProto:
     if bias:
         inits["b"] = rng.standard_normal(c_out).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", *inits], ["y"], name="conv", **attrs)], "dense",
+        [helper.make_node("Conv", ["x", *inits], ["y"], name="conv", **attrs)],
+        "dense",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     return onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
@@ -40,8 +42,11 @@ def conv_model(x_shape, c_out, kernel, bias, seed, **attrs) -> onnx.ModelProto:
 def run_and_compare(compilation, model, seed=0):
     assert not verify_module(compilation.module)
     rule = f"kernel.{REP_NHWC}"
-    matmuls = [i for i in compilation.module.functions[0].instructions()
-               if i.origin.rule == rule and i.opcode is Opcode.MATMULT]
+    matmuls = [
+        i
+        for i in compilation.module.functions[0].instructions()
+        if i.origin.rule == rule and i.opcode is Opcode.MATMULT
+    ]
     assert matmuls, "the kernel emitted no matmul"
     feeds = synthesize_inputs(compilation.graph, seed)
     got = run_function(compilation.module, feeds)["y"]
@@ -55,15 +60,12 @@ CASES = [
     ((1, 3, 32, 32), 16, (3, 3), True, {"pads": [1, 1, 1, 1]}, "rep_nhwc"),
     ((1, 3, 64, 64), 24, (7, 7), True, {"pads": [3, 3, 3, 3], "strides": [2, 2]}, "rep_nhwc"),
     ((2, 16, 15, 17), 40, (3, 3), False, {"pads": [0, 1, 2, 1]}, "rep_nhwc"),
-    ((1, 8, 20, 20), 130, (5, 5), True, {"dilations": [2, 2], "pads": [4, 4, 4, 4]},
-     "rep_nhwc"),
+    ((1, 8, 20, 20), 130, (5, 5), True, {"dilations": [2, 2], "pads": [4, 4, 4, 4]}, "rep_nhwc"),
     ((1, 128, 9, 9), 200, (1, 1), True, {}, "rep_nhwc"),
     ((1, 4, 3, 700), 8, (3, 3), False, {"pads": [1, 1, 1, 1]}, "rep_nhwc"),
-    ((1, 4, 30, 30), 8, (3, 3), True, {"strides": [3, 2], "auto_pad": "SAME_UPPER"},
-     "rep_nhwc"),
+    ((1, 4, 30, 30), 8, (3, 3), True, {"strides": [3, 2], "auto_pad": "SAME_UPPER"}, "rep_nhwc"),
     ((1, 64, 12, 12), 64, (3, 3), True, {"pads": [1, 1, 1, 1]}, "replication"),
-    ((2, 48, 10, 11), 96, (5, 3), False, {"pads": [2, 1, 2, 1], "strides": [2, 1]},
-     "replication"),
+    ((2, 48, 10, 11), 96, (5, 3), False, {"pads": [2, 1, 2, 1], "strides": [2, 1]}, "replication"),
     ((1, 40, 8, 8), 32, (7, 7), True, {"pads": [3, 3, 3, 3]}, "replication"),
 ]
 

@@ -57,8 +57,19 @@ def test_light_squeezenet_with_random_weights():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2",
-                                  "resnet50", "shufflenet", "vgg19", "zfnet512"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bvlc_alexnet",
+        "densenet121",
+        "inception_v1",
+        "inception_v2",
+        "resnet50",
+        "shufflenet",
+        "vgg19",
+        "zfnet512",
+    ],
+)
 def test_light_models_with_random_weights(name):
     _, results = validate(light_model_path(name))
     assert all(r.passed for r in results), results

@@ -75,11 +75,13 @@ def test_long_context_raise_fires_only_with_the_flag():
     assert "Softmax" not in on.graph.op_counts()
 
 
-@pytest.mark.parametrize("cast, unit", [("matmult-to-bf16", 2.0**-8),
-                                        ("matmult-to-fp16", 2.0**-11)])
+@pytest.mark.parametrize(
+    "cast, unit", [("matmult-to-bf16", 2.0**-8), ("matmult-to-fp16", 2.0**-11)]
+)
 def test_long_context_raised_kernel_within_the_storage_tolerance(cast, unit):
     compilation, actual, expected = validate(
-        LONG, CompileOptions(native_kernel_cast_type=cast, **RAISE))
+        LONG, CompileOptions(native_kernel_cast_type=cast, **RAISE)
+    )
     ((name, reference),) = expected.items()
     # Storage rounding (unit u) of q, kᵀ, v and P, fp32 accumulation: the output moves by a
     # few u of its scale; the bound allows 4u·max|ref| absolute and 2u relative.

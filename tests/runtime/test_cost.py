@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from onnx2bir.runtime.cost import DEFAULT_TABLE, estimate, instruction_cost
 
 from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
@@ -17,6 +16,7 @@ from onnx2bir.bir.ir import (
     Module,
     Origin,
 )
+from onnx2bir.runtime.cost import DEFAULT_TABLE, estimate, instruction_cost
 
 ORIGIN = Origin("n", "test")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from onnx2bir.runtime.interpreter import run_function
 
 from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
@@ -19,6 +18,7 @@ from onnx2bir.bir.ir import (
     Origin,
 )
 from onnx2bir.errors import MachineError
+from onnx2bir.runtime.interpreter import run_function
 
 RNG = np.random.default_rng(1)
 _ids = iter(range(10**6))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from onnx2bir.runtime.machine import Machine
-from onnx2bir.runtime.semantics import SEMANTICS
 
 from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import AccessPattern, Function, Instruction, MemoryLocation, Origin
 from onnx2bir.errors import MachineError
+from onnx2bir.runtime.machine import Machine
+from onnx2bir.runtime.semantics import SEMANTICS
 
 ORIGIN = Origin("conv_3", "kernel.conv")
 
