@@ -25,10 +25,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
     AccessPattern,
     BasicBlock,
+    Dependency,
     Function,
     Instruction,
     Loop,
@@ -101,6 +102,7 @@ class BirCodeGen:
         self._sb_reserved = 0
         self._psum_next_bank = 0
         self._tile_count = 0
+        self._ordered: list[list[int] | None] = []  # per open scope: ids if no_reorder
 
     # --- driver ----------------------------------------------------------------------------
     def run(self) -> Module:
@@ -163,6 +165,12 @@ class BirCodeGen:
     def after_function(self) -> None:
         self.origin = Origin("<epilogue>", "codegen.epilogue")
         written = {t for _, d in self.graph.nodes() for t in d["outputs"]}
+        with self.scope("epilogue", no_reorder=True):  # outputs are published in order
+            self._copy_outputs(written)
+        self.block_stack.pop()
+
+    def _copy_outputs(self, written: set[str]) -> None:
+        """Graph outputs no node writes (constants, inputs passed through) are copied."""
         for tensor in self.graph.outputs:
             if tensor in written and tensor not in self.graph.inputs:
                 continue
@@ -175,7 +183,6 @@ class BirCodeGen:
                 self.dram_ap(dst.name, Affine(), [(1, count)]),
                 self.dram_ap(src.name, Affine(), [(1, count)]),
             )
-        self.block_stack.pop()
 
     # --- control structure -----------------------------------------------------------------
     def _axis_name(self, hint: str) -> str:
@@ -209,9 +216,11 @@ class BirCodeGen:
         self.block_stack.append(item.body)
         self.loopnest.append(axis)
         self.axis_ranges[axis] = (0, 0)
+        self._ordered.append([] if no_reorder else None)
         try:
             yield
         finally:
+            self._ordered.pop()
             self.loopnest.pop()
             self.block_stack.pop()
 
@@ -373,6 +382,12 @@ class BirCodeGen:
         inst.loopnest = tuple(self.loopnest)
         self.block_stack[-1].items.append(inst)
         self.deps.add(inst, self.function.memory_locations, self.axis_ranges)
+        # In a no_reorder scope every instruction also follows the previous one.
+        ordered = next((ids for ids in reversed(self._ordered) if ids is not None), None)
+        if ordered is not None:
+            if ordered and all(dep.source != ordered[-1] for dep in inst.deps):
+                inst.deps.append(Dependency(ordered[-1], DepKind.ORDERED))
+            ordered.append(inst.id)
 
     def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
         queue = self._dma_queue
