@@ -188,3 +188,29 @@ def test_weights_held_aside_reach_onnxruntime_as_inputs_not_in_the_protobuf(caps
     assert _nodes(doc)["node_conv2d"]["status"] == "ok"
     weights = sum(v.nbytes for v in prepared.weights.values())
     assert serialized and all(size is not None and size < weights for size in serialized)
+
+
+def test_error_inside_a_fused_attention_kernel_is_its_own(capsys):
+    """bf16 storage in the raised attention kernel, judged at a tight fp32-like tolerance: the
+    first failing node is the kernel's output and the verdict is the kernel's own error, even
+    though the one-node replay (the last MatMul alone, in fp32) is exact."""
+    long_attention = SMALL_CNN.parent / "long_attention.onnx"
+    code, doc = run_json(
+        [
+            "validate",
+            long_attention,
+            "--localize",
+            "--atol",
+            "1e-5",
+            "--rtol",
+            "1e-4",
+            "--enable-native-kernel-attention",
+            "--enable-native-kernel-attention-bf16",
+        ],
+        capsys,
+    )
+    assert code == 1
+    first = doc["localize"]["first_failing"]
+    assert first["lowering"] == "kernel.AttentionMMSoftmaxMMWithoutSwap"
+    assert first["verdict"] == "own error" and "fused kernel" in first["explanation"]
+    assert first["local"]["passed"] is True
