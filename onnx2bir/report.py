@@ -8,7 +8,10 @@ DESIGN.md's contract:
      "convs": [{"node", "kernel" | null, "fallback_reason" | null, ...attrs, "walk"}],
      "statistics": {"total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage",
                     "per_kernel": {name: count}},
-     "attention": [...], "mlp": [...],
+     "attention": [{"nodes", "variant", "target" | null, "reason" | null, ...}],
+     "mlp": [{"nodes", "activation", "target", ...}],
+     "attention_refused", "mlp_refused": candidates whose check refused them, with the reason,
+     "decomposed_attention": DecomposeAttention's findings,
      "pass_statistics": [{"pass", "name", "description", "value"}],
      "instructions": {"total", "per_engine"} | null}
 
@@ -26,6 +29,8 @@ _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_perc
 
 def build_report(model: str, compilation: Compilation) -> dict:
     findings = {record.name: record.result.findings for record in compilation.passes.records}
+    attention = findings.get("LowerToCustomNativeKernel", [])
+    mlp = findings.get("LowerToNKIKernelCC", [])
     conv_stats = compilation.passes.result_of("TransformConvOp")
     statistics: dict = {"per_kernel": {}}
     for stat in conv_stats.statistics if conv_stats else []:
@@ -47,8 +52,12 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "ops_after_passes": dict(sorted(compilation.graph.op_counts().items())),
         "convs": findings.get("TransformConvOp", []),
         "statistics": statistics,
-        "attention": findings.get("LowerToCustomNativeKernel", []),
-        "mlp": findings.get("LowerToNKIKernelCC", []),
+        "attention": [a for a in attention if a.get("is_attention", True)],
+        "mlp": [m for m in mlp if m.get("activation")],
+        # Softmaxes and activations a pattern reached but whose check refused the block.
+        "attention_refused": [a for a in attention if not a.get("is_attention", True)],
+        "mlp_refused": [m for m in mlp if not m.get("activation")],
+        "decomposed_attention": findings.get("DecomposeAttention", []),
         "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "instructions": instructions,
     }
@@ -84,11 +93,11 @@ def format_report(doc: dict) -> str:
         for conv in doc["convs"]:
             outcome = conv["kernel"] or f"GENERIC - {_first_reasons(conv)}"
             lines.append(f"  {conv['node']:<{width}}  {_conv_geometry(conv):<22} {outcome}")
-    blocks = [a for a in doc["attention"] if a.get("is_attention", True)]
-    if doc["attention"]:
+    blocks = doc["attention"]
+    if blocks:
         raised = sum(1 for a in blocks if a["target"])
         lines += ["", f"attention: {len(blocks)} block(s) found, {raised} raised"]
-        for a in doc["attention"]:
+        for a in blocks:
             head = a["nodes"][0] if a["nodes"] else "?"
             outcome = a["target"] or f"not raised: {a['reason']}"
             lines.append(f"  {head}: {a['variant'] or '-'}")
