@@ -221,3 +221,32 @@ def test_console_script_and_module_entry_point(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert onnx.load(str(SMALL_CNN)).graph.output[0].name in result.stdout
+
+
+def test_report_json_follows_the_public_contract(capsys):
+    code, out, _ = run(["report", ROOT / "models" / "bert.onnx", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["compiles"] is True
+    assert set(doc["statistics"]) >= {"total_conv_ops", "matched_conv_ops",
+                                      "conv_kernel_match_percentage", "per_kernel"}
+    assert len(doc["attention"]) == 2 and len(doc["mlp"]) == 2
+    for block in doc["attention"]:
+        assert set(block) >= {"nodes", "variant", "target", "reason"}
+        assert block["target"] is None and block["reason"]
+    for block in doc["mlp"]:
+        assert set(block) >= {"nodes", "activation", "target"}
+        assert block["target"] == "AwsNeuronMLPNKI"
+    code, out, _ = run(["report", SMALL_CNN, "--json"], capsys)
+    convs = json.loads(out)["convs"]
+    assert len(convs) == 5
+    for conv in convs:
+        assert set(conv) >= {"node", "kernel", "fallback_reason"}
+        assert (conv["kernel"] is None) != (conv["fallback_reason"] is None)
+
+
+def test_explain_prints_the_walk_and_names_unknown_convs(capsys):
+    code, out, _ = run(["report", SMALL_CNN, "--explain", "node_conv2d_4"], capsys)
+    assert code == 0 and "rep_nhwc" in out and "refused: feature_group_count 4 != 1" in out
+    assert "the generic conv lowering runs it" in out
+    code, _, err = run(["report", SMALL_CNN, "--explain", "nope"], capsys)
+    assert_one_line_error(code, err, "no convolution named 'nope'", "node_conv2d")
