@@ -18,6 +18,7 @@ A match becomes a rewrite only if it is valid (torch.fx's rules):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -66,6 +67,14 @@ class Pattern:
     def size(self) -> int:
         return len(self.nodes)
 
+    @functools.cached_property
+    def radius(self) -> int:
+        """Hops from the anchor to the farthest pattern node: every embedding lies within."""
+        lengths = nx.single_source_shortest_path_length(
+            self._graph.to_undirected(as_view=True), self.anchor
+        )
+        return max(lengths.values())
+
 
 def neighbourhood(graph: Graph, anchor: str, radius: int) -> set[str]:
     """Nodes within `radius` hops of `anchor`, following edges both ways."""
@@ -83,14 +92,15 @@ def neighbourhood(graph: Graph, anchor: str, radius: int) -> set[str]:
 
 
 def find_matches(
-    graph: Graph, pattern: Pattern, anchor: str, radius: int = 6
+    graph: Graph, pattern: Pattern, anchor: str, radius: int | None = None
 ) -> Iterator[dict[str, str]]:
     """Every embedding of `pattern` whose anchor is `anchor`, as {pattern key: graph node}."""
     data = graph.nx.nodes[anchor]
     anchor_node = next(n for n in pattern.nodes if n.key == pattern.anchor)
     if data["op_type"] not in anchor_node.ops:
         return
-    local = graph.nx.subgraph(neighbourhood(graph, anchor, radius))
+    reach = pattern.radius if radius is None else min(radius, pattern.radius)
+    local = graph.nx.subgraph(neighbourhood(graph, anchor, reach))
 
     def node_match(graph_data: dict, pattern_data: dict) -> bool:
         pnode: PNode = pattern_data["pnode"]
