@@ -13,7 +13,8 @@ DESIGN.md's contract:
      "attention_refused", "mlp_refused": candidates whose check refused them, with the reason,
      "decomposed_attention": DecomposeAttention's findings,
      "pass_statistics": [{"pass", "name", "description", "value"}],
-     "instructions": {"total", "per_engine"} | null}
+     "instructions": {"total", "per_engine"} | null,
+     "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null}
 
 Keys are a public interface: add freely, never rename or drop.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 
 from onnx2bir.compiler import Compilation
+from onnx2bir.runtime import cost as cost_model
 
 _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
 
@@ -40,10 +42,17 @@ def build_report(model: str, compilation: Compilation) -> dict:
             )
         else:
             statistics["per_kernel"][stat.name.removeprefix("kernel_")] = stat.value
-    instructions = None
+    instructions = cost = None
     if compilation.module is not None:
         engines = Counter(i.engine.value for i in compilation.module.functions[0].instructions())
         instructions = {"total": sum(engines.values()), "per_engine": dict(sorted(engines.items()))}
+        estimate = cost_model.estimate(compilation.module)
+        cost = {
+            "estimated_seconds": estimate.total_seconds,
+            "busy_seconds": {e.value: t for e, t in sorted(estimate.busy_seconds.items())},
+            "dma_bytes": estimate.dma_bytes,
+            "model": "runtime/cost.py (NeuronCore-v2 clocks and instruction costs)",
+        }
     return {
         "model": model,
         "compiles": compilation.module is not None,
@@ -60,6 +69,7 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "decomposed_attention": findings.get("DecomposeAttention", []),
         "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "instructions": instructions,
+        "cost": cost,
     }
 
 
@@ -115,6 +125,13 @@ def format_report(doc: dict) -> str:
         inst = doc["instructions"]
         per_engine = ", ".join(f"{e} {n}" for e, n in inst["per_engine"].items())
         lines += ["", f"BIR instructions: {inst['total']} ({per_engine})"]
+    if doc.get("cost"):
+        cost = doc["cost"]
+        busy = ", ".join(f"{e} {t * 1e6:.0f} us" for e, t in cost["busy_seconds"].items() if t)
+        lines.append(
+            f"estimated device time: {cost['estimated_seconds'] * 1e6:.0f} us "
+            f"(busy: {busy}; DMA bytes {cost['dma_bytes']})"
+        )
     return "\n".join(lines)
 
 

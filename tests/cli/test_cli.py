@@ -227,8 +227,12 @@ def test_report_json_follows_the_public_contract(capsys):
     code, out, _ = run(["report", ROOT / "models" / "bert.onnx", "--json"], capsys)
     doc = json.loads(out)
     assert code == 0 and doc["compiles"] is True
-    assert set(doc["statistics"]) >= {"total_conv_ops", "matched_conv_ops",
-                                      "conv_kernel_match_percentage", "per_kernel"}
+    assert set(doc["statistics"]) >= {
+        "total_conv_ops",
+        "matched_conv_ops",
+        "conv_kernel_match_percentage",
+        "per_kernel",
+    }
     assert len(doc["attention"]) == 2 and len(doc["mlp"]) == 2
     for block in doc["attention"]:
         assert set(block) >= {"nodes", "variant", "target", "reason"}
@@ -250,3 +254,16 @@ def test_explain_prints_the_walk_and_names_unknown_convs(capsys):
     assert "the generic conv lowering runs it" in out
     code, _, err = run(["report", SMALL_CNN, "--explain", "nope"], capsys)
     assert_one_line_error(code, err, "no convolution named 'nope'", "node_conv2d")
+
+
+def test_report_carries_the_cost_estimate(capsys):
+    code, out, _ = run(["report", SMALL_CNN, "--json"], capsys)
+    cost = json.loads(out)["cost"]
+    assert code == 0 and cost["estimated_seconds"] > 0 and cost["dma_bytes"] > 0
+    assert cost["busy_seconds"]["PE"] > 0 and set(cost["busy_seconds"]) <= {
+        "PE",
+        "ACT",
+        "DVE",
+        "POOL",
+        "DMA",
+    }
