@@ -136,7 +136,11 @@ def main() -> None:
     if not args.models and not args.no_light:
         names += [f"light:{name}" for name in LIGHT]
     if args.large:
-        names += [str(p) for p in sorted((ROOT / "models" / ".cache").glob("*_large.onnx"))]
+        large = [
+            str(p.relative_to(ROOT))
+            for p in sorted((ROOT / "models" / ".cache").glob("*_large.onnx"))
+        ]
+        names += [name for name in large if name not in names]
     rows = []
     for name in names:
         row = measure(name)
