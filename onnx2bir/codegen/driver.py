@@ -44,22 +44,15 @@ from onnx2bir.bir.opcodes import (
     SBUF_BYTES_PER_PARTITION,
 )
 from onnx2bir.codegen.deps import DependencyTracker
+from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 
 SB_ALIGN = 64
-NUM_DMA_QUEUES = 16
 IDENTITY = "identity_fp32"  # the SBUF tile (seed 004: "identity_%s")
 IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
-
-
-def _immediate(value) -> int | float:
-    """An instruction immediate: integers stay integers (exact int64 math on the machine)."""
-    if isinstance(value, bool | int | np.integer):
-        return int(value)
-    return float(value)
 
 
 def kernel_name_of(data: dict) -> str | None:
@@ -76,7 +69,7 @@ class CodegenError(UserError):
     """A node the code generator cannot lower; the message names the node and the rule."""
 
 
-class BirCodeGen:
+class BirCodeGen(InstructionBuilders):
     def __init__(
         self,
         graph: Graph,
@@ -388,114 +381,6 @@ class BirCodeGen:
             if ordered and all(dep.source != ordered[-1] for dep in inst.deps):
                 inst.deps.append(Dependency(ordered[-1], DepKind.ORDERED))
             ordered.append(inst.id)
-
-    def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
-        queue = self._dma_queue
-        self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
-        return self.emit(Opcode.DMA_COPY, Engine.DMA, dst, {"in": src}, queue=queue)
-
-    def matmul(
-        self, dst: AccessPattern, stationary: AccessPattern, moving: AccessPattern, accumulate: bool
-    ) -> Instruction:
-        return self.emit(
-            Opcode.MATMULT,
-            Engine.PE,
-            dst,
-            {"stationary": stationary, "moving": moving},
-            accumulate=accumulate,
-        )
-
-    def activation(
-        self,
-        dst: AccessPattern,
-        src: AccessPattern,
-        func: str,
-        scale: float = 1.0,
-        bias: AccessPattern | None = None,
-        bias_value: float = 0.0,
-    ) -> Instruction:
-        srcs = {"in": src}
-        if bias is not None:
-            srcs["bias"] = bias
-        return self.emit(
-            Opcode.ACTIVATION,
-            Engine.ACT,
-            dst,
-            srcs,
-            func=str(func),
-            scale=float(scale),
-            bias_value=float(bias_value),
-        )
-
-    def tensor_tensor(
-        self,
-        dst: AccessPattern,
-        in0: AccessPattern,
-        in1: AccessPattern,
-        op: str,
-        engine: Engine = Engine.DVE,
-    ) -> Instruction:
-        return self.emit(Opcode.TENSOR_TENSOR, engine, dst, {"in0": in0, "in1": in1}, op=str(op))
-
-    def tensor_scalar(
-        self,
-        dst: AccessPattern,
-        src: AccessPattern,
-        op0: str,
-        operand0: AccessPattern | float,
-        op1: str | None = None,
-        operand1: AccessPattern | float | None = None,
-        reverse0: bool = False,
-        reverse1: bool = False,
-        engine: Engine = Engine.DVE,
-    ) -> Instruction:
-        srcs = {"in": src}
-        attrs: dict[str, object] = {"op0": str(op0), "reverse0": reverse0}
-        for index, operand in ((0, operand0), (1, operand1)):
-            if isinstance(operand, AccessPattern):
-                srcs[f"scalar{index}"] = operand
-            elif operand is not None:
-                attrs[f"imm{index}"] = _immediate(operand)
-        if op1 is not None:
-            attrs.update(op1=str(op1), reverse1=reverse1)
-        return self.emit(Opcode.TENSOR_SCALAR, engine, dst, srcs, **attrs)
-
-    def tensor_reduce(
-        self,
-        dst: AccessPattern,
-        src: AccessPattern,
-        op: str,
-        axes: int,
-        negate: bool = False,
-        engine: Engine = Engine.DVE,
-    ) -> Instruction:
-        return self.emit(
-            Opcode.TENSOR_REDUCE, engine, dst, {"in": src}, op=str(op), axes=axes, negate=negate
-        )
-
-    def tensor_copy(
-        self, dst: AccessPattern, src: AccessPattern, engine: Engine = Engine.DVE
-    ) -> Instruction:
-        return self.emit(Opcode.TENSOR_COPY, engine, dst, {"in": src})
-
-    def copy_predicated(
-        self,
-        dst: AccessPattern,
-        predicate: AccessPattern,
-        src: AccessPattern | float,
-        reverse: bool = False,
-    ) -> Instruction:
-        """dst = src where predicate is nonzero (zero when `reverse`); elsewhere dst stays."""
-        srcs = {"predicate": predicate}
-        attrs: dict[str, object] = {"reverse_pred": reverse}
-        if isinstance(src, AccessPattern):
-            srcs["in"] = src
-        else:
-            attrs["imm"] = _immediate(src)
-        return self.emit(Opcode.COPY_PREDICATED, Engine.DVE, dst, srcs, **attrs)
-
-    def memset(self, dst: AccessPattern, value: float, engine: Engine = Engine.POOL) -> Instruction:
-        return self.emit(Opcode.MEMSET, engine, dst, {}, value=_immediate(value))
 
     def fail(self, reason: str) -> CodegenError:
         """An error naming the current node and rule."""
