@@ -22,15 +22,16 @@ from onnx2bir.importer import import_model
 from onnx2bir.kernels import load_kernels
 from onnx2bir.options import CompileOptions
 from onnx2bir.passes import PassManager
+from onnx2bir.patterns.attention import LowerToCustomNativeKernel
+from onnx2bir.patterns.conv import TransformConvOp
+from onnx2bir.patterns.decompose import DecomposeAttention
+from onnx2bir.patterns.mlp import LowerToNKIKernelCC
+
+load_kernels()  # the kernel modules register their tracers once, when the compiler loads
 
 
 def default_passes() -> list:
     """The pattern passes, in the reference pipeline's order."""
-    from onnx2bir.patterns.attention import LowerToCustomNativeKernel
-    from onnx2bir.patterns.conv import TransformConvOp
-    from onnx2bir.patterns.decompose import DecomposeAttention
-    from onnx2bir.patterns.mlp import LowerToNKIKernelCC
-
     return [
         LowerToCustomNativeKernel(),
         DecomposeAttention(),
