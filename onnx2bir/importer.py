@@ -13,6 +13,7 @@ reference evaluator run on one node at a time for folding (`onnx2bir.folding`, w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
@@ -147,19 +148,39 @@ def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> N
         raise UserError(f"{path}: could not read external data ({exc})") from exc
 
 
-def import_model(
+@dataclass
+class Imported:
+    """The import's results: the folded ONNX skeleton (large weights as typed inputs), the
+    weights held aside, and the graph built from them."""
+
+    folded: onnx.ModelProto
+    weights: dict[str, np.ndarray]
+    graph: Graph
+
+
+def import_parts(
     source: str | Path | onnx.ModelProto,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     dims: dict[str, int] | None = None,
-) -> Graph:
-    """Load, check, fix symbolic dimensions, fold compile-time values and build the Graph."""
+) -> Imported:
+    """Load, check, fix symbolic dimensions, fold compile-time values, build the Graph; keep
+    the folded skeleton and the weights for tools that run onnxruntime on the same values."""
     model = read_model(source)
     weights = split_weights(model)
     check_model(model)
     model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
     model = normalize_pool_ceil_mode(model)
-    model = fold_constants(model, weights)
-    return build_graph(model, _model_name(source, model), weights)
+    model = fold_constants(model, weights)  # large folded values join `weights`
+    return Imported(model, weights, build_graph(model, _model_name(source, model), weights))
+
+
+def import_model(
+    source: str | Path | onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    dims: dict[str, int] | None = None,
+) -> Graph:
+    """The Graph of a model (see `import_parts`)."""
+    return import_parts(source, input_shapes, dims).graph
 
 
 def _model_name(source, model: onnx.ModelProto) -> str:

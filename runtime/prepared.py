@@ -7,8 +7,8 @@ the passes (node names and order match the skeleton's nodes, so a node can be fo
 either), and the compilation — plus `simulate`, which runs the whole program and returns the
 machine, whose DRAM then holds every tensor the program materialises, named after it.
 
-`prepare` runs the importer's steps as `importer.import_model` does, keeping what that
-function drops (the skeleton and the weights); the step list must follow `import_model`.
+`prepare` imports with `importer.import_parts`, which keeps the skeleton and the weights that
+`import_model` drops.
 """
 
 from __future__ import annotations
@@ -24,15 +24,7 @@ from onnx import helper
 
 from onnx2bir.compiler import Compilation, compile_graph
 from onnx2bir.graph import Graph
-from onnx2bir.importer import (
-    build_graph,
-    check_model,
-    fix_input_shapes,
-    fold_constants,
-    normalize_pool_ceil_mode,
-    read_model,
-    split_weights,
-)
+from onnx2bir.importer import build_graph, import_parts
 from onnx2bir.options import CompileOptions
 
 from . import interpreter
@@ -63,21 +55,13 @@ def prepare(
 ) -> Prepared:
     """Import, fold and compile, as `compile_model` does, keeping the folded skeleton."""
     start = time.perf_counter()
-    model = read_model(source)
-    weights = split_weights(model)
-    check_model(model)
-    model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
-    model = normalize_pool_ceil_mode(model)
-    folded = fold_constants(model, weights)  # large folded values join `weights`
-    name = (
-        Path(source).name.removesuffix(".onnx")
-        if isinstance(source, (str, Path))
-        else folded.graph.name or "model"
-    )
-    graph = build_graph(folded, name, weights)
+    imported = import_parts(source, input_shapes, dims)
     timings = {"import": time.perf_counter() - start}
-    compilation = compile_graph(graph, options, timings=timings, keep_going=keep_going)
-    return Prepared(folded, weights, build_graph(folded, name, weights), compilation)
+    folded, weights = imported.folded, imported.weights
+    # The passes rewrite the graph they get: keep a second, untouched build of the skeleton.
+    pristine = build_graph(folded, imported.graph.name, weights)
+    compilation = compile_graph(imported.graph, options, timings=timings, keep_going=keep_going)
+    return Prepared(folded, weights, pristine, compilation)
 
 
 def simulate(
