@@ -265,7 +265,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UserError(f"{out.parent}: no such folder")
     stem = Path(args.model).name.removesuffix(".onnx")
-    staging = Path(tempfile.mkdtemp(prefix=".onnx2bir-", dir=out if out.exists() else out.parent))
+    try:
+        staging = Path(
+            tempfile.mkdtemp(prefix=".onnx2bir-", dir=out if out.exists() else out.parent)
+        )
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write there ({exc.strerror})") from exc
     try:
         files = write_module(compilation.module, staging, stem)
         if out.exists():

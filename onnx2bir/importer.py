@@ -195,6 +195,14 @@ def runtime_inputs(model: onnx.ModelProto, weights=()) -> list[onnx.ValueInfoPro
     return [value for value in model.graph.input if value.name not in constants]
 
 
+def _declared_static(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    """The input's declared shape when every dim is a number, else None."""
+    dims = value.type.tensor_type.shape.dim
+    if all(dim.HasField("dim_value") for dim in dims):
+        return tuple(dim.dim_value for dim in dims)
+    return None
+
+
 def fix_input_shapes(
     model: onnx.ModelProto,
     input_shapes: dict[str, tuple[int, ...]],
@@ -212,6 +220,29 @@ def fix_input_shapes(
             f"--input-shape names {', '.join(unknown)}, but the model's inputs are: "
             f"{', '.join(names)}"
         )
+    symbols = {
+        dim.dim_param
+        for value in inputs
+        for dim in value.type.tensor_type.shape.dim
+        if dim.HasField("dim_param")
+    }
+    strays = sorted(set(dims) - symbols)
+    if strays:
+        raise UserError(
+            f"--dim {', '.join(strays)}: the model's inputs have no symbolic dimension of that "
+            f"name (their symbols: {', '.join(sorted(symbols)) or 'none'})"
+        )
+    if any(
+        _declared_static(value) not in (None, tuple(input_shapes[value.name]))
+        for value in inputs
+        if value.name in input_shapes
+    ):
+        # Shapes recorded for the old input shapes would contradict the new ones: let shape
+        # inference recompute them (graph outputs keep their rank, not their sizes).
+        del model_copy.graph.value_info[:]
+        for out in model_copy.graph.output:
+            for index, dim in enumerate(out.type.tensor_type.shape.dim):
+                dim.dim_param = f"{out.name}_d{index}"
     for value in inputs:
         shape = value.type.tensor_type.shape
         if value.name in input_shapes:

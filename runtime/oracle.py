@@ -284,7 +284,7 @@ def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.Infe
     """A CPU session with graph optimisations off; `model` may be serialised bytes."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVEL)
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # errors come back as exceptions; we report them
     if isinstance(model, onnx.ModelProto):
         source = model.SerializeToString()
     else:
@@ -307,9 +307,15 @@ def run_onnxruntime(
     inputs: dict[str, np.ndarray],
     outputs: list[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run `model` on `inputs`; returns the requested (default: all) outputs by name."""
+    """Run `model` on `inputs`; returns the requested (default: all) outputs by name.
+
+    Inputs given shapes other than the static ones the model declares (`--input-shape`) run
+    on a copy of the model whose input and output dims are left symbolic.
+    """
     try:
         session = onnxruntime_session(model)
+        if _shapes_differ(session, inputs):
+            session = onnxruntime_session(_relaxed(model, inputs))
         names = outputs or [out.name for out in session.get_outputs()]
         feeds = {
             value.name: inputs[value.name] for value in session.get_inputs() if value.name in inputs
@@ -319,3 +325,31 @@ def run_onnxruntime(
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise UserError(f"onnxruntime could not run the model: {first_line}") from exc
     return dict(zip(names, results, strict=True))
+
+
+def _shapes_differ(session, inputs: dict[str, np.ndarray]) -> bool:
+    for value in session.get_inputs():
+        declared = value.shape
+        given = inputs.get(value.name)
+        if given is None or len(declared) != given.ndim:
+            continue
+        if any(isinstance(d, int) and d != g for d, g in zip(declared, given.shape, strict=True)):
+            return True
+    return False
+
+
+def _relaxed(model, inputs: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of `model` with symbolic dims on the given inputs and on every output."""
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+    elif isinstance(model, bytes):
+        proto = onnx.load_from_string(model)
+    else:
+        proto = onnx.load(str(model))
+    del proto.graph.value_info[:]
+    for value in [*proto.graph.input, *proto.graph.output]:
+        if value.name in inputs or value in proto.graph.output:
+            for index, dim in enumerate(value.type.tensor_type.shape.dim):
+                dim.dim_param = f"{value.name}_d{index}"
+    return proto

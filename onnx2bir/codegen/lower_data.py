@@ -45,6 +45,11 @@ def lower_copy(cg: BirCodeGen, node: dict) -> None:
                 raise cg.fail("Dropout in training mode is not supported (inference only)")
     src, out = node["inputs"][0], node["outputs"][0]
     count = math.prod(cg.graph.tensors[out].shape)
+    if count != math.prod(cg.graph.tensors[src].shape):
+        raise cg.fail(
+            f"{node['op_type']} from {list(cg.graph.tensors[src].shape)} to "
+            f"{list(cg.graph.tensors[out].shape)} changes the number of elements"
+        )
     copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)
 
 

@@ -286,3 +286,23 @@ def test_a_converted_bir_file_runs_to_the_same_outputs(tmp_path, capsys):
     again = run_function(loaded, feeds)
     for name, value in direct.items():
         assert np.array_equal(value, again[name])
+
+
+def test_input_shape_overrides_a_static_shape_and_the_oracle_follows(capsys):
+    code, out, _ = run(["validate", SMALL_CNN, "--input-shape", "input=1,3,8,8"], capsys)
+    assert code == 0 and out.startswith("PASS")
+
+
+def test_reshape_that_loses_elements_is_refused_naming_the_node(capsys):
+    code, _, err = run(["validate", SMALL_CNN, "--input-shape", "input=2,3,8,8"], capsys)
+    assert_one_line_error(code, err, "node_view", "changes the number of elements")
+
+
+def test_dim_for_a_symbol_the_model_lacks_is_refused(capsys):
+    code, _, err = run(["validate", SMALL_CNN, "--dim", "batch=2"], capsys)
+    assert_one_line_error(code, err, "--dim batch", "no symbolic dimension")
+
+
+def test_convert_to_an_unwritable_place_is_a_clean_error(capsys):
+    code, _, err = run(["convert", SMALL_CNN, "-o", "/proc/onnx2bir-out"], capsys)
+    assert_one_line_error(code, err, "cannot write there")
