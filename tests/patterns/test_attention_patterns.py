@@ -326,3 +326,49 @@ def test_fp16_cast_policy():
     )
     (node,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
     assert node["attrs"]["storage_dtype"] == "float16"
+
+
+def test_bf16_model_is_raised_without_the_bf16_flag_and_runs():
+    """Tensors already in bf16: the seed's dtype gate lets them through with only the master
+    flag; the kernel stores bf16 and accumulates fp32. Checked against onnxruntime running the
+    fp32 graph on the same (bf16-representable) inputs."""
+    import ml_dtypes
+
+    from onnx2bir.compiler import compile_model
+    from onnx2bir.runtime.compare import compare_output
+    from onnx2bir.runtime.interpreter import run_function
+    from onnx2bir.runtime.oracle import run_onnxruntime
+
+    seq = 1024
+
+    def build(bf16: bool):
+        b = Builder(seq_q=seq)
+        q, k, v = b.qkv()
+        if bf16:
+            q, k, v = (b.op("Cast", [t], to=TensorProto.BFLOAT16) for t in (q, k, v))
+        kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
+        s = b.op("MatMul", [q, kt], name="qk")
+        scale = b.const(D**-0.5, dtype=ml_dtypes.bfloat16 if bf16 else np.float32)
+        out = core(b, b.op("Mul", [s, scale]), v)
+        if bf16:
+            out = b.op("Cast", [out], to=TensorProto.FLOAT)
+        return b.model(out)
+
+    options = CompileOptions(enable_native_kernel_attention=True)
+    compilation = compile_model(build(True), options)
+    (block,) = compilation.passes.result_of("LowerToCustomNativeKernel").findings
+    assert block["dtype"] == "bfloat16" and block["target"] == ATTENTION_WITHOUT_SWAP
+    rng = np.random.default_rng(0)
+    feeds = {
+        name: rng.standard_normal((B, H, seq, D)).astype(ml_dtypes.bfloat16).astype(np.float32)
+        for name in ("q", "k", "v")
+    }
+    (name,) = compilation.graph.outputs
+    got = run_function(compilation.module, feeds)[name]
+    reference = run_onnxruntime(build(False), feeds)
+    ((_, expected),) = reference.items()
+    unit = 2.0**-8
+    result = compare_output(
+        name, got, expected, atol=4 * unit * float(abs(expected).max()), rtol=2 * unit
+    )
+    assert result.passed, result.to_json()
