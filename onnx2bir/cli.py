@@ -102,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="onnx2bir",
         description="Compile an ONNX model to BIR for a NeuronCore-like accelerator, run it on "
         "a numpy model of the hardware, and check the numbers against onnxruntime.",
+        epilog="examples:\n"
+        "  onnx2bir validate models/small_cnn.onnx\n"
+        "  onnx2bir validate model.onnx --localize --dim batch=1\n"
+        "  onnx2bir report model.onnx --explain conv_3\n"
+        "  onnx2bir convert model.onnx -o out/\n\n"
+        "exit status: 0 ok, 1 validate found a mismatch, 2 bad input or usage, 3 internal "
+        "error",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser(
