@@ -8,13 +8,15 @@ In: a `Graph` after the pattern passes. Out: a `bir.Module` with one function.
   transpose a tile.
 - Walk: every op node, in topological order, is emitted inside a scope region (a one-trip
   loop) that bounds the lifetime of its SBUF and PSUM tiles. A node's lowering is found by
-  name: a NativeKernel node's `func_name` in the kernel registry, any other op in the generic
-  lowering table. Loops (`loop`) push their body block "block0"; every instruction lands in
-  the block on top of the stack.
+  name: a NativeKernel's `func_name` or a CustomCall's `custom_call_target` in the kernel
+  registry, any other op in the generic lowering table. Loops (`loop`) push their body block
+  "block0"; every instruction lands in the block on top of the stack. Lowerings emit through
+  the per-opcode builders of `codegen/instructions.py`.
 - Finalizer (`emit` → `_finalize`): stamps the instruction's id, loop nest and origin and
-  derives its dependency edges from the buffers it touches.
-- Epilogue (`after_function`): copies graph outputs that no node writes (constants, inputs
-  passed through) and pops "Block1".
+  derives its dependency edges from the buffers it touches (`codegen/deps.py`); inside a
+  no_reorder scope each instruction also gets an Ordered edge to the one before it.
+- Epilogue (`after_function`): in a no_reorder scope, copies graph outputs that no node
+  writes (constants, inputs passed through), then pops "Block1".
 """
 
 from __future__ import annotations
