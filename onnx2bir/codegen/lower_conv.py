@@ -19,7 +19,10 @@ The bias rides on the PSUM eviction: ScalarE computes `copy(psum + bias[C_out, 1
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
@@ -36,6 +39,53 @@ def tile_index(tile: Tile, size: int) -> Affine:
     )
 
 
+@dataclass(frozen=True)
+class ConvInput:
+    """The (already padded) input in DRAM: channel planes [batch, channels, height, width]."""
+
+    loc: str
+    batch: int
+    channels: int
+    height: int
+    width: int
+
+    @property
+    def plane(self) -> int:
+        return self.height * self.width
+
+
+@dataclass(frozen=True)
+class ConvWeights:
+    """OIHW weights [c_out, c_in_group, kernel_h, kernel_w] in DRAM, groups, optional bias."""
+
+    loc: str
+    c_out: int
+    c_in_group: int
+    groups: int
+    bias: str | None
+
+    @property
+    def c_out_group(self) -> int:
+        return self.c_out // self.groups
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything the output-tile loop reads: geometry, operands, tile sizes and SBUF tiles."""
+
+    geo: WindowGeometry
+    source: ConvInput
+    weights: ConvWeights
+    y_loc: str
+    rows: int
+    cols: int
+    x_sb: MemoryLocation
+    w_sb: MemoryLocation
+    bias_sb: MemoryLocation
+    out_sb: MemoryLocation
+    acc: MemoryLocation
+
+
 @lowering("Conv")
 def lower_conv(cg: BirCodeGen, node: dict) -> None:
     x_name, w_name = node["inputs"][:2]
@@ -48,44 +98,29 @@ def lower_conv(cg: BirCodeGen, node: dict) -> None:
     if dtype is not Dtype.FP32:
         raise cg.fail(f"the generic conv computes in fp32; input is {dtype}")
     src, height, width = padded_input(cg, x_name, batch * channels, geo, 0.0)
-    emit_conv(
-        cg,
-        geo,
-        src,
-        height,
-        width,
-        batch,
-        channels,
+    weights = ConvWeights(
         cg.dram(w_name).name,
         w_shape[0],
         w_shape[1],
         int(node["attrs"].get("group", 1)),
         cg.dram(b_name).name if b_name else None,
+    )
+    emit_conv(
+        cg,
+        geo,
+        ConvInput(src, batch, channels, height, width),
+        weights,
         cg.dram(node["outputs"][0]).name,
     )
 
 
 def emit_conv(
-    cg: BirCodeGen,
-    geo: WindowGeometry,
-    src: str,
-    height: int,
-    width: int,
-    batch: int,
-    channels: int,
-    w_loc: str,
-    c_out: int,
-    c_in_group: int,
-    groups: int,
-    b_loc: str | None,
-    y_loc: str,
+    cg: BirCodeGen, geo: WindowGeometry, source: ConvInput, weights: ConvWeights, y_loc: str
 ) -> None:
-    """Conv of the already padded DRAM input `src` [batch, channels, height, width] by the
-    OIHW weights at `w_loc` [c_out, c_in_group, kernel_h, kernel_w] into `y_loc`; `geo`
-    gives the window (its pads are already in `src`)."""
-    c_out_group = c_out // groups
+    """Conv of the already padded input by `weights` into `y_loc`; `geo` gives the window
+    (its pads are already in `source`)."""
+    c_in_group, c_out_group, groups = weights.c_in_group, weights.c_out_group, weights.groups
     taps = geo.taps
-    plane = height * width
 
     # Groups per matmul (block-diagonal stationary) or, for wide groups, one group tiled.
     if c_in_group <= NUM_PARTITIONS and c_out_group <= NUM_PARTITIONS:
@@ -98,16 +133,25 @@ def emit_conv(
     m_tile_size = min(m_extent, NUM_PARTITIONS)
     cols = min(geo.out_w, MATMUL_MAX_MOVING_FREE)
     rows = max(1, min(geo.out_h, MATMUL_MAX_MOVING_FREE // cols))
-    band = geo.rows_needed(rows) * geo.cols_needed(cols)
-
-    w_sb = cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, Dtype.FP32)
-    x_sb = cg.sb_tile("band", NUM_PARTITIONS, band, Dtype.FP32)
-    bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
-    out_sb = cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-    acc = cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE)
+    plan = _Plan(
+        geo,
+        source,
+        weights,
+        y_loc,
+        rows,
+        cols,
+        x_sb=cg.sb_tile(
+            "band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols), Dtype.FP32
+        ),
+        w_sb=cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, Dtype.FP32),
+        bias_sb=cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32),
+        out_sb=cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32),
+        acc=cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE),
+    )
+    w_sb, w_loc = plan.w_sb, weights.loc
     weight_row = c_in_group * taps  # elements of W per output channel
 
-    for n in tiles(cg, batch, 1, "n"):
+    for n in tiles(cg, source.batch, 1, "n"):
         for g in tiles(cg, groups, per_tile, "g"):
             for m in tiles(cg, m_extent if per_tile > 1 else c_out_group, m_tile_size, "m"):
                 # Output channel of the tile's first row, and the tile's input channel base.
@@ -146,71 +190,41 @@ def emit_conv(
                                 [(taps, k.size), (1, taps), (weight_row, m_size)],
                             ),
                         )
-                if b_loc:
+                if weights.bias:
                     cg.dma(
-                        cg.ap(bias_sb, partitions=m_size),
-                        cg.dram_ap(b_loc, first_out, [(1, m_size), (1, 1)]),
+                        cg.ap(plan.bias_sb, partitions=m_size),
+                        cg.dram_ap(weights.bias, first_out, [(1, m_size), (1, 1)]),
                     )
-                _emit_output_tiles(
-                    cg,
-                    geo,
-                    n,
-                    first_in,
-                    first_out,
-                    m_size,
-                    k_extent if per_tile == 1 else g.size * c_in_group,
-                    rows,
-                    cols,
-                    src,
-                    channels,
-                    plane,
-                    width,
-                    x_sb,
-                    w_sb,
-                    acc,
-                    out_sb,
-                    bias_sb if b_loc else None,
-                    y_loc,
-                    c_out,
-                )
+                k_size = k_extent if per_tile == 1 else g.size * c_in_group
+                _emit_output_tiles(cg, plan, n, first_in, first_out, m_size, k_size)
 
 
 def _emit_output_tiles(
-    cg,
-    geo,
-    n,
-    first_in,
-    first_out,
-    m_size,
-    k_extent,
-    rows,
-    cols,
-    src,
-    channels,
-    plane,
-    width,
-    x_sb,
-    w_sb,
-    acc,
-    out_sb,
-    bias_sb,
-    y_loc,
-    c_out,
+    cg: BirCodeGen,
+    plan: _Plan,
+    n: Tile,
+    first_in: Affine,
+    first_out: Affine,
+    m_size: int,
+    k_extent: int,
 ) -> None:
-    taps = geo.taps
+    """For each output tile: accumulate every tap and input-channel tile in PSUM, evict with
+    the bias, store."""
+    geo, source = plan.geo, plan.source
+    taps, width, plane = geo.taps, source.width, source.plane
     out_plane = geo.out_h * geo.out_w
-    for row in tiles(cg, geo.out_h, rows, "oh"):
-        for col in tiles(cg, geo.out_w, cols, "ow"):
+    for row in tiles(cg, geo.out_h, plan.rows, "oh"):
+        for col in tiles(cg, geo.out_w, plan.cols, "ow"):
             band_rows = geo.rows_needed(row.size)
             band_cols = geo.cols_needed(col.size)
             pixels = row.size * col.size
-            psum = cg.ap(acc, [(1, pixels)], partitions=m_size)
+            psum = cg.ap(plan.acc, [(1, pixels)], partitions=m_size)
             for k in tiles(cg, k_extent, NUM_PARTITIONS, "kc", peel_first=True):
-                first_channel = n.start * channels + first_in + k.start
+                first_channel = n.start * source.channels + first_in + k.start
                 cg.dma(
-                    cg.ap(x_sb, [(1, band_rows * band_cols)], partitions=k.size),
+                    cg.ap(plan.x_sb, [(1, band_rows * band_cols)], partitions=k.size),
                     cg.dram_ap(
-                        src,
+                        source.loc,
                         first_channel * plane
                         + row.start * (geo.stride_h * width)
                         + col.start * geo.stride_w,
@@ -221,25 +235,27 @@ def _emit_output_tiles(
                 for tap in range(taps):
                     i, j = divmod(tap, geo.kernel_w)
                     moving = cg.ap(
-                        x_sb,
+                        plan.x_sb,
                         [(geo.stride_h * band_cols, row.size), (geo.stride_w, col.size)],
                         i * geo.dilation_h * band_cols + j * geo.dilation_w,
                         partitions=k.size,
                     )
                     stationary = cg.ap(
-                        w_sb,
+                        plan.w_sb,
                         [(1, m_size)],
                         k_index * (taps * m_size) + tap * m_size,
                         partitions=k.size,
                     )
                     cg.matmul(psum, stationary, moving, accumulate=not (k.first and tap == 0))
-            result = cg.ap(out_sb, [(1, pixels)], partitions=m_size)
-            bias = cg.ap(bias_sb, partitions=m_size) if bias_sb is not None else None
+            result = cg.ap(plan.out_sb, [(1, pixels)], partitions=m_size)
+            bias = cg.ap(plan.bias_sb, partitions=m_size) if plan.weights.bias else None
             cg.activation(result, psum, ActFunc.COPY, bias=bias)
             cg.dma(
                 cg.dram_ap(
-                    y_loc,
-                    (n.start * c_out + first_out) * out_plane + row.start * geo.out_w + col.start,
+                    plan.y_loc,
+                    (n.start * plan.weights.c_out + first_out) * out_plane
+                    + row.start * geo.out_w
+                    + col.start,
                     [(out_plane, m_size), (geo.out_w, row.size), (1, col.size)],
                 ),
                 result,

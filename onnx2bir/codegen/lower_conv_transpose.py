@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import emit_conv
+from onnx2bir.codegen.lower_conv import ConvInput, ConvWeights, emit_conv
 from onnx2bir.codegen.lower_data import copy_strided
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, fill_dram
@@ -129,15 +129,9 @@ def lower_conv_transpose(cg: BirCodeGen, node: dict) -> None:
     emit_conv(
         cg,
         geo,
-        dilated.name,
-        height,
-        width,
-        batch,
-        c_in,
-        flipped.name,
-        c_out,
-        c_in_group,
-        groups,
-        cg.dram(b_name).name if b_name else None,
+        ConvInput(dilated.name, batch, c_in, height, width),
+        ConvWeights(
+            flipped.name, c_out, c_in_group, groups, cg.dram(b_name).name if b_name else None
+        ),
         cg.dram(node["outputs"][0]).name,
     )
