@@ -19,12 +19,15 @@ by R. Weights stay resident in SBUF for a C_out tile; the bias rides on the PSUM
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input
-from onnx2bir.codegen.tiling import tiles
+from onnx2bir.codegen.tiling import Affine, Tile, tiles
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.conv_common import ConvKernelArgs, conv_kernel_args
 from onnx2bir.patterns.conv import REP_NHWC
@@ -48,6 +51,33 @@ def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:
     )
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The kernel's tiling: row groups, channel tiles, output tile, and its SBUF/PSUM tiles."""
+
+    args: ConvKernelArgs
+    geo: WindowGeometry
+    src: str  # the padded input, planes in the input's own (c, n) order
+    width: int  # padded row length
+    padded_plane: int
+    channel_planes: int  # planes between two channels / two images of the input
+    batch_planes: int
+    c_tile: int
+    c_tiles: int
+    row_groups: tuple[tuple[int, int], ...]  # (first kernel row, rows) stacked per matmul
+    rows: int
+    cols: int
+    w_slot: int  # weight elements per (row group, channel tile)
+    weights: MemoryLocation
+    band: MemoryLocation
+    bias: MemoryLocation
+    out: MemoryLocation
+    acc: MemoryLocation
+
+    def slot(self, group: int, k: Tile) -> Affine:
+        return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
+
+
 @kernel(REP_NHWC)
 def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
     args = conv_kernel_args(cg, node)
@@ -55,110 +85,133 @@ def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
         raise cg.fail("rep_nhwc takes dense forward convolutions only")
     if args.x_strides[2:] != (args.in_w, 1):
         raise cg.fail("rep_nhwc expects rows and columns innermost in its input")
-    geo = kernel_geometry(args)
-    plane = args.in_h * args.in_w
-    channel_planes, batch_planes = args.x_strides[1] // plane, args.x_strides[0] // plane
-    src, height, width = padded_input(cg, node["inputs"][0], args.batch * args.c_in, geo, 0.0)
-    padded_plane = height * width
-
-    c_tile = min(args.c_in, NUM_PARTITIONS)
-    c_tiles = -(-args.c_in // c_tile)
-    rows_per_group = max(1, min(args.k_h, NUM_PARTITIONS // c_tile))
-    groups = [(g, min(rows_per_group, args.k_h - g)) for g in range(0, args.k_h, rows_per_group)]
-    m_tile = min(args.c_out, NUM_PARTITIONS)
-    cols = min(args.out_w, MATMUL_MAX_MOVING_FREE)
-    rows = max(1, min(args.out_h, MATMUL_MAX_MOVING_FREE // cols))
-    band_cols_max = geo.cols_needed(cols)
-    # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
-    w_slot = args.k_w * m_tile
-    weights = cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, Dtype.FP32)
-    band = cg.sb_tile("band", NUM_PARTITIONS, rows * band_cols_max, Dtype.FP32)
-    bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
-    out_sb = cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-    acc = cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE)
-    w_o, w_i, w_h, w_w = args.w_strides  # canonical (o, i, 0, 1)
-    y_b, y_f, y_h, y_w = args.y_strides
-
-    for m in tiles(cg, args.c_out, m_tile, "m"):
-        for gi, (g0, g_rows) in enumerate(groups):
-            for k in tiles(cg, args.c_in, c_tile, "kc"):
-                slot = (gi * c_tiles + tile_index(k, c_tile)) * w_slot
-                for r in range(g_rows):
-                    cg.dma(
-                        cg.ap(
-                            weights,
-                            [(m.size, args.k_w), (1, m.size)],
-                            slot,
-                            partitions=k.size,
-                            partition_start=r * k.size,
-                        ),
-                        cg.dram_ap(
-                            args.w,
-                            k.start * w_i + m.start * w_o + (g0 + r) * w_h,
-                            [(w_i, k.size), (w_w, args.k_w), (w_o, m.size)],
-                        ),
-                    )
+    plan = _plan(cg, node, args)
+    for m in tiles(cg, args.c_out, min(args.c_out, NUM_PARTITIONS), "m"):
+        _load_weights(cg, plan, m)
         if args.bias:
             cg.dma(
-                cg.ap(bias_sb, partitions=m.size),
+                cg.ap(plan.bias, partitions=m.size),
                 cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
             )
         for n in tiles(cg, args.batch, 1, "n"):
-            for row in tiles(cg, args.out_h, rows, "oh"):
-                for col in tiles(cg, args.out_w, cols, "ow"):
-                    band_cols = geo.cols_needed(col.size)
-                    pixels = row.size * col.size
-                    psum = cg.ap(acc, [(1, pixels)], partitions=m.size)
-                    for gi, (g0, g_rows) in enumerate(groups):
-                        for k in tiles(cg, args.c_in, c_tile, "kc", peel_first=True):
-                            first_plane = k.start * channel_planes + n.start * batch_planes
-                            for r in range(g_rows):
-                                first_row = row.start * geo.stride_h + (g0 + r) * geo.dilation_h
-                                cg.dma(
-                                    cg.ap(
-                                        band,
-                                        [(1, row.size * band_cols)],
-                                        partitions=k.size,
-                                        partition_start=r * k.size,
-                                    ),
-                                    cg.dram_ap(
-                                        src,
-                                        first_plane * padded_plane
-                                        + first_row * width
-                                        + col.start * geo.stride_w,
-                                        [
-                                            (channel_planes * padded_plane, k.size),
-                                            (geo.stride_h * width, row.size),
-                                            (1, band_cols),
-                                        ],
-                                    ),
-                                )
-                            slot = (gi * c_tiles + tile_index(k, c_tile)) * w_slot
-                            for kw in range(args.k_w):
-                                cg.matmul(
-                                    psum,
-                                    cg.ap(
-                                        weights,
-                                        [(1, m.size)],
-                                        slot + kw * m.size,
-                                        partitions=g_rows * k.size,
-                                    ),
-                                    cg.ap(
-                                        band,
-                                        [(band_cols, row.size), (geo.stride_w, col.size)],
-                                        kw * geo.dilation_w,
-                                        partitions=g_rows * k.size,
-                                    ),
-                                    accumulate=not (gi == 0 and k.first and kw == 0),
-                                )
-                    result = cg.ap(out_sb, [(1, pixels)], partitions=m.size)
-                    bias = cg.ap(bias_sb, partitions=m.size) if args.bias else None
-                    cg.activation(result, psum, ActFunc.COPY, bias=bias)
-                    cg.dma(
-                        cg.dram_ap(
-                            args.y,
-                            n.start * y_b + m.start * y_f + row.start * y_h + col.start * y_w,
-                            [(y_f, m.size), (y_h, row.size), (y_w, col.size)],
-                        ),
-                        result,
-                    )
+            for row in tiles(cg, args.out_h, plan.rows, "oh"):
+                for col in tiles(cg, args.out_w, plan.cols, "ow"):
+                    _output_tile(cg, plan, m, n, row, col)
+
+
+def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
+    geo = kernel_geometry(args)
+    plane = args.in_h * args.in_w
+    src, height, width = padded_input(cg, node["inputs"][0], args.batch * args.c_in, geo, 0.0)
+    c_tile = min(args.c_in, NUM_PARTITIONS)
+    c_tiles = -(-args.c_in // c_tile)
+    per_group = max(1, min(args.k_h, NUM_PARTITIONS // c_tile))
+    groups = tuple((g, min(per_group, args.k_h - g)) for g in range(0, args.k_h, per_group))
+    cols = min(args.out_w, MATMUL_MAX_MOVING_FREE)
+    rows = max(1, min(args.out_h, MATMUL_MAX_MOVING_FREE // cols))
+    w_slot = args.k_w * min(args.c_out, NUM_PARTITIONS)
+    return _Plan(
+        args,
+        geo,
+        src,
+        width,
+        height * width,
+        args.x_strides[1] // plane,
+        args.x_strides[0] // plane,
+        c_tile,
+        c_tiles,
+        groups,
+        rows,
+        cols,
+        w_slot,
+        # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
+        weights=cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, Dtype.FP32),
+        band=cg.sb_tile("band", NUM_PARTITIONS, rows * geo.cols_needed(cols), Dtype.FP32),
+        bias=cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32),
+        out=cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32),
+        acc=cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE),
+    )
+
+
+def _load_weights(cg: BirCodeGen, plan: _Plan, m: Tile) -> None:
+    """Partition (r, c) of a group slot holds W[m, c, g0 + r, :] for every kw."""
+    args = plan.args
+    w_o, w_i, w_h, w_w = args.w_strides  # canonical (o, i, 0, 1)
+    for gi, (g0, g_rows) in enumerate(plan.row_groups):
+        for k in tiles(cg, args.c_in, plan.c_tile, "kc"):
+            for r in range(g_rows):
+                cg.dma(
+                    cg.ap(
+                        plan.weights,
+                        [(m.size, args.k_w), (1, m.size)],
+                        plan.slot(gi, k),
+                        partitions=k.size,
+                        partition_start=r * k.size,
+                    ),
+                    cg.dram_ap(
+                        args.w,
+                        k.start * w_i + m.start * w_o + (g0 + r) * w_h,
+                        [(w_i, k.size), (w_w, args.k_w), (w_o, m.size)],
+                    ),
+                )
+
+
+def _output_tile(cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: Tile) -> None:
+    """Replicate the band once per kernel row, kW matmuls per group, evict, store."""
+    args, geo = plan.args, plan.geo
+    band_cols = geo.cols_needed(col.size)
+    pixels = row.size * col.size
+    psum = cg.ap(plan.acc, [(1, pixels)], partitions=m.size)
+    for gi, (g0, g_rows) in enumerate(plan.row_groups):
+        for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
+            first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
+            for r in range(g_rows):
+                first_row = row.start * geo.stride_h + (g0 + r) * geo.dilation_h
+                cg.dma(
+                    cg.ap(
+                        plan.band,
+                        [(1, row.size * band_cols)],
+                        partitions=k.size,
+                        partition_start=r * k.size,
+                    ),
+                    cg.dram_ap(
+                        plan.src,
+                        first_plane * plan.padded_plane
+                        + first_row * plan.width
+                        + col.start * geo.stride_w,
+                        [
+                            (plan.channel_planes * plan.padded_plane, k.size),
+                            (geo.stride_h * plan.width, row.size),
+                            (1, band_cols),
+                        ],
+                    ),
+                )
+            for kw in range(args.k_w):
+                cg.matmul(
+                    psum,
+                    cg.ap(
+                        plan.weights,
+                        [(1, m.size)],
+                        plan.slot(gi, k) + kw * m.size,
+                        partitions=g_rows * k.size,
+                    ),
+                    cg.ap(
+                        plan.band,
+                        [(band_cols, row.size), (geo.stride_w, col.size)],
+                        kw * geo.dilation_w,
+                        partitions=g_rows * k.size,
+                    ),
+                    accumulate=not (gi == 0 and k.first and kw == 0),
+                )
+    result = cg.ap(plan.out, [(1, pixels)], partitions=m.size)
+    bias = cg.ap(plan.bias, partitions=m.size) if args.bias else None
+    cg.activation(result, psum, ActFunc.COPY, bias=bias)
+    y_b, y_f, y_h, y_w = args.y_strides
+    cg.dma(
+        cg.dram_ap(
+            args.y,
+            n.start * y_b + m.start * y_f + row.start * y_h + col.start * y_w,
+            [(y_f, m.size), (y_h, row.size), (y_w, col.size)],
+        ),
+        result,
+    )
