@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 from onnx2bir.errors import MachineError, UserError
 from onnx2bir.options import CompileOptions
 
-from .compare import compare_output, nonfinite_count, tensor_record
+from .compare import ERROR_KEYS, compare_output, nonfinite_count, tensor_record
 from .oracle import run_onnxruntime
 from .prepared import (
     ObserverFactory,
@@ -51,15 +51,7 @@ def diagnose(record: dict, local: dict) -> dict:
             "kernel",
             "registry_entry",
             "fallback_reason",
-            "max_abs_err",
-            "max_rel_err",
-            "cosine",
-            "atol",
-            "rtol",
-            "mismatches",
-            "min_atol",
-            "min_rtol",
-            "worst",
+            *ERROR_KEYS,
             "input_max_abs_err",
             "input_max_rel_err",
             "nonfinite_machine",

@@ -35,6 +35,20 @@ FP32_RTOL = 1e-3
 FIRST_INDICES = 5  # how many positions of NaN / inf to list per side
 
 
+# The error figures of one comparison that a node's localize record carries.
+ERROR_KEYS = (
+    "max_abs_err",
+    "max_rel_err",
+    "cosine",
+    "atol",
+    "rtol",
+    "mismatches",
+    "min_atol",
+    "min_rtol",
+    "worst",
+)
+
+
 @dataclass(frozen=True)
 class OutputComparison:
     name: str

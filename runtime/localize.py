@@ -35,7 +35,7 @@ from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 
 from .alone import diagnose, run_alone, runtime_inputs
-from .compare import compare_output, tensor_record
+from .compare import ERROR_KEYS, compare_output, tensor_record
 from .machine import Machine
 from .oracle import run_onnxruntime
 from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of, value_info, value_infos
@@ -70,6 +70,8 @@ class ExposingOracle:
 
 
 # --- the walk -------------------------------------------------------------------------------
+
+
 def _nbytes(graph: Graph, tensor: str) -> int:
     info = graph.tensors[tensor]
     return math.prod(info.shape) * info.dtype.itemsize
@@ -226,17 +228,7 @@ def _node_record(name, data, compared, fused, tensor_results, graph, convs, comp
     }
     if tensors:
         worst = max(tensors, key=lambda t: (not t["passed"], t["max_abs_err"]))
-        for key in (
-            "max_abs_err",
-            "max_rel_err",
-            "cosine",
-            "atol",
-            "rtol",
-            "mismatches",
-            "min_atol",
-            "min_rtol",
-            "worst",
-        ):
+        for key in ERROR_KEYS:
             record[key] = worst[key]
         record["passed"] = record["status"] == "ok"
     if name in convs:
