@@ -42,6 +42,9 @@ class Graph:
     opset: int
     producers: dict[str, str] = field(default_factory=dict)  # tensor → node that writes it
     uses: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # tensor → (node, index)
+    # The model's own initializers (weights) as imported, unchanged by folding; a constant not
+    # listed here was computed at compile time. See docs/memory_kinds.md.
+    parameters: frozenset[str] = frozenset()
 
     # --- queries -------------------------------------------------------------------------
     def nodes(self):

@@ -166,12 +166,15 @@ def import_parts(
     """Load, check, fix symbolic dimensions, fold compile-time values, build the Graph; keep
     the folded skeleton and the weights for tools that run onnxruntime on the same values."""
     model = read_model(source)
+    initializers = {init.name for init in model.graph.initializer}
     weights = split_weights(model)
     check_model(model)
     model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
     model = normalize_pool_ceil_mode(model)
     model = fold_constants(model, weights)  # large folded values join `weights`
-    return Imported(model, weights, build_graph(model, _model_name(source, model), weights))
+    graph = build_graph(model, _model_name(source, model), weights)
+    graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
+    return Imported(model, weights, graph)
 
 
 def import_model(

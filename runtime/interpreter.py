@@ -6,10 +6,11 @@ Out: the function's output DRAM locations, in their declared shapes.
 The entry block runs in program order; a Loop runs its body for axis = start, start + step, ...
 < stop, binding the axis in `loop_values` for the access patterns' offset terms (loops nest). Each
 instruction runs through the one semantics table, `onnx2bir.runtime.semantics.SEMANTICS`. Input
-locations (ExternalInput, ExternalInputParameter) come from `inputs`, Const locations from
-`module.constants`; every other location starts as NaN bytes (see `machine.py`). The observer, if
-any, is called as observer(instruction, loop_values) after each execution; loop_values is the live
-dict, so copy it to keep it.
+locations (ExternalInput, ExternalInputParameter) come from `inputs`, a parameter missing there
+and Const and ExternalOutputParameter locations from `module.constants`; every other location
+starts as NaN bytes (see `machine.py`). The observer, if any, is called as
+observer(instruction, loop_values) after each execution; loop_values is the live dict, so copy
+it to keep it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
                 values, source = module.constants[name], "constant"
             else:
                 raise ValueError(f"missing input {name!r} for function {function.name!r}")
-        elif loc.kind is MemoryKind.CONST:
+        elif loc.kind in (MemoryKind.CONST, MemoryKind.EXTERNAL_OUTPUT_PARAMETER):
             if name not in module.constants:
                 raise ValueError(f"module has no payload for constant {name!r}")
             values, source = module.constants[name], "constant"

@@ -40,6 +40,14 @@ class MemoryKind(enum.StrEnum):
     INTERNAL = "Internal"
 
 
+# Kinds whose payload the module carries (`Module.constants`, the sidecar): constants folded at
+# compile time, and the model's weights, which the loader supplies unless the caller passes its
+# own (docs/memory_kinds.md).
+PAYLOAD_KINDS = frozenset(
+    {MemoryKind.CONST, MemoryKind.EXTERNAL_INPUT_PARAMETER, MemoryKind.EXTERNAL_OUTPUT_PARAMETER}
+)
+
+
 class DepKind(enum.StrEnum):
     FLOW = "Flow"  # read after write
     OUTPUT = "Output"  # write after write

@@ -2,7 +2,8 @@
 
 In: a `Module`. Out: a document of plain JSON values (`module_to_json`) and, on disk
 (`write_module`), two files: `<stem>.bir.json`, the document, and `<stem>.consts.bin`, the
-raw little-endian bytes of every payload in `module.constants`, one per Const memory location,
+raw little-endian bytes of every payload in `module.constants`, one per payload location (Const,
+ExternalInputParameter or ExternalOutputParameter: the model's weights travel with it),
 concatenated in sorted location-name order, each starting on a 64-byte boundary (zero padding
 between). `module_from_json` and `read_module` rebuild the Module; the reader checks each
 payload's sha256. The layout (schema_version 1; `schema.json` beside this file is the contract):
@@ -45,7 +46,15 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.enums import (
+    PAYLOAD_KINDS,
+    DepKind,
+    Dtype,
+    Engine,
+    MemoryKind,
+    MemoryType,
+    Opcode,
+)
 from onnx2bir.bir.ir import (
     AccessPattern,
     BasicBlock,
@@ -242,15 +251,15 @@ def _encode_value(value: object, where: str) -> object:
 
 
 def _const_locations(module: Module) -> dict[str, MemoryLocation]:
-    """Every Const location by name; one name used in several functions must agree."""
+    """Every payload location by name; one name used in several functions must agree."""
     found: dict[str, MemoryLocation] = {}
     for fn in module.functions:
         for loc in fn.memory_locations.values():
-            if loc.kind != MemoryKind.CONST:
+            if loc.kind not in PAYLOAD_KINDS:
                 continue
             prior = found.setdefault(loc.name, loc)
             if (prior.dtype, tuple(prior.shape)) != (loc.dtype, tuple(loc.shape)):
-                raise ValueError(f"Const location {loc.name!r} differs between functions")
+                raise ValueError(f"{loc.kind} location {loc.name!r} differs between functions")
     return found
 
 
@@ -262,7 +271,7 @@ def _pack_constants(module: Module) -> tuple[list[dict], bytes]:
     for name in sorted(module.constants):
         loc = locations.get(name)
         if loc is None:
-            raise ValueError(f"constant {name!r} has no Const memory location")
+            raise ValueError(f"constant {name!r} has no Const or parameter memory location")
         data = _constant_bytes(name, module.constants[name], loc)
         pad = -offset % CONST_ALIGNMENT
         chunks.append(b"\0" * pad)

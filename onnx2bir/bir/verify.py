@@ -21,15 +21,16 @@ Checked, per function:
   instruction earlier in program order;
 - `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`.
 
-Per module: every Const location has a payload in `module.constants` of its dtype and shape,
-and every payload belongs to a Const location.
+Per module: every Const location has a payload in `module.constants` of its dtype and shape (a
+parameter location may have one, of its dtype and shape, or leave it to the caller), and every
+payload belongs to a Const or parameter location.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType
+from onnx2bir.bir.enums import PAYLOAD_KINDS, DepKind, Dtype, Engine, MemoryKind, MemoryType
 from onnx2bir.bir.ir import AccessPattern, BasicBlock, Function, Instruction, Loop, Module
 from onnx2bir.bir.opcodes import (
     NUM_PARTITIONS,
@@ -96,15 +97,17 @@ def _check_io(fn: Function) -> list[str]:
 
 def _check_constants(module: Module) -> list[str]:
     problems = []
-    const_names = set()
+    payload_names = set()
     for fn in module.functions:
         for loc in fn.memory_locations.values():
-            if loc.kind != MemoryKind.CONST:
+            if loc.kind not in PAYLOAD_KINDS:
                 continue
-            const_names.add(loc.name)
-            where = f"function {fn.name!r}: Const location {loc.name!r}"
+            payload_names.add(loc.name)
+            where = f"function {fn.name!r}: {loc.kind} location {loc.name!r}"
             if loc.name not in module.constants:
-                problems.append(f"{where} has no payload in module.constants")
+                # A parameter without a payload is legal: the caller supplies it at load time.
+                if loc.kind == MemoryKind.CONST:
+                    problems.append(f"{where} has no payload in module.constants")
                 continue
             payload = np.asarray(module.constants[loc.name])
             if payload.dtype != Dtype(loc.dtype).numpy or payload.shape != tuple(loc.shape):
@@ -112,8 +115,8 @@ def _check_constants(module: Module) -> list[str]:
                     f"{where} is {loc.dtype}{list(loc.shape)} but its payload is "
                     f"{payload.dtype}{list(payload.shape)}"
                 )
-    for name in sorted(set(module.constants) - const_names):
-        problems.append(f"module constant {name!r} has no Const memory location")
+    for name in sorted(set(module.constants) - payload_names):
+        problems.append(f"module constant {name!r} has no Const or parameter memory location")
     return problems
 
 

@@ -27,7 +27,15 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.enums import (
+    PAYLOAD_KINDS,
+    DepKind,
+    Dtype,
+    Engine,
+    MemoryKind,
+    MemoryType,
+    Opcode,
+)
 from onnx2bir.bir.ir import (
     AccessPattern,
     BasicBlock,
@@ -78,6 +86,7 @@ class BirCodeGen(InstructionBuilders):
         options: CompileOptions,
         lowerings: dict[str, Callable],
         kernels: dict[str, Callable],
+        tensor_memkind: dict[str, MemoryKind] | None = None,
     ) -> None:
         self.graph = graph
         self.options = options
@@ -98,6 +107,8 @@ class BirCodeGen(InstructionBuilders):
         self._psum_next_bank = 0
         self._tile_count = 0
         self._ordered: list[list[int] | None] = []  # per open scope: ids if no_reorder
+        # createMemLoc's `tensor_memkind`: a per-tensor MemoryKind that beats the predicates.
+        self.tensor_memkind: dict[str, MemoryKind] = dict(tensor_memkind or {})
 
     # --- driver ----------------------------------------------------------------------------
     def run(self) -> Module:
@@ -172,7 +183,7 @@ class BirCodeGen(InstructionBuilders):
             src = self.dram(tensor)
             dst = self.output_location(tensor)
             count = math.prod(src.shape)
-            if count == 0:
+            if count == 0 or dst is src:
                 continue  # an empty output: nothing to move
             self.dma(
                 self.dram_ap(dst.name, Affine(), [(1, count)]),
@@ -221,13 +232,32 @@ class BirCodeGen(InstructionBuilders):
 
     # --- memory locations ------------------------------------------------------------------
     def _dram_kind(self, tensor: str) -> MemoryKind:
+        """createMemLoc's kind predicates, in the reference order (docs/memory_kinds.md).
+
+        A `tensor_memkind` override wins. Then: a model weight feeding the function is an
+        ExternalInputParameter (its payload supplied at load time), a graph input an
+        ExternalInput, a weight that is also a graph output an ExternalOutputParameter, a
+        computed graph output an ExternalOutput, a constant folded at compile time Const, and
+        everything else Internal. A folded constant that is also a graph output stays Const and
+        is published through an ExternalOutput copy (`output_location`): only a location
+        codegen writes can be an ExternalOutput.
+        """
+        override = self.tensor_memkind.get(tensor)
+        if override is not None:
+            return override
         info = self.graph.tensors[tensor]
+        parameter = tensor in self.graph.parameters and info.is_const
+        outputs = self.graph.outputs
+        if parameter and tensor not in outputs:
+            return MemoryKind.EXTERNAL_INPUT_PARAMETER
         if tensor in self.graph.inputs:
             return MemoryKind.EXTERNAL_INPUT
+        if parameter:
+            return MemoryKind.EXTERNAL_OUTPUT_PARAMETER
+        if tensor in outputs and not info.is_const:
+            return MemoryKind.EXTERNAL_OUTPUT
         if info.is_const:
             return MemoryKind.CONST
-        if tensor in self.graph.outputs:
-            return MemoryKind.EXTERNAL_OUTPUT
         return MemoryKind.INTERNAL
 
     def dram(self, tensor: str) -> MemoryLocation:
@@ -238,7 +268,7 @@ class BirCodeGen(InstructionBuilders):
         info = self.graph.tensors[tensor]
         kind = self._dram_kind(tensor)
         loc = MemoryLocation(tensor, MemoryType.DRAM, kind, info.dtype, tuple(info.shape))
-        if kind is MemoryKind.CONST:
+        if kind in PAYLOAD_KINDS:
             # ascontiguousarray turns a 0-d array into shape (1,); keep the tensor's shape.
             self.module.constants[tensor] = np.ascontiguousarray(info.const).reshape(
                 info.const.shape
@@ -247,7 +277,10 @@ class BirCodeGen(InstructionBuilders):
 
     def output_location(self, tensor: str) -> MemoryLocation:
         """The ExternalOutput location of a graph output (a copy when the tensor is not one)."""
-        if self._dram_kind(tensor) is MemoryKind.EXTERNAL_OUTPUT:
+        if self._dram_kind(tensor) in (
+            MemoryKind.EXTERNAL_OUTPUT,
+            MemoryKind.EXTERNAL_OUTPUT_PARAMETER,
+        ):
             return self.dram(tensor)
         name = f"{tensor}:output"
         fn = self.function

@@ -287,7 +287,7 @@ def test_constant_of_wrong_dtype_is_rejected():
 def test_constant_without_location_is_rejected():
     module = build_module()
     module.constants["ghost"] = np.zeros(2, dtype=np.float32)
-    with pytest.raises(ValueError, match="no Const memory location"):
+    with pytest.raises(ValueError, match="no Const or parameter memory location"):
         module_to_json(module)
 
 

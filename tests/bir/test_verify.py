@@ -280,4 +280,4 @@ def test_const_payload_of_wrong_dtype():
 def test_payload_without_const_location():
     module = build_module()
     module.constants["x"] = np.zeros((128, 64), dtype=np.float32)
-    only_problem(module, "module constant 'x' has no Const memory location")
+    only_problem(module, "module constant 'x' has no Const or parameter memory location")
