@@ -20,10 +20,19 @@ from collections.abc import Callable
 import numpy as np
 
 from onnx2bir.bir.enums import MemoryKind, MemoryType
-from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop, Module
+from onnx2bir.bir.ir import (
+    BasicBlock,
+    DoWhile,
+    DynamicLoop,
+    Function,
+    Instruction,
+    Loop,
+    Module,
+    RuntimeValue,
+)
 from onnx2bir.errors import MachineError
 
-from .machine import Machine, instruction_error
+from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
 
 Observer = Callable[[Instruction, dict[str, int]], None]
@@ -106,7 +115,8 @@ def _compile(block: BasicBlock) -> list[tuple]:
         if isinstance(item, Loop):
             if item.step <= 0:
                 raise MachineError(f"loop over {item.axis!r} has step {item.step}, must be > 0")
-            steps.append((None, item, _compile(item.body)))
+            runner = _RUNTIME_LOOP_RUNNERS.get(type(item))
+            steps.append((runner, item, _compile(item.body)))
         else:
             semantics = SEMANTICS.get(item.opcode)
             if semantics is None:
@@ -124,6 +134,9 @@ def _run(
             if observer is not None:
                 observer(item, loop_values)
             continue
+        if semantics is not None:  # a runtime-controlled loop
+            semantics(item, body, machine, loop_values, observer)
+            continue
         axis = item.axis
         outer = loop_values.get(axis, _UNBOUND)
         for value in range(item.start, item.stop, item.step):
@@ -133,3 +146,78 @@ def _run(
             loop_values.pop(axis, None)
         else:
             loop_values[axis] = outer
+
+
+# --- runtime-controlled loops (docs/loops.md) -------------------------------------------------
+MAX_RUNTIME_TRIPS = 1 << 20  # a loop whose condition never fails is reported, not run forever
+
+
+def read_runtime_value(machine: Machine, value: RuntimeValue, axis: str) -> int:
+    """LoadTensorToRegister: the integer in element `offset` of a DRAM location."""
+    flat = machine.dram.get(value.loc)
+    if flat is None:
+        raise MachineError(f"loop {axis!r}: runtime value names {value.loc!r}, not a DRAM location")
+    if not 0 <= value.offset < flat.size:
+        raise MachineError(
+            f"loop {axis!r}: runtime value offset {value.offset} outside {value.loc!r} "
+            f"[0, {flat.size})"
+        )
+    scalar = flat[value.offset]
+    if np.issubdtype(flat.dtype, np.floating) and not np.isfinite(scalar):
+        raise MachineError(f"loop {axis!r}: runtime value {value.loc!r} is {scalar} (unwritten?)")
+    return int(scalar)
+
+
+def _end_region(machine: Machine, names: tuple[str, ...]) -> None:
+    """Locations local to a loop region die with it: their bytes become the sentinel again."""
+    for name in names:
+        flat = machine.dram.get(name)
+        if flat is not None:
+            flat.view(np.uint8)[...] = SENTINEL_BYTE
+
+
+def _bind_trips(item: Loop, values, body, machine, loop_values, observer) -> None:
+    axis = item.axis
+    outer = loop_values.get(axis, _UNBOUND)
+    for value in values:
+        loop_values[axis] = value
+        _run(body, machine, loop_values, observer)
+    if outer is _UNBOUND:
+        loop_values.pop(axis, None)
+    else:
+        loop_values[axis] = outer
+
+
+def _run_dynamic_for(item: DynamicLoop, body, machine, loop_values, observer) -> None:
+    """InstDynamicForLoop: the bound is read once, at loop entry."""
+    stop = read_runtime_value(machine, item.stop_value, item.axis)
+    if (stop - item.start) // item.step > MAX_RUNTIME_TRIPS:
+        raise MachineError(f"loop {item.axis!r}: {stop} trips exceed {MAX_RUNTIME_TRIPS}")
+    _bind_trips(item, range(item.start, stop, item.step), body, machine, loop_values, observer)
+    _end_region(machine, item.local_locations)
+
+
+def _run_do_while(item: DoWhile, body, machine, loop_values, observer) -> None:
+    """InstDoWhile: test before each trip, or (is_do_while) after each trip."""
+
+    def proceed() -> bool:
+        condition = item.continue_condition
+        if isinstance(condition, bool):
+            return condition
+        return read_runtime_value(machine, condition, item.axis) != 0
+
+    def trips():
+        trip = 0
+        while item.is_do_while and trip == 0 or proceed():
+            if trip >= MAX_RUNTIME_TRIPS:
+                raise MachineError(
+                    f"do-while {item.axis!r}: still running after {MAX_RUNTIME_TRIPS} trips"
+                )
+            yield trip
+            trip += 1
+
+    _bind_trips(item, trips(), body, machine, loop_values, observer)
+    _end_region(machine, item.local_locations)
+
+
+_RUNTIME_LOOP_RUNNERS = {DynamicLoop: _run_dynamic_for, DoWhile: _run_do_while}

@@ -206,3 +206,52 @@ class Module:
             if fn.name == name:
                 return fn
         raise KeyError(name)
+
+
+# --- runtime-controlled loops (docs/loops.md) ------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RuntimeValue:
+    """A scalar the sequencer loads into a register when a loop tests it (LoadTensorToRegister
+    → IntRuntimeValue): element `offset` of DRAM location `loc`, read as an integer (a bool is
+    0 or 1, a float is truncated)."""
+
+    loc: str
+    offset: int = 0
+
+
+@dataclass(eq=False)
+class DynamicLoop(Loop):
+    """InstDynamicForLoop: axis = start, start + step, ... while below a runtime bound.
+
+    `stop_value` is read once, when the loop is entered. The inherited `stop` is the static
+    view every static analysis sees: one trip (start + step), so a pass that ignores the
+    runtime bound treats the body as a single iteration. A runtime loop is never parallel.
+    `local_locations` name the locations defined by the body: they live for the loop region.
+    """
+
+    stop_value: RuntimeValue = RuntimeValue("")
+    local_locations: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class DoWhile(Loop):
+    """InstDoWhile: run the body while `continue_condition` is nonzero.
+
+    `is_do_while` True tests after each trip (the body runs at least once), False before each
+    trip (a while loop). The condition is a RuntimeValue re-read at every test, or a bool when
+    it folded at compile time. `axis` counts the trips from 0 and may appear in offsets; the
+    inherited start/stop/step are the one-trip static view (0, 1, 1).
+    """
+
+    continue_condition: RuntimeValue | bool = True
+    is_do_while: bool = False
+    local_locations: tuple[str, ...] = ()
+
+
+def runtime_loops(block: BasicBlock):
+    """Every DynamicLoop and DoWhile nested in `block`, outermost first."""
+    for item in block.items:
+        if isinstance(item, Loop):
+            if isinstance(item, DynamicLoop | DoWhile):
+                yield item
+            yield from runtime_loops(item.body)

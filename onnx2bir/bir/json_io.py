@@ -16,6 +16,11 @@ payload's sha256. The layout (schema_version 1; `schema.json` beside this file i
                    "num_partitions", "address", "bytes_per_partition"}
     block       = {"name", "items": [instruction | loop]}     entry "Block1", loop body "block0"
     loop        = {"axis", "start", "stop", "step", "parallel", "no_reorder", "body": block}
+    dynamic     = {"kind": "DynamicFor", "axis", "start", "stop": runtime, "step", "parallel",
+                   "no_reorder", "locals": [loc], "body": block}
+    do_while    = {"kind": "DoWhile", "axis", "continue_condition": runtime | bool,
+                   "is_do_while", "no_reorder", "locals": [loc], "body": block}
+    runtime     = {"loc", "offset"}      an element of a DRAM location, loaded when tested
     instruction = {"id", "opcode", "engine", "dst": ap | null, "srcs": {role: ap}, "attrs",
                    "loopnest", "origin": {"node", "rule"}, "deps": [{"source", "kind"}]}
     ap          = {"loc", "partition_start", "num_partitions", "offset",
@@ -59,12 +64,15 @@ from onnx2bir.bir.ir import (
     AccessPattern,
     BasicBlock,
     Dependency,
+    DoWhile,
+    DynamicLoop,
     Function,
     Instruction,
     Loop,
     MemoryLocation,
     Module,
     Origin,
+    RuntimeValue,
 )
 
 FORMAT = "onnx2bir.bir"
@@ -179,8 +187,43 @@ def _location_to_json(loc: MemoryLocation) -> dict:
 def _block_to_json(block: BasicBlock) -> dict:
     items = []
     for item in block.items:
-        items.append(_loop_to_json(item) if isinstance(item, Loop) else _inst_to_json(item))
+        if isinstance(item, DynamicLoop | DoWhile):
+            items.append(_runtime_loop_to_json(item))
+        else:
+            items.append(_loop_to_json(item) if isinstance(item, Loop) else _inst_to_json(item))
     return {"name": block.name, "items": items}
+
+
+def _runtime_value_to_json(value: RuntimeValue) -> dict:
+    return {"loc": value.loc, "offset": int(value.offset)}
+
+
+def _runtime_loop_to_json(loop: DynamicLoop | DoWhile) -> dict:
+    """A DynamicFor or DoWhile loop; the static one-trip view is not written."""
+    if isinstance(loop, DynamicLoop):
+        return {
+            "kind": "DynamicFor",
+            "axis": loop.axis,
+            "start": int(loop.start),
+            "stop": _runtime_value_to_json(loop.stop_value),
+            "step": int(loop.step),
+            "parallel": bool(loop.parallel),
+            "no_reorder": bool(loop.no_reorder),
+            "locals": list(loop.local_locations),
+            "body": _block_to_json(loop.body),
+        }
+    condition = loop.continue_condition
+    return {
+        "kind": "DoWhile",
+        "axis": loop.axis,
+        "continue_condition": (
+            bool(condition) if isinstance(condition, bool) else _runtime_value_to_json(condition)
+        ),
+        "is_do_while": bool(loop.is_do_while),
+        "no_reorder": bool(loop.no_reorder),
+        "locals": list(loop.local_locations),
+        "body": _block_to_json(loop.body),
+    }
 
 
 def _loop_to_json(loop: Loop) -> dict:
@@ -355,8 +398,46 @@ def _function_from_json(doc: dict) -> Function:
 def _block_from_json(doc: dict) -> BasicBlock:
     items: list[Instruction | Loop] = []
     for item in doc["items"]:
-        items.append(_loop_from_json(item) if "body" in item else _inst_from_json(item))
+        if "kind" in item:
+            items.append(_runtime_loop_from_json(item))
+        else:
+            items.append(_loop_from_json(item) if "body" in item else _inst_from_json(item))
     return BasicBlock(name=doc["name"], items=items)
+
+
+def _runtime_value_from_json(doc: dict) -> RuntimeValue:
+    return RuntimeValue(loc=doc["loc"], offset=doc["offset"])
+
+
+def _runtime_loop_from_json(doc: dict) -> DynamicLoop | DoWhile:
+    kind = doc["kind"]
+    if kind == "DynamicFor":
+        return DynamicLoop(
+            axis=doc["axis"],
+            start=doc["start"],
+            stop=doc["start"] + doc["step"],
+            step=doc["step"],
+            parallel=doc["parallel"],
+            no_reorder=doc["no_reorder"],
+            body=_block_from_json(doc["body"]),
+            stop_value=_runtime_value_from_json(doc["stop"]),
+            local_locations=tuple(doc["locals"]),
+        )
+    if kind == "DoWhile":
+        condition = doc["continue_condition"]
+        return DoWhile(
+            axis=doc["axis"],
+            start=0,
+            stop=1,
+            no_reorder=doc["no_reorder"],
+            body=_block_from_json(doc["body"]),
+            continue_condition=(
+                condition if isinstance(condition, bool) else _runtime_value_from_json(condition)
+            ),
+            is_do_while=doc["is_do_while"],
+            local_locations=tuple(doc["locals"]),
+        )
+    raise ValueError(f"unknown loop kind {kind!r}")
 
 
 def _loop_from_json(doc: dict) -> Loop:

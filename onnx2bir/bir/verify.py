@@ -19,7 +19,11 @@ Checked, per function:
   (`partition_start_allowed`);
 - ids are non-negative and unique within the function, and every dependency names an
   instruction earlier in program order;
-- `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`.
+- `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`;
+- runtime loops (DynamicFor, DoWhile): the runtime value names an element of a DRAM location,
+  the step is positive, a dynamic loop is not parallel, and a location local to the loop region
+  is touched by no instruction outside it. Spans of operands that move with a runtime axis
+  are checked for its first trip only (the machine checks every trip).
 
 Per module: every Const location has a payload in `module.constants` of its dtype and shape (a
 parameter location may have one, of its dtype and shape, or leave it to the caller), and every
@@ -31,7 +35,18 @@ from __future__ import annotations
 import numpy as np
 
 from onnx2bir.bir.enums import PAYLOAD_KINDS, DepKind, Dtype, Engine, MemoryKind, MemoryType
-from onnx2bir.bir.ir import AccessPattern, BasicBlock, Function, Instruction, Loop, Module
+from onnx2bir.bir.ir import (
+    AccessPattern,
+    BasicBlock,
+    DoWhile,
+    DynamicLoop,
+    Function,
+    Instruction,
+    Loop,
+    Module,
+    RuntimeValue,
+    runtime_loops,
+)
 from onnx2bir.bir.opcodes import (
     NUM_PARTITIONS,
     OPCODES,
@@ -51,6 +66,7 @@ def verify_module(module: Module) -> list[str]:
         problems += _check_locations(fn)
         problems += _check_io(fn)
         _FunctionWalk(fn, problems).block(fn.entry, [])
+        problems += _check_runtime_loops(fn)
     problems += _check_constants(module)
     return problems
 
@@ -117,6 +133,43 @@ def _check_constants(module: Module) -> list[str]:
                 )
     for name in sorted(set(module.constants) - payload_names):
         problems.append(f"module constant {name!r} has no Const or parameter memory location")
+    return problems
+
+
+def _check_runtime_loops(fn: Function) -> list[str]:
+    problems = []
+    for loop in runtime_loops(fn.entry):
+        where = f"function {fn.name!r}: {type(loop).__name__} {loop.axis!r}"
+        values = []
+        if isinstance(loop, DynamicLoop):
+            values.append(("bound", loop.stop_value))
+            if loop.parallel:
+                problems.append(f"{where} is marked parallel; a runtime loop is ordered")
+        elif isinstance(loop, DoWhile) and isinstance(loop.continue_condition, RuntimeValue):
+            values.append(("continue_condition", loop.continue_condition))
+        if loop.step <= 0:
+            problems.append(f"{where} has step {loop.step}, must be > 0")
+        for role, value in values:
+            loc = fn.memory_locations.get(value.loc)
+            if loc is None or loc.memory != MemoryType.DRAM:
+                problems.append(f"{where}: {role} names {value.loc!r}, not a DRAM location")
+            elif not 0 <= value.offset < loc.num_elements:
+                problems.append(
+                    f"{where}: {role} offset {value.offset} outside {value.loc!r} "
+                    f"[0, {loc.num_elements})"
+                )
+        inside = {inst.id for inst in loop.body.instructions()}
+        local = set(loop.local_locations)
+        for name in sorted(local - set(fn.memory_locations)):
+            problems.append(f"{where}: local location {name!r} is not defined")
+        for inst in fn.instructions():
+            if inst.id in inside:
+                continue
+            for role, ap in _operands(inst):
+                if ap.loc in local:
+                    problems.append(
+                        f"{describe(inst)}: {role} {ap.loc!r} lives only inside {where}"
+                    )
     return problems
 
 

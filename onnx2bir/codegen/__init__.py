@@ -13,6 +13,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_index,
     lower_layout,
     lower_logic,
+    lower_loop,
     lower_matmul,
     lower_nonlinear,
     lower_norm,

@@ -40,12 +40,15 @@ from onnx2bir.bir.ir import (
     AccessPattern,
     BasicBlock,
     Dependency,
+    DoWhile,
+    DynamicLoop,
     Function,
     Instruction,
     Loop,
     MemoryLocation,
     Module,
     Origin,
+    RuntimeValue,
 )
 from onnx2bir.bir.opcodes import (
     NUM_PARTITIONS,
@@ -212,6 +215,32 @@ class BirCodeGen(InstructionBuilders):
         finally:
             self.loopnest.pop()
             self.block_stack.pop()
+
+    @contextmanager
+    def runtime_loop(self, item: DynamicLoop | DoWhile) -> Iterator[str]:
+        """Open a DynamicFor or DoWhile loop (codegenLoop(dynamic=True) / codegenWhile); yields
+        its axis. Static analyses see its one-trip view (docs/loops.md)."""
+        self.block_stack[-1].items.append(item)
+        self.block_stack.append(item.body)
+        self.loopnest.append(item.axis)
+        self.axis_ranges[item.axis] = (item.start, item.last_value)
+        try:
+            yield item.axis
+        finally:
+            self.loopnest.pop()
+            self.block_stack.pop()
+
+    def dynamic_loop(self, hint: str, start: int, stop: RuntimeValue, step: int = 1) -> DynamicLoop:
+        """A DynamicFor loop to open with `runtime_loop`."""
+        return DynamicLoop(self._axis_name(hint), start, start + step, step, stop_value=stop)
+
+    def do_while(
+        self, hint: str, condition: RuntimeValue | bool, is_do_while: bool = False
+    ) -> DoWhile:
+        """A DoWhile loop to open with `runtime_loop`: test-before unless `is_do_while`."""
+        return DoWhile(
+            self._axis_name(hint), 0, 1, 1, continue_condition=condition, is_do_while=is_do_while
+        )
 
     @contextmanager
     def scope(self, hint: str, no_reorder: bool = False) -> Iterator[None]:
