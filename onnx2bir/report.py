@@ -13,7 +13,8 @@ DESIGN.md's contract:
      "attention_refused", "mlp_refused": candidates whose check refused them, with the reason,
      "decomposed_attention": DecomposeAttention's findings,
      "pass_statistics": [{"pass", "name", "description", "value"}],
-     "instructions": {"total", "per_engine"} | null,
+     "instructions": {"total", "per_engine", "dynamic_instances", "dynamic_per_engine",
+                      "dynamic_exact"} | null,
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null}
 
 Keys are a public interface: add freely, never rename or drop.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import Compilation
 from onnx2bir.runtime import cost as cost_model
 
@@ -45,7 +47,15 @@ def build_report(model: str, compilation: Compilation) -> dict:
     instructions = cost = None
     if compilation.module is not None:
         engines = Counter(i.engine.value for i in compilation.module.functions[0].instructions())
-        instructions = {"total": sum(engines.values()), "per_engine": dict(sorted(engines.items()))}
+        instances = estimate_instances(compilation.module.functions[0])
+        instructions = {
+            "total": sum(engines.values()),
+            "per_engine": dict(sorted(engines.items())),
+            # estimate_instances: loop trips expanded; a lower bound when not exact.
+            "dynamic_instances": instances.dynamic,
+            "dynamic_per_engine": instances.dynamic_per_engine,
+            "dynamic_exact": instances.exact,
+        }
         estimate = cost_model.estimate(compilation.module)
         cost = {
             "estimated_seconds": estimate.total_seconds,
@@ -125,6 +135,13 @@ def format_report(doc: dict) -> str:
         inst = doc["instructions"]
         per_engine = ", ".join(f"{e} {n}" for e, n in inst["per_engine"].items())
         lines += ["", f"BIR instructions: {inst['total']} ({per_engine})"]
+        if "dynamic_instances" in inst:
+            bound = "" if inst["dynamic_exact"] else "at least "
+            dynamic = ", ".join(f"{e} {n}" for e, n in inst["dynamic_per_engine"].items())
+            lines.append(
+                f"dynamic instances (loop trips expanded): {bound}{inst['dynamic_instances']} "
+                f"({dynamic})"
+            )
     if doc.get("cost"):
         cost = doc["cost"]
         busy = ", ".join(f"{e} {t * 1e6:.0f} us" for e, t in cost["busy_seconds"].items() if t)
