@@ -84,12 +84,15 @@ def build_report(model: str, compilation: Compilation) -> dict:
 
 
 def _conv_geometry(conv: dict) -> str:
-    kernel = "x".join(str(d) for d in conv["kernel_shape"][2:])
+    kern_perm = conv.get("kern_perm") or list(range(len(conv["kernel_shape"])))
+    kernel = "x".join(str(conv["kernel_shape"][axis]) for axis in kern_perm[2:])
     stride = "x".join(str(s) for s in conv["stride"])
-    return (
-        f"{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride} "
-        f"g{conv['feature_group_count']}"
-    )
+    # A backward-form (transposed) conv carries its stride as rhs_dilation and its groups as
+    # batch_group_count (docs/conv_backward.md); the table shows the groups either way.
+    groups = conv["feature_group_count"] * conv.get("batch_group_count", 1)
+    if conv.get("op_type") == "ConvTranspose":
+        stride = "x".join(str(s) for s in conv["rhs_dilation"])
+    return f"{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride} g{groups}"
 
 
 def format_report(doc: dict) -> str:
@@ -166,11 +169,17 @@ def explain_conv(doc: dict, node: str) -> str:
             lines = [
                 f"{conv['op_type']} {node}: {_conv_geometry(conv)}",
                 f"  input {conv['input_shape']} kernel {conv['kernel_shape']} "
-                f"result {conv['result_shape']}",
+                f"result {conv['result_shape']} kern_perm {conv.get('kern_perm')}",
                 f"  stride {conv['stride']} padding {conv['padding']} rhs_dilation "
                 f"{conv['rhs_dilation']} lhs_dilation {conv['lhs_dilation']} "
-                f"dtype {conv['dtype']}",
+                f"feature_group_count {conv['feature_group_count']} batch_group_count "
+                f"{conv['batch_group_count']} dtype {conv['dtype']}",
             ]
+            if conv["op_type"] == "ConvTranspose":
+                lines.append(
+                    "  backward form: rhs_dilation carries the stride, lhs_dilation the "
+                    "kernel dilation, batch_group_count the groups"
+                )
             for index, step in enumerate(conv["walk"], 1):
                 lines.append(f"  {index:>2}. {step['entry']:<22} refused: {step['refused']}")
             if conv["kernel"]:

@@ -156,10 +156,11 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "01bf",
         label="rep_nhwc",
     ),
-    # 2 and 4: transposed depthwise, two kernel shapes.
+    # 2 and 4: transposed depthwise, one row per kernel layout; a row takes the kernels that
+    # reach its layout without moving data (docs/conv_backward.md).
     KernelInfo(
         COLUMN_PACKING_1,
-        (match_conv_depthwise_backward, {"kernel_io": False}),
+        (match_conv_depthwise_backward, {"kernel_layout": "oi01"}),
         "bf01",
         "oi01",
         "bf01",
@@ -177,7 +178,7 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
     ),
     KernelInfo(
         COLUMN_PACKING_IO10,
-        (match_conv_depthwise_backward, {"kernel_io": True}),
+        (match_conv_depthwise_backward, {"kernel_layout": "io10"}),
         "bf01",
         "io10",
         "bf01",
@@ -370,6 +371,9 @@ def _finding(op: ConvOp, selection: Selection | None, reason: str | None) -> dic
         "padding": [list(p) for p in op.padding],
         "rhs_dilation": list(op.rhs_dilation),
         "lhs_dilation": list(op.lhs_dilation),
+        "in_perm": list(op.in_perm),
+        "kern_perm": list(op.kern_perm),
+        "out_perm": list(op.out_perm),
         "feature_group_count": op.feature_group_count,
         "batch_group_count": op.batch_group_count,
         "dtype": str(op.dtype),

@@ -18,10 +18,19 @@ geometry for every kernel and is what the 1-D depthwise entry expects ("effectiv
 extent 1 on one axis"); `spatial_dims` is therefore 2 for 1-D and 2-D convs, and 3 for 3-D
 convs, which the selector leaves alone.
 
-ConvTranspose is canonicalized in its backward (input-gradient) form: the input is dilated by
-the stride (`lhs_dilation`), the kernel is reversed spatially (`rhs_reversal`), the stride is
-1, and each side is padded by `dilation·(k − 1) − pad` (plus `output_padding` on the high
-side). ONNX stores ConvTranspose weights as [C_in, C_out/group, kH, kW], i.e. layout "io01".
+ConvTranspose is canonicalized in the reference's backward form (docs/conv_backward.md): the
+kernel is reversed spatially (`rhs_reversal`), the stride is 1, each side is padded by
+`dilation·(k − 1) − pad` (plus `output_padding` on the high side), and the LHS/RHS dilation
+roles are swapped: the ConvTranspose stride, which dilates the input, is carried as
+`rhs_dilation`, the ConvTranspose dilation, which spaces the kernel taps, as `lhs_dilation`,
+and the groups as `batch_group_count` (`feature_group_count` is 1). `rhs_reversal` marks the
+backward form; `conv_geometry` decodes the roles back for the kernels. ONNX stores ConvTranspose
+weights as [C_in, C_out/group, kH, kW], i.e. layout "io01".
+
+A weight computed at run time by a Transpose node is read through the transpose: the node's
+input becomes the conv's kernel operand and the transpose's perm is composed into `kern_perm`
+(as the reference's conv canonicalization folds transposes into the dimension numbers). A
+constant weight's Transpose was folded at import, so this concerns computed weights only.
 """
 
 from __future__ import annotations
@@ -78,6 +87,19 @@ def is_identity(perm: Perm) -> bool:
     return all(axis == position for position, axis in enumerate(perm))
 
 
+def layout_bridge(current: Perm, target: Perm) -> Perm:
+    """The transpose taking a tensor stored with perm `current` to one stored with `target`
+    (both map their layout to canonical)."""
+    return get_bridging_perm(invert_perm(current), invert_perm(target))
+
+
+def moves_data(shape: tuple[int, ...], perm: Perm) -> bool:
+    """Whether transposing a tensor of `shape` by `perm` moves bytes: it does not when the
+    axes longer than 1 keep their order (only unit axes move: a relabeling of the same bytes)."""
+    kept = [axis for axis in perm if shape[axis] != 1]
+    return kept != sorted(kept)
+
+
 # --- the conv op ----------------------------------------------------------------------------
 @dataclass
 class ConvOp:
@@ -129,6 +151,16 @@ class ConvOp:
         return apply_perm_to_dims(self.res_shape, self.out_perm)[2:]
 
     @property
+    def geometry(self) -> ConvGeometry:
+        return conv_geometry(
+            self.lhs_dilation,
+            self.rhs_dilation,
+            self.feature_group_count,
+            self.batch_group_count,
+            self.rhs_reversal,
+        )
+
+    @property
     def taps(self) -> int:
         count = 1
         for size in self.kern_spatial:
@@ -139,7 +171,7 @@ class ConvOp:
         return (
             f"{self.op_type} {self.node!r} in {list(self.in_shape)} kern "
             f"{list(self.kern_shape)} out {list(self.res_shape)} groups "
-            f"{self.feature_group_count} stride {self.stride}"
+            f"{self.geometry.groups} stride {self.stride}"
         )
 
 
@@ -192,14 +224,17 @@ def conv_op_from_node(graph: Graph, name: str) -> ConvOp:
         weight_is_const=graph.tensors[w].is_const,
     )
     if data["op_type"] == "Conv":
-        return ConvOp(
-            kern_perm=identity,
-            stride=strides,
-            lhs_dilation=[1] * len(strides),
-            rhs_dilation=dilations,
-            padding=pads,
-            rhs_reversal=False,
-            **common,
+        return _read_weight_through_transpose(
+            graph,
+            ConvOp(
+                kern_perm=identity,
+                stride=strides,
+                lhs_dilation=[1] * len(strides),
+                rhs_dilation=dilations,
+                padding=pads,
+                rhs_reversal=False,
+                **common,
+            ),
         )
     # ConvTranspose, backward form: dilate the input by the stride, pad by d(k-1) - p.
     output_padding = list(attrs.get("output_padding") or [0] * rank)
@@ -210,15 +245,55 @@ def conv_op_from_node(graph: Graph, name: str) -> ConvOp:
         for (low, high), k, d, extra in zip(pads, kernel, dilations, output_padding, strict=True)
     ]
     kern_perm = (1, 0, *range(2, len(kern_shape)))  # weights are stored io01
-    return ConvOp(
-        kern_perm=kern_perm,
-        stride=[1] * len(strides),
-        lhs_dilation=strides,
-        rhs_dilation=dilations,
-        padding=backward_pads,
-        rhs_reversal=True,
-        **common,
+    common.update(feature_group_count=1, batch_group_count=group)
+    return _read_weight_through_transpose(
+        graph,
+        ConvOp(
+            kern_perm=kern_perm,
+            stride=[1] * len(strides),
+            lhs_dilation=dilations,  # backward form: roles swapped (module docstring)
+            rhs_dilation=strides,
+            padding=backward_pads,
+            rhs_reversal=True,
+            **common,
+        ),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ConvGeometry:
+    """The dilations and group count by role, whatever the form the op is written in."""
+
+    input_dilation: list[int]  # zeros inserted between input pixels (a transposed conv's stride)
+    kernel_dilation: list[int]  # spacing of the kernel taps
+    groups: int
+
+
+def conv_geometry(
+    lhs_dilation, rhs_dilation, feature_group_count: int, batch_group_count: int, backward: bool
+) -> ConvGeometry:
+    """Decode the attribute encoding: forward ops dilate the input by lhs_dilation and the
+    kernel by rhs_dilation, group on feature_group_count; backward ops (rhs_reversal) swap the
+    dilations and group on batch_group_count."""
+    if backward:
+        return ConvGeometry(list(rhs_dilation), list(lhs_dilation), batch_group_count)
+    return ConvGeometry(list(lhs_dilation), list(rhs_dilation), feature_group_count)
+
+
+def _read_weight_through_transpose(graph: Graph, op: ConvOp) -> ConvOp:
+    """A computed 4-D weight produced by a Transpose: read the transpose's input instead."""
+    if op.weight_is_const or len(graph.tensors[op.inputs[1]].shape) != 4:
+        return op
+    producer = graph.producer(op.inputs[1])
+    if producer is None or graph.node(producer)["op_type"] != "Transpose":
+        return op
+    data = graph.node(producer)
+    source = data["inputs"][0]
+    perm = tuple(data["attrs"].get("perm") or reversed(range(4)))
+    op.kern_perm = compose_perm(perm, op.kern_perm)
+    op.kern_shape = tuple(graph.tensors[source].shape)
+    op.inputs[1] = source
+    return op
 
 
 def _explicit_pads(attrs, in_sp, out_sp, kernel, strides, dilations, op_type):

@@ -17,7 +17,9 @@ from onnx2bir.patterns.conv_op import (
     CANONICAL_KERNEL,
     CANONICAL_RESULT,
     ConvOp,
+    layout_bridge,
     layout_perm,
+    moves_data,
 )
 
 # SBUF bytes per partition a kernel may plan for: the compiler keeps ~16 KiB per partition
@@ -76,24 +78,33 @@ def match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh(op: ConvOp, allow_stride: bool
     )
 
 
-def match_conv_depthwise_backward(op: ConvOp, kernel_io: bool) -> Reason:
-    """Depthwise conv in backward (transposed) form: dilated input, unit rhs dilation.
+def match_conv_depthwise_backward(op: ConvOp, kernel_layout: str) -> Reason:
+    """Depthwise conv in the backward (transposed) form: grouped on batch_group_count.
 
-    Registered twice (seed: "two shapes"). INFERRED binding: the row for an o-first kernel
-    ("oi01") is conv2d_column_packing_1, the row for an i-first kernel ("io", as ONNX stores
-    ConvTranspose weights) is conv2d_column_packing_io10; `kernel_io` says which.
+    Registered twice, one row per kernel layout (`kernel_layout`: "oi01" for
+    conv2d_column_packing_1, "io10" for conv2d_column_packing_io10). The dispatcher bridges any
+    layout, so the rows differ in what the bridge costs: a row accepts a kernel that reaches
+    its layout without moving data (the transpose only relabels unit axes). An ONNX depthwise
+    ConvTranspose weight [C, 1, kH, kW] (io01) reaches oi01 by swapping C with the unit axis,
+    so the first row takes it; a weight whose spatial axes arrive swapped (io10, e.g. read
+    through a Transpose of a computed weight) would move every tap to reach oi01 and takes the
+    second row. docs/conv_backward.md derives the binding.
     """
-    io_first = op.kern_perm[0] != 0  # the canonical o axis is not stored first
+    bridge = layout_bridge(op.kern_perm, layout_perm(kernel_layout, CANONICAL_KERNEL))
+    groups = op.batch_group_count
     return _first(
-        (op.batch_group_count == 1, f"batch_group_count {op.batch_group_count} != 1"),
-        (not _unit(op.lhs_dilation) or op.rhs_reversal, "not a backward (transposed) conv"),
-        (_unit(op.rhs_dilation), f"rhs_dilation {op.rhs_dilation}"),
+        (op.rhs_reversal, "not a backward (transposed) conv"),
+        (op.feature_group_count == 1, f"feature_group_count {op.feature_group_count} != 1"),
         (
-            op.feature_group_count == op.in_channels == op.out_channels,
-            f"not depthwise (groups {op.feature_group_count}, C_in {op.in_channels}, "
+            groups == op.in_channels == op.out_channels,
+            f"not depthwise (batch_group_count {groups}, C_in {op.in_channels}, "
             f"C_out {op.out_channels})",
         ),
-        (io_first == kernel_io, f"kernel stored {'io' if io_first else 'oi'}-first"),
+        (
+            not moves_data(op.kern_shape, bridge),
+            f"kernel {list(op.kern_shape)} reaches {kernel_layout} only by moving data "
+            f"(transpose {list(bridge)})",
+        ),
     )
 
 

@@ -24,9 +24,9 @@ from onnx2bir.patterns.conv_op import (
     Perm,
     apply_perm_to_dims,
     get_bridging_output_perm,
-    get_bridging_perm,
     invert_perm,
     is_identity,
+    layout_bridge,
     layout_perm,
 )
 
@@ -42,8 +42,8 @@ def lower_to_conv_kernel(graph: Graph, op: ConvOp, info: KernelInfo) -> dict:
     x_name, w_name = _unit_height_views(graph, op, x, w)
     # The transposes that turn framework tensors into the kernel's layouts. Perms map a layout
     # to canonical, so the transpose is the bridge between the two canonical→layout maps.
-    in_bridge = get_bridging_perm(invert_perm(op.in_perm), invert_perm(target_in))
-    kern_bridge = get_bridging_perm(invert_perm(op.kern_perm), invert_perm(target_kern))
+    in_bridge = layout_bridge(op.in_perm, target_in)
+    kern_bridge = layout_bridge(op.kern_perm, target_kern)
     out_bridge = get_bridging_output_perm(target_out, op.out_perm)
     always = info.insert_transpose
     if always or not is_identity(in_bridge):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import contiguous_strides
+from onnx2bir.patterns.conv_op import conv_geometry
 
 
 def conv_attrs_with_out_shape(cg: BirCodeGen, node: dict) -> dict:
@@ -49,8 +50,10 @@ class ConvKernelArgs:
     out_h: int
     out_w: int
     stride: tuple[int, int]
-    rhs_dilation: tuple[int, int]
-    lhs_dilation: tuple[int, int]
+    # By role, decoded from the attributes (`conv_geometry`): a backward-form op carries the
+    # input dilation in its rhs_dilation attribute and the kernel dilation in lhs_dilation.
+    rhs_dilation: tuple[int, int]  # kernel tap spacing
+    lhs_dilation: tuple[int, int]  # input dilation (a transposed conv's stride)
     padding: tuple[tuple[int, int], tuple[int, int]]
     rhs_reversal: bool  # transposed conv: tap (i, j) reads weight (kH-1-i, kW-1-j)
     x_strides: tuple[int, ...]  # element strides of canonical (b, f, 0, 1) in x's layout
@@ -78,6 +81,13 @@ def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
     (c_out, _, k_h, k_w), w_strides = _canonical(attrs["kernel_shape"], attrs["kern_perm"])
     (_, _, out_h, out_w), y_strides = _canonical(attrs["out_shape"], attrs["out_perm"])
     padding = tuple(tuple(pair) for pair in attrs["padding"])
+    geometry = conv_geometry(
+        attrs["lhs_dilation"],
+        attrs["rhs_dilation"],
+        attrs["feature_group_count"],
+        attrs["batch_group_count"],
+        bool(attrs.get("rhs_reversal", False)),
+    )
     return ConvKernelArgs(
         x=cg.dram(x_name).name,
         w=cg.dram(w_name).name,
@@ -86,7 +96,7 @@ def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
         batch=batch,
         c_in=c_in,
         c_out=c_out,
-        groups=attrs["feature_group_count"],
+        groups=geometry.groups,
         in_h=in_h,
         in_w=in_w,
         k_h=k_h,
@@ -94,8 +104,8 @@ def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
         out_h=out_h,
         out_w=out_w,
         stride=tuple(attrs["stride"]),
-        rhs_dilation=tuple(attrs["rhs_dilation"]),
-        lhs_dilation=tuple(attrs["lhs_dilation"]),
+        rhs_dilation=tuple(geometry.kernel_dilation),
+        lhs_dilation=tuple(geometry.input_dilation),
         padding=padding,
         rhs_reversal=bool(attrs.get("rhs_reversal", False)),
         x_strides=x_strides,

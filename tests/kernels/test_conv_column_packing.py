@@ -7,13 +7,11 @@ seeded inputs (atol 1e-4, rtol 1e-3).
 
 - conv2d_column_packing: dense convs the higher-priority rep_nhwc row refuses, either because
   C_in·kH > 128 (C_in ≤ 32) or because the replicated input overflows its SBUF budget (wide).
-- conv2d_column_packing_io10: depthwise ConvTranspose, as ONNX routes it (io-first weights).
-- conv2d_column_packing_1: ONNX never yields an o-first transposed kernel, so the test
-  canonicalizes an imported depthwise ConvTranspose, relabels its kernel perm as o-first (a
-  depthwise [C, 1, kH, kW] tensor is the same array read as oi01: o = C, i = 1), checks that
-  the selector's row 2 accepts it, rewrites the graph with `lower_to_conv_kernel` and runs the
-  tracer through `compile_graph(passes=[])`. This exercises the real selector, attribute
-  marshalling and codegen path rather than a hand-written NativeKernel node.
+- conv2d_column_packing_1: depthwise ConvTranspose as ONNX stores it (io01 weights): the
+  bridge to the row's oi01 layout only relabels the unit axis (docs/conv_backward.md).
+- conv2d_column_packing_io10: a depthwise ConvTranspose whose weight is computed and arrives
+  through a Transpose that swaps its spatial axes: read through that transpose, the kernel is
+  io10, which reaches oi01 only by moving every tap, so row 2 refuses and row 4 takes it.
 """
 
 from __future__ import annotations
@@ -25,14 +23,13 @@ from onnx import helper
 
 from onnx2bir.bir.enums import Opcode
 from onnx2bir.bir.verify import verify_module
-from onnx2bir.compiler import compile_graph, compile_model, import_graph
+from onnx2bir.compiler import compile_model, import_graph
 from onnx2bir.kernels.conv_column_packing import TapBlock, tap_groups
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.conv import (
     COLUMN_PACKING,
     COLUMN_PACKING_1,
     COLUMN_PACKING_IO10,
-    lower_to_conv_kernel,
     match_conv_depthwise_backward,
     select_kernel,
 )
@@ -151,7 +148,7 @@ def test_column_packing_dense_uses_minimum_matmuls():
     assert [i.srcs["moving"].num_partitions for i in matmuls] == [128] * 10 + [16]
 
 
-# --- conv2d_column_packing_io10: depthwise ConvTranspose ---------------------------------------
+# --- conv2d_column_packing_1: depthwise ConvTranspose -------------------------------------------
 # (x shape, kernel (kH, kW), bias, attributes); w is [C, 1, kH, kW], group = C.
 TRANSPOSED_CASES = {
     "s2_k3_p1": ((1, 6, 5, 5), (3, 3), True, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
@@ -182,9 +179,9 @@ def transposed_model(x_shape, kernel, bias, seed=0, **attrs):
 
 
 @pytest.mark.parametrize("case", TRANSPOSED_CASES)
-def test_column_packing_io10(case):
+def test_column_packing_1(case):
     x_shape, kernel, bias, attrs = TRANSPOSED_CASES[case]
-    check(transposed_model(x_shape, kernel, bias, **attrs), COLUMN_PACKING_IO10)
+    check(transposed_model(x_shape, kernel, bias, **attrs), COLUMN_PACKING_1)
 
 
 def transposed_sweep(seed: int):
@@ -206,64 +203,79 @@ def transposed_sweep(seed: int):
 
 
 @pytest.mark.parametrize("seed", range(16))
-def test_column_packing_io10_sweep(seed):
+def test_column_packing_1_sweep(seed):
     x_shape, kernel, bias, attrs = transposed_sweep(seed)
-    check(transposed_model(x_shape, kernel, bias, seed, **attrs), COLUMN_PACKING_IO10, seed)
+    check(transposed_model(x_shape, kernel, bias, seed, **attrs), COLUMN_PACKING_1, seed)
 
 
-def test_column_packing_io10_packs_channels():
+def test_column_packing_1_packs_channels():
     """9 taps: 14 channels (126 partitions) per matmul, 20 channels in two matmuls."""
-    emitted = check(
-        transposed_model((1, 20, 4, 4), (3, 3), True, strides=[2, 2]), COLUMN_PACKING_IO10
-    )
+    emitted = check(transposed_model((1, 20, 4, 4), (3, 3), True, strides=[2, 2]), COLUMN_PACKING_1)
     matmuls = [i for i in emitted if i.opcode is Opcode.MATMULT]
     assert [
         (i.srcs["stationary"].num_partitions, i.srcs["stationary"].free_size) for i in matmuls
     ] == [(126, 14), (54, 6)]
 
 
-# --- conv2d_column_packing_1: depthwise transposed with an o-first kernel -----------------------
-@pytest.mark.parametrize("case", ["s2_k3_p1", "s3_k2x3_outpad", "negative_padding", "1d"])
-def test_column_packing_1(case):
-    x_shape, kernel, bias, attrs = TRANSPOSED_CASES[case]
-    model = transposed_model(x_shape, kernel, bias, **attrs)
+def test_column_packing_1_dilated():
+    """A dilated depthwise ConvTranspose: dilation rides in lhs_dilation (backward form)."""
+    model = transposed_model((1, 4, 3, 3), (3, 3), True, strides=[2, 2], dilations=[2, 2])
     graph = import_graph(model)
-    op = conv_op_from_node(graph, next(name for name, _ in graph.nodes()))
-    op.kern_perm = tuple(range(len(op.kern_shape)))  # [C, 1, kH, kW] read as oi01
-    selection = select_kernel(op, CompileOptions())
-    assert selection.kernel is not None and selection.kernel.name == COLUMN_PACKING_1
-    lower_to_conv_kernel(graph, op, selection.kernel)
-    run_and_compare(model, compile_graph(graph, CompileOptions(), passes=[]), COLUMN_PACKING_1)
-
-
-def test_no_match_transposed_trio_io_first_row_1():
-    """Row 2 (o-first) refuses the io-first kernel ONNX stores; row 4 takes it."""
-    graph = import_graph(transposed_model((1, 4, 3, 3), (3, 3), False))
-    selection = select_kernel(conv_op_from_node(graph, "ConvTranspose_0"), CompileOptions())
-    refusals = dict(selection.refusals)
-    assert refusals["column_packing_1"] == "kernel stored io-first"
-    assert selection.kernel.name == COLUMN_PACKING_IO10
-
-
-def test_no_match_transposed_dilation():
-    """Both transposed rows refuse a dilated depthwise ConvTranspose (rhs_dilation)."""
-    graph = import_graph(transposed_model((1, 4, 3, 3), (3, 3), False, dilations=[2, 2]))
     op = conv_op_from_node(graph, "ConvTranspose_0")
-    for kernel_io in (False, True):
-        reason = match_conv_depthwise_backward(op, kernel_io=kernel_io)
-        assert reason == "rhs_dilation [2, 2]"
+    assert op.lhs_dilation == [2, 2] and op.rhs_dilation == [2, 2]
+    check(model, COLUMN_PACKING_1)
 
 
-def test_no_match_transposed_dilation_walk():
-    """A dilated depthwise ConvTranspose is refused by every row (none raises on the way)."""
-    graph = import_graph(transposed_model((1, 4, 3, 3), (3, 3), False, dilations=[2, 2]))
-    selection = select_kernel(conv_op_from_node(graph, "ConvTranspose_0"), CompileOptions())
-    assert selection.kernel is None
-    assert [label for label, _ in selection.refusals][-3:] == [
-        "column_packing",
-        "replication",
-        "rep_nhwc_Pcinh2",
+def test_onnx_weights_bridge_to_row_2_without_moving_data():
+    """ONNX's io01 depthwise kernel reaches oi01 by relabeling; io10 would move the taps."""
+    graph = import_graph(transposed_model((1, 4, 3, 3), (3, 3), False))
+    op = conv_op_from_node(graph, "ConvTranspose_0")
+    assert match_conv_depthwise_backward(op, kernel_layout="oi01") is None
+    assert "only by moving data" in match_conv_depthwise_backward(op, kernel_layout="io10")
+    selection = select_kernel(op, CompileOptions())
+    assert selection.kernel.name == COLUMN_PACKING_1
+    assert [label for label, _ in selection.refusals] == ["rep_nhwc"]
+
+
+# --- conv2d_column_packing_io10: the kernel arrives with swapped spatial axes -------------------
+def predicted_filter_model(x_shape, kernel, bias: bool, seed: int = 0, **attrs):
+    """y = ConvTranspose(x, Transpose(f, [0, 1, 3, 2])): the filter f [C, 1, kW, kH] is an input
+    (a predicted, per-call filter), so the transpose stays in the graph."""
+    rng = np.random.default_rng(seed)
+    channels = x_shape[1]
+    k_h, k_w = kernel
+    inits = {}
+    inputs = ["x", "w"]
+    if bias:
+        inits["b"] = rng.standard_normal(channels).astype(np.float32)
+        inputs.append("b")
+    nodes = [
+        helper.make_node("Transpose", ["f"], ["w"], perm=[0, 1, 3, 2]),
+        helper.make_node("ConvTranspose", inputs, ["y"], group=channels, **attrs),
     ]
+    return make_model(
+        nodes, {"x": x_shape, "f": (channels, 1, k_w, k_h)}, {"y": None}, initializers=inits
+    )
+
+
+@pytest.mark.parametrize(
+    "case", ["s2_k3_p1", "s3_k2x3_outpad", "negative_padding", "s2_k4_c40", "k5x50_multiblock"]
+)
+def test_column_packing_io10(case):
+    x_shape, kernel, bias, attrs = TRANSPOSED_CASES[case]
+    model = predicted_filter_model(x_shape, kernel, bias, **attrs)
+    graph = import_graph(model)
+    op = conv_op_from_node(graph, "ConvTranspose_1")
+    assert op.kern_perm == (1, 0, 3, 2) and op.inputs[1] == "f"  # read through the transpose
+    check(model, COLUMN_PACKING_IO10)
+
+
+def test_io10_row_refusal_reason_names_the_bridge():
+    graph = import_graph(predicted_filter_model((1, 4, 3, 3), (3, 2), False, strides=[2, 2]))
+    selection = select_kernel(conv_op_from_node(graph, "ConvTranspose_1"), CompileOptions())
+    refusals = dict(selection.refusals)
+    assert "only by moving data (transpose [1, 0, 3, 2])" in refusals["column_packing_1"]
+    assert selection.kernel.name == COLUMN_PACKING_IO10
 
 
 @pytest.mark.parametrize(
@@ -312,3 +324,26 @@ def test_tap_groups_runs():
         )
         assert covered == [(i, j) for i in range(k_h) for j in range(k_w)]
         assert all(sum(b.taps for b in g) * width <= 128 for g in groups)
+
+
+def test_committed_depthwise_upsample_model_selects_both_rows(capsys):
+    """models/depthwise_upsample.onnx: the fixed filter takes row 2, the predicted one row 4;
+    the model validates and `report --explain` shows the backward encoding."""
+    from pathlib import Path
+
+    from onnx2bir.cli import main
+
+    path = Path(__file__).parents[2] / "models" / "depthwise_upsample.onnx"
+    compilation = compile_model(path)
+    findings = compilation.passes.result_of("TransformConvOp").findings
+    assert {f["node"]: f["kernel"] for f in findings} == {
+        "up_fixed": COLUMN_PACKING_1,
+        "up_predicted": COLUMN_PACKING_IO10,
+    }
+    assert main(["validate", str(path)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["report", str(path), "--explain", "up_fixed"]) == 0
+    text = capsys.readouterr().out
+    assert "stride [1, 1]" in text and "rhs_dilation [2, 2] lhs_dilation [1, 1]" in text
+    assert "feature_group_count 1 batch_group_count 8" in text
+    assert "MATCHED -> conv2d_column_packing_1" in text

@@ -124,38 +124,55 @@ def test_rep_nhwc_stride_gate_follows_allow_stride():
     assert "stride [2, 2] not allowed" in REP(strided, allow_stride=False)
 
 
-def transposed_depthwise(c=8, kernel_io=True):
-    return depthwise(
-        c, lhs_dilation=[2, 2], rhs_reversal=True, kern_perm=(1, 0, 2, 3) if kernel_io else NCHW
+def transposed_depthwise(c=8, layout="io01", k=(3, 3)):
+    """A depthwise ConvTranspose in the backward encoding: stride 2 as rhs_dilation, groups on
+    batch_group_count, the kernel stored in `layout` (ONNX stores io01)."""
+    perm = layout_perm(layout, "oi01")
+    canonical = (1, c, *k)  # o = C_out / group, i = C
+    stored = [0] * 4
+    for position, axis in enumerate(perm):
+        stored[axis] = canonical[position]
+    return replace(
+        depthwise(c, k=k),
+        feature_group_count=1,
+        batch_group_count=c,
+        rhs_dilation=[2, 2],
+        rhs_reversal=True,
+        kern_perm=perm,
+        kern_shape=tuple(stored),
     )
 
 
-@pytest.mark.parametrize("kernel_io", [False, True])
-def test_depthwise_backward_matches_its_kernel_shape(kernel_io):
-    op = transposed_depthwise(kernel_io=kernel_io)
-    assert conv.match_conv_depthwise_backward(op, kernel_io=kernel_io) is None
-    assert "first" in conv.match_conv_depthwise_backward(op, kernel_io=not kernel_io)
+@pytest.mark.parametrize(
+    ("layout", "k", "accepted"),
+    [
+        ("io01", (3, 3), {"oi01"}),  # the ONNX layout: a data-free bridge to oi01
+        ("io10", (3, 3), {"io10"}),  # spatial axes swapped: only io10 is data-free
+        ("io01", (1, 3), {"oi01", "io10"}),  # one unit spatial axis: both are data-free
+        ("oi01", (3, 3), {"oi01"}),
+    ],
+)
+def test_depthwise_backward_rows_take_the_data_free_bridge(layout, k, accepted):
+    op = transposed_depthwise(layout=layout, k=k)
+    for row in ("oi01", "io10"):
+        reason = conv.match_conv_depthwise_backward(op, kernel_layout=row)
+        if row in accepted:
+            assert reason is None, reason
+        else:
+            assert "only by moving data" in reason
 
 
 @pytest.mark.parametrize(
     "op, reason",
     [
-        (replace(transposed_depthwise(), batch_group_count=2), "batch_group_count"),
+        (replace(transposed_depthwise(), batch_group_count=2), "not depthwise"),
+        (replace(transposed_depthwise(), rhs_reversal=False), "not a backward"),
+        (replace(transposed_depthwise(), feature_group_count=8), "feature_group_count 8"),
         (depthwise(8, kern_perm=(1, 0, 2, 3)), "not a backward"),
-        (replace(transposed_depthwise(), rhs_dilation=[2, 2]), "rhs_dilation"),
-        (
-            replace(
-                make_op(c_in=8, c_out=8),
-                lhs_dilation=[2, 2],
-                rhs_reversal=True,
-                kern_perm=(1, 0, 2, 3),
-            ),
-            "not depthwise",
-        ),
     ],
 )
 def test_depthwise_backward_refusals(op, reason):
-    assert reason in conv.match_conv_depthwise_backward(op, kernel_io=True)
+    assert reason in conv.match_conv_depthwise_backward(op, kernel_layout="oi01")
 
 
 def conv1d_depthwise(c=8, **changes):
@@ -438,6 +455,9 @@ def test_conv_transpose_canonicalizes_to_backward_form():
         ir_version=9,
     )
     op = conv_op_from_node(import_model(model), "up")
-    assert op.lhs_dilation == [2, 2] and op.stride == [1, 1] and op.rhs_reversal
+    # The backward encoding: stride as rhs_dilation, dilation as lhs_dilation, groups on
+    # batch_group_count.
+    assert op.rhs_dilation == [2, 2] and op.lhs_dilation == [1, 1] and op.stride == [1, 1]
+    assert op.batch_group_count == 4 and op.feature_group_count == 1 and op.rhs_reversal
     assert op.padding == [(1, 2), (1, 2)] and op.kern_perm == (1, 0, 2, 3)
-    assert conv.select_kernel(op, CompileOptions()).kernel.name == conv.COLUMN_PACKING_IO10
+    assert conv.select_kernel(op, CompileOptions()).kernel.name == conv.COLUMN_PACKING_1
