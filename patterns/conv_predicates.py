@@ -25,9 +25,10 @@ from onnx2bir.patterns.conv_op import (
 # SBUF bytes per partition a kernel may plan for: the compiler keeps ~16 KiB per partition
 # for itself (trainium_facts.md §1, nki-library usable-SBUF figure).
 SBUF_BUDGET = SBUF_BYTES_PER_PARTITION - 16 * 1024
-# is_low_channel_conv_1: "low" means at least four filter taps fit beside the channels on the
-# 128 partitions (INFERRED threshold; the K-replication kernels stack 4 taps when C_in <= 32).
-LOW_CHANNEL_MAX = NUM_PARTITIONS // 4
+# is_low_channel_conv_1: derived from the shapes, not a fixed C_in (docs/conv_low_channel.md).
+# LOW_CHANNEL_MAX is the largest C_in that is low for some kernel: two taps must share the
+# partitions.
+LOW_CHANNEL_MAX = NUM_PARTITIONS // 2
 # match_replication_conv: at least two taps stack on partitions (C_in <= 64, nki-library).
 REPLICATION_CHANNEL_MAX = NUM_PARTITIONS // 2
 EXPERIMENTAL_KERNEL_ALT_SHAPE = ("b01f", "01io", "b01f")  # NHWC / HWIO / NHWC
@@ -163,7 +164,21 @@ def is_low_channel_conv_1(op: ConvOp) -> bool:
         raise ConvOpInvariantError("Convolution input channels must match kernel input channels")
     if c_out != op.kern_shape[op.kern_perm[0]]:
         raise ConvOpInvariantError("Convolution output channels must match kernel output channels")
-    return c_in <= LOW_CHANNEL_MAX and op.taps > 1
+    return is_low_channel(c_in, op.taps)
+
+
+def taps_per_matmul(c_in: int) -> int:
+    """How many filter taps of C_in channels stack on the PE array's partitions."""
+    return NUM_PARTITIONS // c_in if 0 < c_in <= NUM_PARTITIONS else 0
+
+
+def is_low_channel(c_in: int, taps: int) -> bool:
+    """C_in is low for a kernel of `taps` taps when stacking taps on the partitions at least
+    halves the matmuls: 2 · ⌈taps / ⌊128 / C_in⌋⌉ ≤ taps (docs/conv_low_channel.md)."""
+    fit = taps_per_matmul(c_in)
+    if fit == 0 or taps < 2:
+        return False
+    return 2 * -(-taps // fit) <= taps
 
 
 def match_low_channel_conv(op: ConvOp) -> Reason:
@@ -174,7 +189,19 @@ def match_low_channel_conv(op: ConvOp) -> Reason:
     )
     # The gate's assertions hold only for forward convs, so it runs after the form checks.
     if reason is None and not is_low_channel_conv_1(op):
-        reason = f"C_in {op.in_channels} is not low (> {LOW_CHANNEL_MAX}) or a 1x1 kernel"
+        fit = taps_per_matmul(op.in_channels)
+        if op.taps < 2:
+            reason = "a 1x1 kernel: no taps to stack"
+        elif fit == 0:
+            reason = (
+                f"C_in {op.in_channels} is not low: one tap fills > {NUM_PARTITIONS} partitions"
+            )
+        else:
+            packed = -(-op.taps // fit)
+            reason = (
+                f"C_in {op.in_channels} is not low: {fit} of {op.taps} taps per matmul gives "
+                f"{packed} matmuls, not at most half of {op.taps}"
+            )
     return reason
 
 

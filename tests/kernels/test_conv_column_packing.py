@@ -283,9 +283,10 @@ def test_io10_row_refusal_reason_names_the_bridge():
     [
         # Narrow: the replicated input fits, so rep_nhwc (priority 1) wins before column packing.
         ((1, 3, 8, 30), (4, 3, 3, 3), "rep_nhwc", None),
-        ((1, 33, 8, 8), (4, 33, 9, 3), "replication", "C_in 33 is not low"),
+        # 27 taps: C_in 43 stacks 2 per matmul (14 matmuls), not half of 27: replication.
+        ((1, 43, 8, 8), (4, 43, 9, 3), "replication", "C_in 43 is not low"),
         # Wide 1x1: rep_nhwc is over budget, nothing to pack or replicate: generic path.
-        ((1, 16, 4, 30000), (4, 16, 1, 1), None, "or a 1x1 kernel"),
+        ((1, 16, 4, 30000), (4, 16, 1, 1), None, "a 1x1 kernel"),
     ],
 )
 def test_no_match_dense(x_shape, w_shape, winner, refused):
@@ -347,3 +348,32 @@ def test_committed_depthwise_upsample_model_selects_both_rows(capsys):
     assert "stride [1, 1]" in text and "rhs_dilation [2, 2] lhs_dilation [1, 1]" in text
     assert "feature_group_count 1 batch_group_count 8" in text
     assert "MATCHED -> conv2d_column_packing_1" in text
+
+
+# --- the low-channel boundary (docs/conv_low_channel.md) ---------------------------------------
+@pytest.mark.parametrize(
+    ("c_in", "kernel", "winner"),
+    [
+        # 7x3 = 21 taps. C_in 42: 3 taps a matmul, 7 matmuls <= 21 / 2: low, column packing.
+        # C_in 43: 2 taps a matmul, 11 matmuls > 10.5: not low; C_in·kH > 128 refuses rep_nhwc
+        # and K-replication (C_in <= 64, kH > 1) takes it.
+        (42, (7, 3), "column_packing"),
+        (43, (7, 3), "replication"),
+        # 5x2 = 10 taps: two a matmul (C_in <= 64) gives 5 matmuls = 10 / 2: low.
+        (64, (5, 2), "column_packing"),
+        (65, (5, 2), "generic"),
+    ],
+)
+def test_low_channel_boundary_selects_and_validates(c_in, kernel, winner):
+    model = conv_model("Conv", (1, c_in, 9, 8), (6, c_in, *kernel), True, seed=c_in)
+    graph = import_graph(model)
+    selection = select_kernel(conv_op_from_node(graph, "Conv_0"), CompileOptions())
+    label = selection.kernel.label if selection.kernel else None
+    if winner == "generic":
+        # C_in 65 > 64: neither column packing nor K-replication; the generic path runs it.
+        assert label is None
+        assert "C_in 65 is not low" in dict(selection.refusals)["column_packing"]
+        return
+    assert label == winner
+    kernel_name = COLUMN_PACKING if winner == "column_packing" else selection.kernel.name
+    check(model, kernel_name, seed=c_in)

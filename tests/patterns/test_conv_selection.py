@@ -235,6 +235,34 @@ def test_low_channel_gate_and_its_assertions():
             conv.is_low_channel_conv_1(op)
 
 
+# Boundaries worked out by hand from the rule "stacking taps at least halves the matmuls":
+# fit = 128 // C_in taps per matmul, ceil(taps / fit) matmuls, low iff 2·that <= taps.
+@pytest.mark.parametrize(
+    ("kernel", "largest_low"),
+    [
+        ((3, 3), 42),  # 42: fit 3 → 3 matmuls of 9; 43: fit 2 → 5 > 4.5
+        ((7, 7), 42),  # 42: fit 3 → 17 ≤ 24.5; 43: fit 2 → 25 > 24.5
+        ((2, 2), 64),  # 64: fit 2 → 2 ≤ 2; 65: fit 1
+        ((5, 2), 64),  # 64: fit 2 → 5 ≤ 5
+        ((1, 3), 42),  # 42: fit 3 → 1 ≤ 1.5; 43: fit 2 → 2 > 1.5
+        ((11, 11), 42),  # 42: 41 ≤ 60.5; 43: 61 > 60.5
+        ((1, 2), 64),
+    ],
+)
+def test_low_channel_boundary_is_derived_from_taps_and_partitions(kernel, largest_low):
+    low = make_op(c_in=largest_low, c_out=8, k=kernel, hw=(16, 16))
+    high = make_op(c_in=largest_low + 1, c_out=8, k=kernel, hw=(16, 16))
+    assert conv.is_low_channel_conv_1(low) is True
+    assert conv.is_low_channel_conv_1(high) is False
+    assert "is not low" in conv.match_low_channel_conv(high)
+
+
+def test_low_channel_never_for_a_single_tap_or_a_full_tap():
+    assert conv.is_low_channel_conv_1(make_op(c_in=1, k=(1, 1))) is False
+    assert conv.is_low_channel_conv_1(make_op(c_in=129, k=(3, 3))) is False
+    assert "a 1x1 kernel" in conv.match_low_channel_conv(make_op(c_in=3, k=(1, 1)))
+
+
 def test_low_channel_match_and_refusals():
     assert conv.match_low_channel_conv(make_op(c_in=3)) is None
     assert "C_in 128 is not low" in conv.match_low_channel_conv(make_op(c_in=128))
