@@ -30,6 +30,7 @@ from onnx2bir.bir.ir import (
     Module,
     RuntimeValue,
 )
+from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
 
 from .machine import SENTINEL_BYTE, Machine, instruction_error
@@ -121,6 +122,8 @@ def _compile(block: BasicBlock) -> list[tuple]:
             semantics = SEMANTICS.get(item.opcode)
             if semantics is None:
                 raise instruction_error(item, "has no semantics")
+            if item.predicate is not None:
+                semantics = _predicated(semantics)
             steps.append((semantics, item, None))
     return steps
 
@@ -221,3 +224,29 @@ def _run_do_while(item: DoWhile, body, machine, loop_values, observer) -> None:
 
 
 _RUNTIME_LOOP_RUNNERS = {DynamicLoop: _run_dynamic_for, DoWhile: _run_do_while}
+
+
+# --- predicated instructions (docs/predicates.md) ---------------------------------------------
+def _predicated(semantics):
+    """Run `semantics` under the instruction's predicate: skipped when the bound is ≤ 0, whole
+    when it covers the leading dim, else on a narrowed copy (cached per bound)."""
+
+    def run(machine: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+        try:
+            bound = ins.predicate.bound(loop_values)
+        except KeyError as exc:
+            raise instruction_error(
+                ins, f"predicate axis {exc.args[0]!r} is not bound by an enclosing loop"
+            ) from None
+        if bound <= 0:
+            return
+        if bound >= leading_extent(ins):
+            semantics(machine, ins, loop_values)
+            return
+        cache = machine.__dict__.setdefault("narrowed", {})
+        clone = cache.get((ins, bound))
+        if clone is None:
+            clone = cache[(ins, bound)] = narrow(ins, bound)
+        semantics(machine, clone, loop_values)
+
+    return run

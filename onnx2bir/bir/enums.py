@@ -48,6 +48,15 @@ PAYLOAD_KINDS = frozenset(
 )
 
 
+class LoopMode(enum.StrEnum):
+    """How an instruction's innermost enclosing loop runs (docs/predicates.md)."""
+
+    NONE = ""  # not inside a counted or runtime loop (scope regions do not count)
+    AFFINE = "Affine"  # a parallel static loop: trips may be reordered
+    SEQUENTIAL = "Sequential"  # a static loop whose trips run in order
+    DYNAMIC = "Dynamic"  # a DynamicFor or DoWhile loop
+
+
 class DepKind(enum.StrEnum):
     FLOW = "Flow"  # read after write
     OUTPUT = "Output"  # write after write

@@ -27,6 +27,7 @@ from onnx2bir.bir.enums import (
     DepKind,
     Dtype,
     Engine,
+    LoopMode,
     MemoryKind,
     MemoryType,
     Opcode,
@@ -120,6 +121,20 @@ class Dependency:
     kind: DepKind
 
 
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """BirAffinePredicate: the instruction runs only on the leading-dimension indices
+    i < const + Σ coef·axis of every operand (partitions on SB/PSUM, the outermost free dim
+    on DRAM). A bound ≥ the dimension runs the whole instruction, ≤ 0 skips it. It lets one
+    loop body cover the partial edge tile of a tiled extent (docs/predicates.md)."""
+
+    const: int
+    terms: tuple[tuple[str, int], ...] = ()
+
+    def bound(self, loop_values: dict[str, int]) -> int:
+        return self.const + sum(coef * loop_values[axis] for axis, coef in self.terms)
+
+
 @dataclass(eq=False)
 class Instruction:
     opcode: Opcode
@@ -131,6 +146,10 @@ class Instruction:
     id: int = -1
     loopnest: tuple[str, ...] = ()
     deps: list[Dependency] = field(default_factory=list)
+    predicate: Predicate | None = None
+    loop_mode: LoopMode = LoopMode.NONE
+    # The instruction may read bytes no earlier instruction wrote (docs/predicates.md).
+    can_read_uninit: bool = False
 
     def accesses(self) -> list[tuple[AccessPattern, bool]]:
         """(access pattern, is_write) for every operand, the write last."""

@@ -22,7 +22,10 @@ payload's sha256. The layout (schema_version 1; `schema.json` beside this file i
                    "is_do_while", "no_reorder", "locals": [loc], "body": block}
     runtime     = {"loc", "offset"}      an element of a DRAM location, loaded when tested
     instruction = {"id", "opcode", "engine", "dst": ap | null, "srcs": {role: ap}, "attrs",
-                   "loopnest", "origin": {"node", "rule"}, "deps": [{"source", "kind"}]}
+                   "loopnest", "origin": {"node", "rule"}, "deps": [{"source", "kind"}],
+                   optional: "predicate": {"const", "terms": [[axis, coef]]},
+                   "loop_mode": "Affine" | "Sequential" | "Dynamic", "can_read_uninit": true}
+                   (written only when set, so modules without them are unchanged)
     ap          = {"loc", "partition_start", "num_partitions", "offset",
                    "offset_terms": [[axis, coef]], "pattern": [[stride, count]]}
 
@@ -56,6 +59,7 @@ from onnx2bir.bir.enums import (
     DepKind,
     Dtype,
     Engine,
+    LoopMode,
     MemoryKind,
     MemoryType,
     Opcode,
@@ -72,6 +76,7 @@ from onnx2bir.bir.ir import (
     MemoryLocation,
     Module,
     Origin,
+    Predicate,
     RuntimeValue,
 )
 
@@ -250,7 +255,23 @@ def _inst_to_json(inst: Instruction) -> dict:
         "loopnest": list(inst.loopnest),
         "origin": {"node": inst.origin.node, "rule": inst.origin.rule},
         "deps": [{"source": int(d.source), "kind": str(d.kind)} for d in inst.deps],
+        **_inst_extras_to_json(inst),
     }
+
+
+def _inst_extras_to_json(inst: Instruction) -> dict:
+    """The optional per-instruction stamps: predicate, loop mode, can_read_uninit."""
+    extras: dict = {}
+    if inst.predicate is not None:
+        extras["predicate"] = {
+            "const": int(inst.predicate.const),
+            "terms": [[axis, int(coef)] for axis, coef in inst.predicate.terms],
+        }
+    if inst.loop_mode:
+        extras["loop_mode"] = str(inst.loop_mode)
+    if inst.can_read_uninit:
+        extras["can_read_uninit"] = True
+    return extras
 
 
 def _ap_to_json(ap: AccessPattern) -> dict:
@@ -463,7 +484,16 @@ def _inst_from_json(doc: dict) -> Instruction:
         id=doc["id"],
         loopnest=tuple(doc["loopnest"]),
         deps=[Dependency(source=d["source"], kind=DepKind(d["kind"])) for d in doc["deps"]],
+        predicate=_predicate_from_json(doc.get("predicate")),
+        loop_mode=LoopMode(doc.get("loop_mode", "")),
+        can_read_uninit=bool(doc.get("can_read_uninit", False)),
     )
+
+
+def _predicate_from_json(doc: dict | None) -> Predicate | None:
+    if doc is None:
+        return None
+    return Predicate(doc["const"], tuple((axis, coef) for axis, coef in doc["terms"]))
 
 
 def _ap_from_json(doc: dict) -> AccessPattern:

@@ -20,6 +20,8 @@ Checked, per function:
 - ids are non-negative and unique within the function, and every dependency names an
   instruction earlier in program order;
 - `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`;
+- a predicated instruction's predicate names axes of its `loopnest`, and its operand spans are
+  checked as the predicate cuts them, at the trips where the cut matters;
 - runtime loops (DynamicFor, DoWhile): the runtime value names an element of a DRAM location,
   the step is positive, a dynamic loop is not parallel, and a location local to the loop region
   is touched by no instruction outside it. Spans of operands that move with a runtime axis
@@ -54,6 +56,7 @@ from onnx2bir.bir.opcodes import (
     SBUF_BYTES_PER_PARTITION,
     partition_start_allowed,
 )
+from onnx2bir.bir.predicates import predicate_cases
 
 _CAPACITY = {MemoryType.SB: SBUF_BYTES_PER_PARTITION, MemoryType.PSUM: PSUM_BYTES_PER_PARTITION}
 _DEP_KINDS = frozenset(DepKind)
@@ -202,10 +205,31 @@ class _FunctionWalk:
         ranges = {loop.axis: (loop.start, loop.last_value) for loop in loops if loop.trip_count > 0}
         # A zero-trip loop never runs its body: its operands touch nothing.
         runs = all(loop.trip_count > 0 for loop in loops)
-        for role, ap in _operands(inst):
-            self._operand(inst, role, ap, ranges if runs else None, found)
+        if inst.predicate is None or not runs:
+            for role, ap in _operands(inst):
+                self._operand(inst, role, ap, ranges if runs else None, found)
+        else:
+            self._predicated(inst, ranges, found)
         label = describe(inst)
         self.problems.extend(f"{label}: {problem}" for problem in found)
+
+    def _predicated(self, inst: Instruction, ranges, found: list[str]) -> None:
+        """Operand checks at the trips where the predicate matters (bir/predicates.py)."""
+        missing = [axis for axis, _ in inst.predicate.terms if axis not in inst.loopnest]
+        if missing:
+            found.append(f"predicate depends on {missing[0]!r}, not in its loopnest")
+            return
+        if any(axis not in ranges for axis, _ in inst.predicate.terms):
+            return  # an axis of a loop that never runs
+        seen: set[str] = set()
+        for narrowed, fixed in predicate_cases(inst, ranges):
+            problems: list[str] = []
+            for role, ap in _operands(narrowed):
+                self._operand(narrowed, role, ap, fixed, problems)
+            for problem in problems:
+                if problem not in seen:
+                    seen.add(problem)
+                    found.append(problem)
 
     def _ids(self, inst: Instruction, found: list[str]) -> None:
         for dep in inst.deps:

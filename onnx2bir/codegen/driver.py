@@ -32,6 +32,7 @@ from onnx2bir.bir.enums import (
     DepKind,
     Dtype,
     Engine,
+    LoopMode,
     MemoryKind,
     MemoryType,
     Opcode,
@@ -48,6 +49,7 @@ from onnx2bir.bir.ir import (
     MemoryLocation,
     Module,
     Origin,
+    Predicate,
     RuntimeValue,
 )
 from onnx2bir.bir.opcodes import (
@@ -66,6 +68,21 @@ from onnx2bir.options import CompileOptions
 SB_ALIGN = 64
 IDENTITY = "identity_fp32"  # the SBUF tile (seed 004: "identity_%s")
 IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
+
+
+def stamp_loop_modes(block: BasicBlock, mode: LoopMode = LoopMode.NONE) -> None:
+    """setLoopMode: each instruction gets the mode of its innermost enclosing loop (scope
+    regions, one-trip no-op loops, do not count), from the loops' final `parallel` flags."""
+    for item in block.items:
+        if isinstance(item, DynamicLoop | DoWhile):
+            stamp_loop_modes(item.body, LoopMode.DYNAMIC)
+        elif isinstance(item, Loop):
+            inner = mode
+            if item.trip_count > 1:
+                inner = LoopMode.AFFINE if item.parallel else LoopMode.SEQUENTIAL
+            stamp_loop_modes(item.body, inner)
+        else:
+            item.loop_mode = mode
 
 
 def kernel_name_of(data: dict) -> str | None:
@@ -110,6 +127,7 @@ class BirCodeGen(InstructionBuilders):
         self._psum_next_bank = 0
         self._tile_count = 0
         self._ordered: list[list[int] | None] = []  # per open scope: ids if no_reorder
+        self._predicates: list[Predicate] = []  # open `predicated` regions, innermost last
         # createMemLoc's `tensor_memkind`: a per-tensor MemoryKind that beats the predicates.
         self.tensor_memkind: dict[str, MemoryKind] = dict(tensor_memkind or {})
 
@@ -177,6 +195,7 @@ class BirCodeGen(InstructionBuilders):
         with self.scope("epilogue", no_reorder=True):  # outputs are published in order
             self._copy_outputs(written)
         self.block_stack.pop()
+        stamp_loop_modes(self.function.entry)
 
     def _copy_outputs(self, written: set[str]) -> None:
         """Graph outputs no node writes (constants, inputs passed through) are copied."""
@@ -215,6 +234,16 @@ class BirCodeGen(InstructionBuilders):
         finally:
             self.loopnest.pop()
             self.block_stack.pop()
+
+    @contextmanager
+    def predicated(self, predicate: Predicate) -> Iterator[None]:
+        """Every instruction emitted inside runs under `predicate` (setPredicate): on the
+        leading-dim indices below its bound, which is how a loop covers its edge tile."""
+        self._predicates.append(predicate)
+        try:
+            yield
+        finally:
+            self._predicates.pop()
 
     @contextmanager
     def runtime_loop(self, item: DynamicLoop | DoWhile) -> Iterator[str]:
@@ -437,6 +466,8 @@ class BirCodeGen(InstructionBuilders):
         inst.id = self._next_id
         self._next_id += 1
         inst.loopnest = tuple(self.loopnest)
+        if self._predicates:
+            inst.predicate = self._predicates[-1]
         self.block_stack[-1].items.append(inst)
         self.deps.add(inst, self.function.memory_locations, self.axis_ranges)
         # In a no_reorder scope every instruction also follows the previous one.

@@ -174,7 +174,9 @@ def _emit_piece(cg, piece: _Piece, locations, sb, compute, depth: int, offsets) 
             shifted = [off + tile.start * s for off, s in zip(offsets, strides, strict=True)]
             _emit_piece(cg, piece, locations, sb, compute, depth + 1, shifted)
         return
-    for row in tiles(cg, piece.rows, NUM_PARTITIONS, "r"):
+    # Rows are the leading dim of every operand (partitions, the DRAM row dim): a partial last
+    # row tile runs in the same loop under a predicate instead of separate code.
+    for row in tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True):
         for col in tiles(cg, piece.cols, FREE_TILE, "c"):
             aps = []
             for index, loc in enumerate(locations):

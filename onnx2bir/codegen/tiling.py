@@ -3,8 +3,9 @@
 An `Affine` is `const + Σ coef·axis`, the offset form BIR access patterns take. `tiles()`
 splits an extent into tiles of a fixed size: the whole tiles become one BIR loop (its axis
 value scaled into the tile's start index), a leftover tile is emitted after the loop with
-constant offsets. A lowering written as nested `for tile in tiles(...)` therefore produces
-loops wherever the iterations are uniform and straight-line code only at the edges.
+constant offsets, or, for a `predicated` extent, run by the same loop under a per-instruction
+predicate. A lowering written as nested `for tile in tiles(...)` therefore produces loops
+wherever the iterations are uniform and straight-line code only at unpredicated edges.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from onnx2bir.bir.ir import Predicate
 
 if TYPE_CHECKING:
     from onnx2bir.codegen.driver import BirCodeGen
@@ -61,14 +64,28 @@ class Tile:
 
 
 def tiles(
-    cg: BirCodeGen, extent: int, size: int, name: str, peel_first: bool = False
+    cg: BirCodeGen,
+    extent: int,
+    size: int,
+    name: str,
+    peel_first: bool = False,
+    predicated: bool = False,
 ) -> Iterator[Tile]:
     """Yield the tiles covering [0, extent), opening a BIR loop around the uniform ones.
 
     With `peel_first`, the first tile is emitted on its own so that it can carry different
-    flags (a matmul that starts a PSUM accumulation rather than adding to it).
+    flags (a matmul that starts a PSUM accumulation rather than adding to it). With
+    `predicated`, a partial edge tile is not emitted separately: one loop runs every tile at
+    full size and each instruction in it carries the predicate "leading index < extent −
+    start", so the body must put this extent on the leading dim of every operand
+    (docs/predicates.md).
     """
     full, rest = divmod(extent, size)
+    if predicated and rest and full and not peel_first:
+        with cg.loop(name, 0, full + 1) as axis:
+            with cg.predicated(Predicate(extent, ((axis, -size),))):
+                yield Tile(Affine.axis(axis, size), size, False)
+        return
     first_index = 0
     if peel_first and full:
         yield Tile(Affine(0), size, True)
