@@ -1,7 +1,8 @@
 """Shared test helpers: one-node ONNX models and the end-to-end check against onnxruntime.
 
 `assert_matches_onnxruntime(model)` compiles the model, runs the BIR on the machine model with
-seeded inputs, runs onnxruntime on the same inputs and asserts that every output agrees
+seeded inputs (with the uninitialised-read check on: no instruction may read memory nothing
+wrote unless it is marked can_read_uninit), runs onnxruntime on the same inputs and asserts that every output agrees
 within `atol + rtol·|reference|`, the comparison of each output shown in the failure message.
 """
 
@@ -17,8 +18,8 @@ from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.compare import FP32_ATOL, FP32_RTOL, compare_output
-from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.uninit import run_checked
 
 # onnxruntime 1.2x reads IR version 10 models; opsets up to 21 belong to IR 10.
 IR_VERSION = 10
@@ -94,7 +95,7 @@ def assert_matches_onnxruntime(
     assert not problems, "the BIR fails the verifier:\n" + "\n".join(problems[:20])
     if feeds is None:
         feeds = synthesize_inputs(compiled.graph, seed)
-    got = run_function(compiled.module, feeds)
+    got = run_checked(compiled.module, feeds)  # also: no read of unwritten memory
     ref = run_onnxruntime(model, feeds)
     failures = []
     for name, expected in ref.items():
