@@ -9,6 +9,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import jsonschema
 import numpy as np
 import onnx
 import pytest
@@ -189,6 +193,8 @@ def test_runtime_loops_survive_the_json_round_trip(tmp_path):
     model = grow_model(with_trip_count=True)
     module = compile_model(model).module
     json_path, _ = write_module(module, tmp_path, "grow")
+    schema = json.loads((Path(__file__).parents[2] / "onnx2bir/bir/schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads(json_path.read_text()))
     loaded = read_module(json_path)
     feeds = {"x": x_feed(2), "M": np.array(3, np.int64)}
     np.testing.assert_array_equal(
