@@ -2,8 +2,9 @@
 
 `assert_matches_onnxruntime(model)` compiles the model, runs the BIR on the machine model with
 seeded inputs (with the uninitialised-read check on: no instruction may read memory nothing
-wrote unless it is marked can_read_uninit), runs onnxruntime on the same inputs and asserts that every output agrees
-within `atol + rtol·|reference|`, the comparison of each output shown in the failure message.
+wrote unless it is marked can_read_uninit), runs onnxruntime on the same inputs and asserts
+that every output agrees within `atol + rtol·|reference|`, the comparison of each output shown
+in the failure message.
 """
 
 from __future__ import annotations
