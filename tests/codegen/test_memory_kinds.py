@@ -8,6 +8,8 @@ case runs on the machine and is compared with onnxruntime.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import assert_matches_onnxruntime, make_model
@@ -110,18 +112,17 @@ def test_tensor_memkind_overrides_the_predicates():
     np.testing.assert_allclose(run_function(module, {"x": x})["y"], x @ W, rtol=1e-6)
 
 
-@pytest.mark.parametrize("model_name", ["small_cnn", "resnet18"])
+MODELS = Path(__file__).parents[2] / "models"
+
+
+@pytest.mark.parametrize("model_name", sorted(p.stem for p in MODELS.glob("*.onnx")))
 def test_zoo_weights_are_parameters_unless_folded(model_name):
     """Every initializer of the model that reaches the BIR unchanged is a parameter."""
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "models" / f"{model_name}.onnx"
-    compilation = compile_model(path)
+    compilation = compile_model(MODELS / f"{model_name}.onnx")
     found = kinds(compilation.module)
     parameters = compilation.graph.parameters
-    assert parameters, "the model has weights"
     placed = [name for name in parameters if name in found]
-    assert placed
+    assert placed, "every zoo model has weights that reach the BIR unchanged"
     for name in placed:
         assert found[name] in (
             MemoryKind.EXTERNAL_INPUT_PARAMETER,
