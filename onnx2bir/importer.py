@@ -309,6 +309,7 @@ def build_graph(
     )
     used_names: set[str] = set()
     consumed = {name for node in onnx_graph.node for name in node.input}
+    consumed.update(_subgraph_reads(onnx_graph))  # a Loop body reads enclosing tensors by name
     consumed.update(graph.outputs)
     for index, node in enumerate(onnx_graph.node):
         # An output nobody reads (Dropout's mask, say) is dropped rather than shaped.
@@ -336,6 +337,20 @@ def build_graph(
         if tensor not in tensors:
             raise UserError(f"graph output {tensor!r} is produced by no node")
     return graph
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name an input of a node inside a subgraph attribute (at any depth)."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            bodies = list(attr.graphs)
+            if attr.type == onnx.AttributeProto.GRAPH:
+                bodies.append(attr.g)
+            for body in bodies:
+                names.update(name for inner in body.node for name in inner.input)
+                names.update(_subgraph_reads(body))
+    return names
 
 
 def _dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:

@@ -231,3 +231,42 @@ def test_committed_loop_models_convert_and_validate(name, kind, tmp_path, capsys
     assert main(["convert", str(path), "-o", str(tmp_path)]) == 0
     loaded = read_module(tmp_path / f"{name}.bir.json")
     assert [type(loop) for loop in runtime_loops(loaded.functions[0].entry)] == [kind]
+
+
+def test_body_with_its_own_constant_and_an_outer_computed_tensor():
+    """The body folds its Constant node and reads r = Relu(x), computed before the loop."""
+    body = helper.make_graph(
+        [
+            helper.make_node(
+                "Constant", [], ["half"], value=numpy_helper.from_array(np.array(0.5, np.float32))
+            ),
+            helper.make_node("Mul", ["r", "half"], ["step"]),
+            helper.make_node("Add", ["acc", "step"], ["acc_out"]),
+            helper.make_node("Identity", ["cond"], ["cond_out"]),
+        ],
+        "body",
+        [
+            _scalar("i", TensorProto.INT64),
+            _scalar("cond", TensorProto.BOOL),
+            helper.make_tensor_value_info("acc", TensorProto.FLOAT, [N]),
+        ],
+        [
+            _scalar("cond_out", TensorProto.BOOL),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [N]),
+        ],
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Loop", ["M", "", "x"], ["y"], body=body),
+    ]
+    graph = helper.make_graph(nodes, "outer_ref", [X, _scalar("M", TensorProto.INT64)], [Y])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+    onnx.checker.check_model(model, full_check=True)
+    module = run_and_compare(model, {"x": x_feed(4), "M": np.array(6, np.int64)})
+    (loop,) = runtime_loops(module.functions[0].entry)
+    assert isinstance(loop, DynamicLoop)
+    # The folded constant travels as a payload; it is not a loop-region local.
+    consts = [name for name in module.constants if name.endswith("/half")]
+    assert consts and not set(consts) & set(loop.local_locations)
