@@ -48,7 +48,7 @@ from onnx2bir.bir.opcodes import (
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.errors import UserError
+from onnx2bir.errors import CompileError
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 
@@ -67,8 +67,9 @@ def kernel_name_of(data: dict) -> str | None:
     return None
 
 
-class CodegenError(UserError):
-    """A node the code generator cannot lower; the message names the node and the rule."""
+class CodegenError(CompileError):
+    """A node the code generator cannot lower (the model does not compile, exit 1); the
+    message names the node and the rule."""
 
 
 class BirCodeGen(InstructionBuilders):

@@ -25,7 +25,9 @@ def test_terminal_summary_puts_the_verdict_first(capsys):
     assert any(line.split()[:3] == ["input", "input", "float32[1,"] for line in lines)
     for row in ("max", "mean", "median", "p99"):
         assert any(line.split()[:1] == [row] for line in lines), row
-    assert "worst element" in out and "cosine" in out and "would pass with atol >=" in out
+    assert "closest to its tolerance: element" in out and "cosine" in out
+    # A pass states its margin, not a "would pass" condition it already meets.
+    assert "margin: it would still pass down to atol" in out and "would pass with" not in out
 
 
 def test_json_keeps_the_contract_and_adds_statistics(capsys):
