@@ -118,7 +118,13 @@ def conv_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:
         f"{functional} matched a functional-registry kernel first (the experimental registry "
         "is walked only after every functional entry refused)"
     )
-    if refused:
+    if refused and all("disabled" in r for r in refused):
+        message += (
+            "; both experimental entries (the pbp kernels) are disabled, as in the reference "
+            "compiler: their matchers accept no convolution, so this flag cannot change a "
+            "selection today"
+        )
+    elif refused:
         message += f"; the experimental entries refused the rest: {_counted(refused)}"
     message += " (docs/conv_selection.md#registries)"
     return [{"flag": flag, "message": message}]
