@@ -71,6 +71,7 @@ class Compilation:
     options: CompileOptions
     details: compiler.Compilation
     files: tuple[str, ...] = ()
+    notes: tuple[dict, ...] = ()  # flags that asked for something that did not happen
 
     @property
     def module(self) -> Module:
@@ -101,13 +102,13 @@ class Compilation:
             "ops": dict(sorted(self.details.source_ops.items())),
             "pass_statistics": [s.to_json() for s in self.details.passes.statistics],
             "compile_options": dataclasses.asdict(self.options),
-            "notes": explain.flag_notes(self.options, self.details),
+            "notes": list(self.notes),
             "timings": {k: round(v, 6) for k, v in self.details.timings.items()},
         }
 
     def text(self) -> str:
         """What `onnx2bir convert` prints."""
-        lines = [f"note: {n['message']}" for n in explain.flag_notes(self.options, self.details)]
+        lines = [f"note: {n['flag']}: {n['message']}" for n in self.notes]
         if self.files:
             json_file = next(f for f in self.files if f.endswith(".bir.json"))
             others = [f for f in self.files if f != json_file]
@@ -130,8 +131,10 @@ def compile(  # noqa: A001 (the API's name for it)
 ) -> Compilation:
     """Compile `model` to BIR. Raises `CompileError` when it does not compile."""
     opts = compile_options(options, **compile_option_values)
-    details = compiler.compile_model(model, opts, dict(input_shapes or {}), dict(dims or {}))
-    return Compilation(_model_label(model), opts, details)
+    shapes = dict(input_shapes or {})
+    details = compiler.compile_model(model, opts, shapes, dict(dims or {}))
+    notes = explain.shape_notes(model, shapes) + explain.flag_notes(opts, details)
+    return Compilation(_model_label(model), opts, details, notes=tuple(notes))
 
 
 def _stem(model: str, module: Module) -> str:
@@ -236,7 +239,7 @@ def report(
         details = compiler.compile_model(model, opts, shapes, symbols, keep_going=True)
     doc = report_doc.build_report(_model_label(model), details)
     doc["compile_options"] = dataclasses.asdict(opts)
-    doc["notes"] = explain.flag_notes(opts, details)
+    doc["notes"] = explain.shape_notes(model, shapes) + explain.flag_notes(opts, details)
     if prepared is not None:
         from onnx2bir.annotate import annotate_model
 
@@ -354,7 +357,9 @@ def validate(
         on_compiled=compiled.append,
     )
     details = compiled[0]
-    doc["notes"] = explain.flag_notes(opts, details)
+    doc["notes"] = explain.shape_notes(model, dict(input_shapes or {})) + explain.flag_notes(
+        opts, details
+    )
     doc["compile_options"] = {
         **doc.get("compile_options", {}),
         **dataclasses.asdict(opts),

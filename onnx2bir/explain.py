@@ -12,6 +12,8 @@ convert, validate and report print them (text: `note: ...` lines; JSON: `"notes"
 - `--native-kernel-cast-type` other than the default while no attention block was raised: the
   cast policy applies to raised attention blocks only (docs/attention.md#cast-policy).
 - `--target` other than `sunda` with the attention flag on: the raise is for `sunda` only.
+- `--input-shape` that replaces a shape the model declares with fixed sizes (`shape_notes`):
+  allowed, and said, since the model's own shapes may assume it (a Reshape to a fixed size).
 """
 
 from __future__ import annotations
@@ -128,6 +130,30 @@ def conv_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:
         message += f"; the experimental entries refused the rest: {_counted(refused)}"
     message += " (docs/conv_selection.md#registries)"
     return [{"flag": flag, "message": message}]
+
+
+def shape_notes(model, input_shapes: dict) -> list[dict]:
+    """A note per `--input-shape` that overrides an input the model declares as static."""
+    if not input_shapes:
+        return []
+    from onnx2bir.importer import read_model, runtime_inputs
+
+    notes = []
+    for value in runtime_inputs(read_model(model)):
+        dims = value.type.tensor_type.shape.dim
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        wanted = input_shapes.get(value.name)
+        if wanted is None or None in declared or not declared or tuple(declared) == tuple(wanted):
+            continue
+        notes.append(
+            {
+                "flag": "--input-shape",
+                "message": f"input {value.name!r}: the model declares the fixed shape "
+                f"{'x'.join(map(str, declared))}; it runs as {'x'.join(map(str, wanted))} "
+                "instead (onnxruntime gets a copy with that input relaxed)",
+            }
+        )
+    return notes
 
 
 def flag_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:

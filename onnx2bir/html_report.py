@@ -30,7 +30,8 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 th { background: #f0f0f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .ok { color: #2e7d32; font-weight: bold; } .fail { color: #c62828; font-weight: bold; }
 .note { background: #fff8e1; border-left: 4px solid #f9a825; padding: 4px 8px; margin: 4px 0; }
-.muted { color: #666; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
+.muted { color: #666; font-size: 0.9em; } td.geo { white-space: nowrap; }
+code { background: #f4f4f4; padding: 0 3px; }
 """
 
 
@@ -174,7 +175,7 @@ def _convs(doc: dict) -> list[str]:
             [
                 _td(conv["node"]),
                 _td(conv["op_type"]),
-                _td(_conv_geometry(conv)),
+                _td(_conv_geometry(conv), "geo"),
                 _td(conv["kernel"] or "GENERIC", "" if conv["kernel"] else "fail"),
                 _td("" if conv["kernel"] else reasons + (" …" if len(ranked) > 3 else "")),
             ]

@@ -169,15 +169,30 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
     blocks = doc["attention"]
     if blocks:
         raised = sum(1 for a in blocks if a["target"])
-        lines += ["", f"attention: {len(blocks)} block(s) found, {raised} raised"]
+        lines += [
+            "",
+            f"attention: {len(blocks)} block(s) found, {raised} raised "
+            "(gates: docs/attention.md#gates)",
+            "  first node: how the block is spelled (scale, masks, K transpose, heads)",
+            "      -> the kernel it was raised to, or why not",
+        ]
         for a in blocks:
             head = a["nodes"][0] if a["nodes"] else "?"
             outcome = a["target"] or f"not raised: {a['reason']}"
-            lines.append(f"  {head}: {a['variant'] or '-'}")
+            shape = (
+                f" [seq {a['seq_q']}x{a['seq_k']}, head dim {a['head_dim']}, {a['dtype']}]"
+                if "seq_q" in a
+                else ""
+            )
+            lines.append(f"  {head}: {a['variant'] or '-'}{shape}")
             lines.append(f"      -> {outcome}")
     if doc["mlp"]:
         raised = sum(1 for m in doc["mlp"] if m["target"])
-        lines += ["", f"MLP: {raised} block(s) raised to AwsNeuronMLPNKI"]
+        lines += [
+            "",
+            f"MLP: {len(doc['mlp'])} block(s) found, {raised} raised to AwsNeuronMLPNKI",
+            "  first node: activation -> kernel, or why not",
+        ]
         for m in doc["mlp"]:
             outcome = m["target"] or f"not raised: {m['reason']}"
             lines.append(f"  {m['nodes'][0]}: {m['activation'] or '-'} -> {outcome}")
@@ -192,8 +207,12 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         cost = doc["cost"]
         busy = ", ".join(f"{e} {t * 1e6:.0f} us" for e, t in cost["busy_seconds"].items() if t)
         lines.append(
-            f"estimated device time: {cost['estimated_seconds'] * 1e6:.0f} us "
-            f"(busy: {busy}; DMA bytes {cost['dma_bytes']})"
+            f"estimated device time (cost model, runtime/cost.py): "
+            f"{cost['estimated_seconds'] * 1e6:.0f} us"
+        )
+        lines.append(
+            f"  busy time per engine: {busy} (DMA summed over its 16 queues, so it can exceed "
+            f"the total); DMA bytes {cost['dma_bytes']}"
         )
     return "\n".join(lines)
 
