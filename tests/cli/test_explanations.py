@@ -109,3 +109,18 @@ def test_validate_json_explains_its_timings(capsys):
     doc = json.loads(out)
     assert "session creation" in doc["timings_explained"]["onnxruntime"]
     assert set(doc["timings"]) <= set(doc["timings_explained"])
+
+
+def test_an_input_shape_that_replaces_a_fixed_shape_is_said(capsys):
+    code, out, _ = run(
+        ["validate", MODELS / "small_cnn.onnx", "--input-shape", "input=1,3,16,16", "--json"],
+        capsys,
+    )
+    (note,) = json.loads(out)["notes"]
+    assert code == 0 and note["flag"] == "--input-shape"
+    assert "1x3x32x32" in note["message"] and "1x3x16x16" in note["message"]
+    code, out, _ = run(
+        ["report", MODELS / "small_cnn.onnx", "--input-shape", "input=1,3,32,32", "--json"],
+        capsys,
+    )
+    assert json.loads(out)["notes"] == []  # the declared shape itself: nothing to say
