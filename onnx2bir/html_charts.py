@@ -17,7 +17,7 @@ from onnx2bir.engine_timeline import Timeline
 STATUS_COLOURS = {"ok": "#2e7d32", "FAIL": "#c62828", "fused": "#9e9e9e"}
 ENGINE_COLOURS = {"PE": "#1565c0", "ACT": "#6a1b9a", "DVE": "#00838f", "POOL": "#ef6c00"}
 DMA_COLOUR = "#757575"
-FLOOR = 1e-12  # errors of exactly 0 are drawn at this height on the log scale
+FLOOR = 1e-12  # the log scale reaches no lower; errors of exactly 0 get their own row
 
 
 def _svg(width: int, height: int, body: list[str], label: str) -> str:
@@ -39,7 +39,7 @@ def _text(x: float, y: float, text: str, anchor: str = "start", size: int = 11) 
 def error_chart(nodes: list[dict], width: int = 960, height: int = 320) -> str:
     """Max abs error per node (dots, coloured by status), its atol (grey ticks), the error
     carried in by its inputs (a thin line); log scale."""
-    left, right, top, bottom = 60, 20, 20, 50
+    left, right, top, bottom = 60, 20, 20, 70  # below the plot: a row for errors of exactly 0
     values = [
         n["max_abs_err"]
         for n in nodes
@@ -47,14 +47,18 @@ def error_chart(nodes: list[dict], width: int = 960, height: int = 320) -> str:
     ]
     values += [n["atol"] for n in nodes if isinstance(n.get("atol"), (int, float))]
     positive = [v for v in values if v > 0] or [1e-8]
-    lo = math.floor(math.log10(max(min(positive), FLOOR)))
+    lo = math.floor(math.log10(max(min(positive), FLOOR))) - 1
     hi = math.ceil(math.log10(max(positive))) + 1
     if hi <= lo:
         hi = lo + 1
     plot_w, plot_h = width - left - right, height - top - bottom
     step = plot_w / max(1, len(nodes))
 
+    zero_y = top + plot_h + 14
+
     def y_of(value: float) -> float:
+        if value <= 0:
+            return zero_y
         v = math.log10(max(value, 10.0**lo))
         return top + plot_h * (1 - (v - lo) / (hi - lo))
 
@@ -65,6 +69,11 @@ def error_chart(nodes: list[dict], width: int = 960, height: int = 320) -> str:
             f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd" />'
         )
         body.append(_text(left - 6, y + 4, f"1e{exponent}", "end", 10))
+    body.append(
+        f'<line x1="{left}" x2="{left + plot_w}" y1="{zero_y}" y2="{zero_y}" stroke="#ddd" '
+        'stroke-dasharray="4 3" />'
+    )
+    body.append(_text(left - 6, zero_y + 4, "0", "end", 10))
     carried = []
     for index, node in enumerate(nodes):
         x = left + step * (index + 0.5)
@@ -102,7 +111,7 @@ def error_chart(nodes: list[dict], width: int = 960, height: int = 320) -> str:
             left + plot_w / 2,
             height - 10,
             "dot: the node's max abs error (green ok, red over tolerance); grey tick: its atol; "
-            "blue line: error already in its inputs",
+            "blue line: error already in its inputs; no dot: fused into a kernel or not compared",
             "middle",
             10,
         )

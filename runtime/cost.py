@@ -14,6 +14,10 @@ Schedule: items are taken in program order; an instruction starts when its engin
 queue) is free and every `deps` source has finished. Approximation: a Loop's body is simulated
 once and its iterations are assumed to run back to back without overlapping, so the loop takes
 trip_count x (span of one iteration); busy time and counts scale by the trip count exactly.
+The span of an iteration is capped by its instructions' durations one after another: the one
+simulated iteration may start an instruction early (its engine free, no dependency) and then
+wait for work scheduled before the loop, a wait the later iterations do not repeat; without
+the cap, each loop would multiply the time before it by its trip count.
 Dependencies on instructions not yet scheduled (loop-carried, or later in program order) are
 ignored. The ~100-cycle overhead of dependent tiny instructions and port conflicts are not modelled.
 """
@@ -109,6 +113,7 @@ class _Frame:
     resources: set = field(default_factory=set)
     start: float = math.inf
     end: float = -math.inf
+    serial: float = 0.0  # one pass's instructions run one after another, in seconds
 
 
 class _Schedule:
@@ -141,6 +146,7 @@ class _Schedule:
         self.dma_bytes += moved * repeat
         frame.ids.add(ins.id)
         frame.resources.add(resource)
+        frame.serial += seconds
         frame.start, frame.end = min(frame.start, start), max(frame.end, start + seconds)
 
     def loop(self, loop: Loop, outer: _Frame, repeat: int) -> None:
@@ -151,14 +157,16 @@ class _Schedule:
         self.block(loop.body, body, repeat * trips)
         if not body.ids:
             return
-        # One iteration simulated; the other trips - 1 follow it back to back.
-        shift = (trips - 1) * (body.end - body.start)
+        # One iteration simulated; the other trips - 1 follow it back to back, each at most
+        # as long as its instructions one after another (module docstring).
+        shift = (trips - 1) * min(body.end - body.start, body.serial)
         for ins_id in body.ids:
             self.finish[ins_id] += shift
         for resource in body.resources:
             self.free[resource] += shift
         outer.ids |= body.ids
         outer.resources |= body.resources
+        outer.serial += trips * body.serial
         outer.start, outer.end = min(outer.start, body.start), max(outer.end, body.end + shift)
 
 
