@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir validate models/small_cnn.onnx\n"
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
-        "  onnx2bir convert model.onnx -o out/\n\n"
+        "  onnx2bir convert model.onnx -o out/\n"
         "  onnx2bir report model.onnx --html report.html\n\n"
         "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
         "mismatch;\n  any command: it does not compile, or the machine rejects the program); "
