@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx2bir.errors import UserError
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime import interpreter, oracle
 from onnx2bir.runtime.compare import compare_output, json_safe
@@ -46,6 +45,7 @@ from onnx2bir.runtime.tolerance import (
     reduction_length,
     tensor_paths,
 )
+from onnx2bir.validation_inputs import TIMINGS_EXPLAINED, check_arrays, check_policy_names
 
 RULE = "|machine - onnxruntime| <= atol + rtol * |onnxruntime|"
 MAX_NODE_ROWS = 60
@@ -175,48 +175,6 @@ def run_validate(
     doc["timings_explained"] = TIMINGS_EXPLAINED
     doc["pass_statistics"] = [stat.to_json() for stat in compilation.passes.statistics]
     return doc, feeds, actual
-
-
-TIMINGS_EXPLAINED = {
-    "import": "read, check and shape-infer the model; fold compile-time values",
-    "passes": "the pattern passes (attention, MLP, conv kernel selection)",
-    "codegen": "BIR code generation",
-    "simulate": "running the BIR on the numpy machine model",
-    "onnxruntime": "onnxruntime: session creation (graph load) plus one run",
-    "localize": "--localize: the intermediates on onnxruntime and their comparison",
-}
-
-
-def check_policy_names(policy: TolerancePolicy, graph) -> None:
-    """Refuse a --tolerance for a tensor the model lacks, or an --op-tolerance for an op type
-    it does not use, listing the valid names (the file's layers may name others: a file can
-    serve several models)."""
-    unknown = sorted(name for name in policy.tensors if name not in graph.tensors)
-    if unknown:
-        raise UserError(
-            f"--tolerance {', '.join(unknown)}: no such tensor in the model; its outputs are "
-            f"{', '.join(graph.outputs)} (any intermediate tensor name is accepted too)"
-        )
-    op_types = sorted({data["op_type"] for _, data in graph.nodes()})
-    unknown = sorted(name for name in policy.op_types if name not in op_types)
-    if unknown:
-        raise UserError(
-            f"--op-tolerance {', '.join(unknown)}: the model has no such op type; its op "
-            f"types are {', '.join(op_types)}"
-        )
-
-
-def check_arrays(arrays: dict[str, np.ndarray], graph, label: str) -> dict[str, np.ndarray]:
-    """Arrays given in memory, held to the rules `oracle.load_inputs` applies to a file."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "inputs.npz"
-        np.savez(path, **arrays)
-        try:
-            return oracle.load_inputs(path, graph)
-        except UserError as exc:
-            raise UserError(str(exc).replace(str(path), label)) from None
 
 
 # --- text ----------------------------------------------------------------------------------
