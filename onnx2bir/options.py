@@ -1,13 +1,13 @@
 """Compile options, one immutable object, spelled as in the reference compiler.
 
 `native_kernel_cast_type` follows the grammar `<what>-to-<type>` with what ∈ {matmult, all}
-and type ∈ {bf16, fp16}; the default `matmult-to-bf16` (seed 003, §4). The policy sets the
-*storage* dtype of a native kernel's matmul operands and intermediates, never the
-accumulation dtype: PSUM accumulates in fp32 whatever is cast (seed 003, "QUIRK").
-`enable_native_kernel_attention` and `enable_native_kernel_attention_bf16` gate the attention
-raise (both default off); `experimental_convolution_kernel_match` opens the experimental conv
-kernel registry (seed 000, default off). The target names the device the attention raise is
-allowed for (the reference compiler compares it with "sunda").
+and type ∈ {bf16, fp16}; the default `matmult-to-bf16` (docs/attention.md#cast-policy). The policy
+sets the *storage* dtype of a native kernel's matmul operands and intermediates, never the
+accumulation dtype: PSUM accumulates in fp32 whatever is cast (docs/attention.md#cast-policy).
+`enable_native_kernel_attention` and `enable_native_kernel_attention_bf16` gate the attention raise
+(both default off); `experimental_convolution_kernel_match` opens the experimental conv kernel
+registry (docs/conv_selection.md#registries, default off). The target names the device the attention
+raise is allowed for (the reference compiler compares it with "sunda").
 """
 
 from __future__ import annotations

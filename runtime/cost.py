@@ -3,7 +3,7 @@
 In: a Module (one function of it). Out: a `CostReport` with per-engine busy cycles and seconds,
 instruction counts per engine, DMA bytes, and the makespan of a simple list schedule.
 
-Per-instruction cost (trainium_facts.md §3 and §6, NeuronCore-v2), N = elements per partition:
+Per-instruction cost (docs/neuroncore.md#cost-model, NeuronCore-v2), N = elements per partition:
 - PE Matmult: max(N_moving, min(64, M_stationary)) cycles, x4 when the operands are fp32.
 - ACT (any opcode): max(64, N). DVE: max(64, N) with one input, max(64, 2N) for TensorTensor with
   both inputs in SBUF (max(64, N) when one is in PSUM). POOL: 150 + N.
@@ -33,20 +33,21 @@ from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop, Module
 
 @dataclass(frozen=True)
 class CostTable:
-    """Every constant of the model, with its source in trainium_facts.md."""
+    """Every constant of the model, with its source in docs/neuroncore.md."""
 
     clock_hz: tuple[tuple[Engine, float], ...] = (
-        (Engine.PE, 2.8e9),  # §2 TensorE clock
-        (Engine.ACT, 1.4e9),  # §2 ScalarE clock
-        (Engine.POOL, 1.4e9),  # §2 GpSimd clock
-        (Engine.DVE, 1.12e9),  # §2 VectorE clock
+        (Engine.PE, 2.8e9),  # docs/neuroncore.md#engines: TensorE clock
+        (Engine.ACT, 1.4e9),  # ScalarE clock
+        (Engine.POOL, 1.4e9),  # GpSimd clock
+        (Engine.DVE, 1.12e9),  # VectorE clock
     )
-    min_ii: int = 64  # §3 MIN_II, the minimum initiation interval of ACT/DVE instructions
-    matmul_min_stationary: int = 64  # §3.1 max(min(64, N_stationary), N_moving)
-    matmul_fp32_factor: int = 4  # §3.1 fp32 matmul runs at 1/4 rate
-    pool_startup: int = 150  # §3.4 GpSimd start-up cycles
-    dma_fixed_s: float = 1.3e-6  # §2 DMA ~1300 ns semaphore-to-start latency
-    dma_bytes_per_s: float = 27e9  # §2 DMA per-engine bandwidth (27 GB/s, S1/S10)
+    # docs/neuroncore.md#cost-model: MIN_II, the minimum initiation interval of ACT/DVE
+    min_ii: int = 64
+    matmul_min_stationary: int = 64  # max(min(64, N_stationary), N_moving)
+    matmul_fp32_factor: int = 4  # fp32 matmul runs at 1/4 rate
+    pool_startup: int = 150  # GpSimd start-up cycles
+    dma_fixed_s: float = 1.3e-6  # docs/neuroncore.md#dma: ~1300 ns semaphore-to-start latency
+    dma_bytes_per_s: float = 27e9  # DMA per-engine bandwidth (27 GB/s)
 
     def clock(self, engine: Engine) -> float:
         return dict(self.clock_hz)[engine]

@@ -1,4 +1,4 @@
-"""Cost model: per-instruction formulas of trainium_facts.md §6 and the list schedule."""
+"""Cost model: per-instruction formulas (docs/neuroncore.md#cost-model) and the list schedule."""
 
 from __future__ import annotations
 
