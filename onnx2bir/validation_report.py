@@ -236,7 +236,8 @@ def format_output(entry: dict) -> list[str]:
             else ""
         )
         lines.append(
-            f"    closest to its tolerance: element {worst['index']}, machine "
+            f"    {'closest to' if entry['passed'] else 'furthest over'} its tolerance: element "
+            f"{worst['index']}, machine "
             f"{_g(worst['machine'], '.9g')}  onnxruntime {_g(worst['onnxruntime'], '.9g')}"
             f"  (abs err {_g(worst['abs_err'])}{share}; the largest abs err is in the table)"
         )
