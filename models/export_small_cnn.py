@@ -23,6 +23,9 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from strip_metadata import strip_exporter_metadata  # noqa: E402
+
 OUT_PATH = Path(__file__).resolve().parent / "small_cnn.onnx"
 OPSET = 18
 INPUT_SHAPE = (1, 3, 32, 32)
@@ -104,6 +107,7 @@ def main() -> int:
         expected = model(example).numpy()
 
     proto, exporter = export(model, example)
+    strip_exporter_metadata(proto)  # node metadata: the exporter's stack traces and scopes
     onnx.checker.check_model(proto, full_check=True)
     onnx.save_model(proto, OUT_PATH, save_as_external_data=False)
 

@@ -12,7 +12,8 @@ Each model is exported with ``torch.onnx.export(..., dynamo=True, opset_version=
 TorchScript exporter is used only if the dynamo exporter raises. For the CNNs the exporter's
 BatchNorm-into-Conv fusion rules are switched off so that BatchNormalization stays in the graph
 (see ``_without_batchnorm_fusion``); every BatchNorm gets seeded, calibrated statistics first.
-Per-node stack traces are dropped (``_normalize_node_metadata``). Which exporter produced a file
+Node metadata (the exporter's stack traces, module scopes and FX nodes) is stripped
+(``strip_metadata.py``). Which exporter produced a file
 is stored in its ``metadata_props`` (key ``onnx2bir.zoo.exporter``) together with the zoo name,
 the attention / MLP block counts by construction and the config. For every model the script
 prints the exporter, opset, file size and op-type counts, runs ``onnx.checker`` and checks that
@@ -55,6 +56,9 @@ import onnx
 import onnxruntime as ort
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from strip_metadata import strip_exporter_metadata  # noqa: E402
 
 # transformers is imported lazily by the builders; it must never reach the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -919,45 +923,6 @@ def _set_metadata(proto: onnx.ModelProto, entries: dict[str, str]) -> None:
         proto.metadata_props.add(key=META_PREFIX + key, value=value)
 
 
-_STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
-
-
-def _normalize_node_metadata(proto: onnx.ModelProto) -> None:
-    """Make the exporter's per-node metadata independent of paths and of how zoo.py was run.
-
-    The dynamo exporter stores on every node a Python stack trace (absolute file paths and line
-    numbers of zoo.py, torch and transformers) and the module class hierarchy, in which the
-    classes defined here are named ``__main__.X``, ``zoo.X`` or ``models.zoo.X`` depending on
-    how zoo.py was started. The stack traces are dropped (they were up to 20% of a file) and
-    this module's name is written as ``zoo``; ``namespace``, ``name_scopes``, ``fx_node`` and
-    ``class_hierarchy`` are kept.
-    """
-    own = f"{__name__}."
-
-    def fix(props) -> None:
-        kept = [p for p in props if p.key != _STACK_TRACE_KEY]
-        for prop in kept:
-            if own != "zoo." and own in prop.value:
-                prop.value = prop.value.replace(own, "zoo.")
-        del props[:]
-        props.extend(kept)
-
-    def visit(graph: onnx.GraphProto) -> None:
-        fix(graph.metadata_props)
-        for node in graph.node:
-            fix(node.metadata_props)
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    visit(attribute.g)
-                for sub in attribute.graphs:
-                    visit(sub)
-
-    visit(proto.graph)
-    for function in proto.functions:
-        for node in function.node:
-            fix(node.metadata_props)
-
-
 def _write_atomic(data: bytes, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -1054,7 +1019,7 @@ def export_model(
 
         meta["transformers_version"] = transformers.__version__
     _set_metadata(proto, meta)
-    _normalize_node_metadata(proto)
+    strip_exporter_metadata(proto)  # node metadata: the exporter's stack traces and scopes
     proto.doc_string = f"onnx2bir model zoo: {name} ({ZOO[name].summary}); {exporter}"
 
     notes: list[str] = []

@@ -1,8 +1,9 @@
-"""The `onnx2bir` command: convert, validate, report.
+"""The `onnx2bir` command: convert, validate, report — a thin layer over `onnx2bir.api`.
 
-Exit status: 0 success (validate: every output matches onnxruntime), 1 validate found a
-mismatch or the machine rejected the program, 2 bad input or usage, 3 an internal error.
-Bad input is one line on stderr; `--debug` adds the traceback.
+Exit status, every command: 0 ok; 1 the model is readable but fails (validate: a mismatch;
+any command: it does not compile, or the machine rejects the program); 2 bad input or usage;
+3 an internal error. An error is one line on stderr, or with `--json` one
+`{"error": {"kind", "message"}}` document on stdout; `--debug` adds the traceback.
 """
 
 from __future__ import annotations
@@ -10,20 +11,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import traceback
-from pathlib import Path
 
+from onnx2bir import __version__, api
 from onnx2bir import options as compile_options
-from onnx2bir.errors import MachineError, UserError
+from onnx2bir.errors import ErrorKind, ExitCode, MachineError, UsageError, UserError
+from onnx2bir.runtime.compare import json_safe
 
-EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = (
+    ExitCode.OK,
+    ExitCode.FAILS,
+    ExitCode.BAD_INPUT,
+    ExitCode.INTERNAL,
+)
 
 
 class _Parser(argparse.ArgumentParser):
+    raise_usage_errors = False  # set by main() under --json: the error becomes a JSON document
+
     def error(self, message: str) -> None:  # usage errors: one line, exit 2
+        if _Parser.raise_usage_errors:
+            raise UsageError(message)
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
@@ -91,9 +100,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--target",
         default=compile_options.DEFAULT_TARGET,
-        help="target device name (default %(default)s)",
+        choices=compile_options.KNOWN_TARGETS,
+        help="target device name (default %(default)s; the attention raise fires only for "
+        f"{compile_options.RAISE_TARGET})",
     )
-    parser.add_argument("--stats", action="store_true", help="print the passes' statistic counters")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON document on stdout, errors included ({"error": {"kind", "message"}})',
+    )
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="add the passes' statistic counters to the output (always in --json)",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
@@ -106,11 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir validate models/small_cnn.onnx\n"
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
-        "  onnx2bir convert model.onnx -o out/\n\n"
-        "exit status: 0 ok, 1 validate found a mismatch, 2 bad input or usage, 3 internal "
-        "error",
+        "  onnx2bir convert model.onnx -o out/\n"
+        "  onnx2bir report model.onnx --html report.html\n\n"
+        "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
+        "mismatch;\n  any command: it does not compile, or the machine rejects the program); "
+        "2 bad input\n  or usage; 3 internal error (a bug in onnx2bir). With --json, errors are "
+        'one JSON\n  document on stdout: {"error": {"kind", "message"}}.',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"onnx2bir {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser(
         "convert",
@@ -124,14 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         required=True,
         metavar="DIR",
-        help="folder for the BIR files (created if missing)",
+        help="folder for the BIR files (created, with its parents, if missing)",
     )
     validate = commands.add_parser(
         "validate",
         help="compile, simulate and compare every output with onnxruntime",
         description="Compile MODEL, run it on the NeuronCore model and compare each output "
         "with onnxruntime on the same inputs. Exit 0: all outputs match; 1: one "
-        "does not; 2: bad input.",
+        "does not (or the model does not compile); 2: bad input.",
     )
     _common(validate)
     _validate_options(validate)
@@ -140,14 +164,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the compiler found and decided for MODEL",
         description="List what the passes decided for MODEL — each convolution's kernel or "
         "why it fell back to the generic path, attention and MLP blocks — and "
-        "whether the model compiles, without simulating.",
+        "whether the model compiles, without simulating. Exit 0: it compiles; 1: it does "
+        "not (the report says why).",
     )
     _common(report)
-    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="also write the report as one self-contained HTML page (tables and charts)",
+    )
     report.add_argument(
         "--explain",
         metavar="NODE",
-        help="print the whole kernel-registry walk for convolution NODE",
+        help="print the whole kernel-registry walk for convolution NODE (the table shows the "
+        "two closest entries' refusals)",
     )
     report.add_argument(
         "--annotate",
@@ -164,8 +194,9 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         "--inputs",
         metavar="FILE.npz|DIR",
         help="input arrays by graph-input name: an .npz file, or an ONNX "
-        "test_data_set_N folder of input_K.pb (default: seeded random; "
-        "gather indices bounded by their table, attention masks in {0, 1})",
+        "test_data_set_N folder of input_K.pb; their shapes fix the model's symbolic "
+        "dimensions (default: seeded random; gather indices bounded by their table, "
+        "attention masks in {0, 1})",
     )
     data.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     data.add_argument(
@@ -226,7 +257,12 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         help="onnxruntime holds at most this many MB of intermediates at once "
         "(default %(default)s)",
     )
-    validate.add_argument("--json", action="store_true", help="print the result as JSON")
+    validate.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="also write the report page with this run's errors (with --localize, the error "
+        "of every node along the graph as a chart)",
+    )
     validate.add_argument(
         "--no-progress",
         action="store_true",
@@ -235,179 +271,139 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
     )
 
 
-def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
-    return compile_options.CompileOptions(
-        native_kernel_cast_type=args.native_kernel_cast_type,
-        enable_native_kernel_attention=args.enable_native_kernel_attention,
-        enable_native_kernel_attention_bf16=args.enable_native_kernel_attention_bf16,
-        experimental_convolution_kernel_match=args.experimental_convolution_kernel_match,
-        target=args.target,
+def _options(args: argparse.Namespace) -> dict:
+    """The compile options and shapes given on the command line, as API keywords."""
+    return {
+        "input_shapes": dict(args.input_shape),
+        "dims": dict(args.dim),
+        "native_kernel_cast_type": args.native_kernel_cast_type,
+        "enable_native_kernel_attention": args.enable_native_kernel_attention,
+        "enable_native_kernel_attention_bf16": args.enable_native_kernel_attention_bf16,
+        "experimental_convolution_kernel_match": args.experimental_convolution_kernel_match,
+        "target": args.target,
+    }
+
+
+def _emit(args: argparse.Namespace, doc: dict, text: str) -> None:
+    print(json.dumps(json_safe(doc), indent=1) if args.json else text)
+
+
+def _stats_text(statistics: list[dict]) -> str:
+    return "\n".join(
+        f"  {stat['pass']}.{stat['name']} = {stat['value']}  ({stat['description']})"
+        for stat in statistics
     )
-
-
-def _compile(args: argparse.Namespace, keep_going: bool = False):
-    from onnx2bir.compiler import compile_model
-
-    return compile_model(
-        args.model, _options(args), dict(args.input_shape), dict(args.dim), keep_going=keep_going
-    )
-
-
-def _print_stats(args, compilation) -> None:
-    if args.stats:
-        from onnx2bir.passes import format_statistics
-
-        print(
-            format_statistics(compilation.passes.statistics) or "(no statistics)", file=sys.stderr
-        )
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from onnx2bir.bir.json_io import write_module
-
-    compilation = _compile(args)
-    _print_stats(args, compilation)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
-    if not out.parent.is_dir():
-        raise UserError(f"{out.parent}: no such folder")
-    stem = Path(args.model).name.removesuffix(".onnx")
-    try:
-        staging = Path(
-            tempfile.mkdtemp(prefix=".onnx2bir-", dir=out if out.exists() else out.parent)
-        )
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write there ({exc.strerror})") from exc
-    try:
-        files = write_module(compilation.module, staging, stem)
-        if out.exists():
-            for path in files:
-                os.replace(path, out / path.name)
-            staging.rmdir()
-        else:
-            os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    instructions = sum(1 for _ in compilation.module.functions[0].instructions())
-    print(
-        f"wrote {out / (stem + '.bir.json')} ({instructions} instructions) and "
-        f"{out / (stem + '.consts.bin')}"
-    )
+    compilation = api.compile(args.model, **_options(args)).save(args.output)
+    text = compilation.text()
+    if args.stats:
+        text += "\npass statistics:\n" + _stats_text(compilation.to_json()["pass_statistics"])
+    _emit(args, compilation.to_json(), text)
     return EXIT_OK
 
 
-def _policy(args: argparse.Namespace):
-    from onnx2bir.runtime.tolerance import (
-        TolerancePolicy,
-        load_tolerance_file,
-        parse_override,
-    )
+def _overrides(texts: list[str], what: str) -> dict:
+    from onnx2bir.runtime.tolerance import parse_override
 
-    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
-        if value is not None and not value >= 0:
-            raise UserError(f"{flag} {value}: must be a number >= 0")
-    policy = TolerancePolicy(atol=args.atol, rtol=args.rtol)
-    if args.tolerance_file:
-        load_tolerance_file(args.tolerance_file, policy)
-    for text in args.tolerance:
-        name, partial = parse_override(text, "tolerance")
-        policy.tensors[name] = partial
-    for text in args.op_tolerance:
-        name, partial = parse_override(text, "op-tolerance")
-        policy.op_types[name] = partial
-    return policy
+    result = {}
+    for text in texts:
+        name, partial = parse_override(text, what)
+        result[name] = (partial.atol, partial.rtol)
+    return result
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from onnx2bir import validation_report
-
-    if args.localize_budget <= 0:
-        raise UserError(f"--localize-budget {args.localize_budget}: must be > 0")
-    policy = _policy(args)
-    doc, feeds, outputs = validation_report.run_validate(
+    result = api.validate(
         args.model,
-        _options(args),
-        policy,
-        input_shapes=dict(args.input_shape),
-        dims=dict(args.dim),
-        inputs=args.inputs,
+        args.inputs,
         seed=args.seed,
-        localize_nodes=args.localize,
-        budget_bytes=int(args.localize_budget * (1 << 20)),
-        progress=not args.no_progress,
-        on_compiled=lambda compilation: _print_stats(args, compilation),
+        atol=args.atol,
+        rtol=args.rtol,
+        tolerance=_overrides(args.tolerance, "tolerance"),
+        op_tolerance=_overrides(args.op_tolerance, "op-tolerance"),
+        tolerance_file=args.tolerance_file,
+        localize=args.localize,
+        localize_budget=args.localize_budget,
+        progress=not args.no_progress and not args.json,
+        **_options(args),
     )
     if args.save_inputs:
-        validation_report.save_inputs(args.save_inputs, feeds)
+        result.save_inputs(args.save_inputs)
     if args.save_outputs:
-        validation_report.save_outputs(args.save_outputs, outputs)
-    print(validation_report.to_json_text(doc) if args.json else validation_report.format_text(doc))
-    return EXIT_OK if doc["passed"] else EXIT_MISMATCH
+        result.save_outputs(args.save_outputs)
+    if args.html:
+        path = result.html(args.html)
+        print(f"wrote {path}", file=sys.stderr)
+    _emit(args, result.to_json(), result.text(stats=args.stats))
+    return EXIT_OK if result.passed else EXIT_MISMATCH
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from onnx2bir import report
-
-    prepared = None
-    if args.annotate:  # the annotation needs the folded model to name unnamed nodes
-        from onnx2bir.runtime.prepared import prepare
-
-        prepared = prepare(
-            args.model, _options(args), dict(args.input_shape), dict(args.dim), keep_going=True
+    result = api.report(args.model, annotate=args.annotate, **_options(args))
+    doc = result.to_json()
+    if args.annotate:
+        print(
+            f"wrote {args.annotate} ({doc['annotated']['nodes']} nodes annotated)", file=sys.stderr
         )
-        compilation = prepared.compilation
-    else:
-        compilation = _compile(args, keep_going=True)
-    _print_stats(args, compilation)
-    doc = report.build_report(args.model, compilation)
-    if prepared is not None:
-        from onnx2bir.annotate import annotate_model
-
-        count = annotate_model(args.model, prepared, doc, args.annotate)
-        print(f"wrote {args.annotate} ({count} nodes annotated)", file=sys.stderr)
+    if args.html:
+        path = result.html(args.html)
+        print(f"wrote {path}", file=sys.stderr)
     if args.explain:
-        try:
-            print(report.explain_conv(doc, args.explain))
-        except KeyError as exc:
-            raise UserError(exc.args[0]) from exc
-        return EXIT_OK
-    print(json.dumps(doc, indent=1) if args.json else report.format_report(doc))
-    return EXIT_OK
+        text = result.explain(args.explain)
+        conv = next(c for c in doc["convs"] if c["node"] == args.explain)
+        _emit(args, conv, text)
+    else:
+        text = result.text()
+        if args.stats:
+            text += "\n\npass statistics:\n" + _stats_text(doc["pass_statistics"])
+        _emit(args, doc, text)
+    return EXIT_OK if result.compiles else EXIT_MISMATCH
 
 
 COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
 
 
+def _error(args_json: bool, kind: ErrorKind, message: str, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    if args_json:
+        print(json.dumps({"error": {"kind": kind.value, "message": message}}, indent=1))
+    elif kind is ErrorKind.MACHINE_REJECTED:
+        print(f"onnx2bir: the machine rejected the program: {message}", file=sys.stderr)
+    elif kind is ErrorKind.INTERNAL:
+        print(
+            f"onnx2bir: internal error: {message} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"onnx2bir: error: {message}", file=sys.stderr)
+    return int(kind.exit_code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    wants_json = "--json" in argv
+    debug = "--debug" in argv
+    _Parser.raise_usage_errors = wants_json
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        return _error(True, ErrorKind.USAGE, str(exc), False)
+    finally:
+        _Parser.raise_usage_errors = False
     try:
         return COMMANDS[args.command](args)
-    except UserError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"onnx2bir: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except MachineError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"onnx2bir: the machine rejected the program: {exc}", file=sys.stderr)
-        return EXIT_MISMATCH
+    except (UserError, MachineError) as exc:
+        return _error(args.json, exc.kind, str(exc), args.debug)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as exc:  # an onnx2bir bug: say so, keep the traceback behind --debug
-        if args.debug:
-            traceback.print_exc()
-        print(
-            f"onnx2bir: internal error: {type(exc).__name__}: {exc} "
-            "(rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+        return _error(args.json, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}", debug)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import onnx
 from onnx2bir.bir.ir import Module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.driver import kernel_name_of
-from onnx2bir.errors import UserError
+from onnx2bir.errors import CompileError, UserError
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
 from onnx2bir.kernels import load_kernels
@@ -69,7 +69,7 @@ def check_supported(graph: Graph) -> None:
     missing = unsupported_ops(graph)
     if missing:
         listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
-        raise UserError(f"unsupported ops in {graph.name}: {listing}")
+        raise CompileError(f"unsupported ops in {graph.name}: {listing}")
 
 
 def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=None) -> Graph:
@@ -101,7 +101,10 @@ def compile_graph(
         compilation.module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
     except UserError as exc:
         if not keep_going:
-            raise
+            # The model was read and checked: failing here means it does not compile (exit 1).
+            if isinstance(exc, CompileError):
+                raise
+            raise CompileError(str(exc)) from exc
         compilation.codegen_error = str(exc)
     timings["codegen"] = time.perf_counter() - start
     return compilation
@@ -114,6 +117,13 @@ def compile_model(
     dims=None,
     keep_going: bool = False,
 ) -> Compilation:
+    """Import `source` (a path or a ModelProto), run the passes and generate BIR.
+
+    `input_shapes` ({input: shape}) and `dims` ({symbol: size}) fix symbolic dimensions.
+    Raises `UserError` when the model cannot be read or its shapes are not fixed, and
+    `CompileError` when it reads but does not compile (with `keep_going`, that failure is
+    recorded in `codegen_error` instead). The public entry point is `onnx2bir.compile`.
+    """
     timings: dict[str, float] = {}
     start = time.perf_counter()
     graph = import_model(source, input_shapes, dims)

@@ -30,6 +30,7 @@ from onnx2bir.folding import (
     static_shapes,
 )
 from onnx2bir.graph import Graph, TensorInfo
+from onnx2bir.input_symbols import propagate_symbols, unset_message
 
 
 def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -235,6 +236,7 @@ def fix_input_shapes(
             f"--dim {', '.join(strays)}: the model's inputs have no symbolic dimension of that "
             f"name (their symbols: {', '.join(sorted(symbols)) or 'none'})"
         )
+    dims = propagate_symbols(inputs, input_shapes, dims)
     if any(
         _declared_static(value) not in (None, tuple(input_shapes[value.name]))
         for value in inputs
@@ -246,15 +248,11 @@ def fix_input_shapes(
         for out in model_copy.graph.output:
             for index, dim in enumerate(out.type.tensor_type.shape.dim):
                 dim.dim_param = f"{out.name}_d{index}"
+    unset: dict[str, list[str]] = {}  # symbol (or "" for an unnamed dim) → where it is used
     for value in inputs:
         shape = value.type.tensor_type.shape
         if value.name in input_shapes:
             wanted = input_shapes[value.name]
-            if len(shape.dim) and len(shape.dim) != len(wanted):
-                raise UserError(
-                    f"--input-shape {value.name}: the model's input has rank {len(shape.dim)}, "
-                    f"the given shape {','.join(map(str, wanted))} has rank {len(wanted)}"
-                )
             del shape.dim[:]
             for size in wanted:
                 shape.dim.add().dim_value = size
@@ -266,12 +264,10 @@ def fix_input_shapes(
             if symbol and symbol in dims:
                 dim.dim_value = dims[symbol]
                 continue
-            how = f"--dim {symbol}=N or " if symbol else ""
-            raise UserError(
-                f"input {value.name!r} dimension {index} is symbolic"
-                f"{f' ({symbol!r})' if symbol else ''}; set it with {how}"
-                f"--input-shape {value.name}=D0,D1,..."
-            )
+            key = symbol or f"{value.name}:{index}"
+            unset.setdefault(key, []).append(f"input '{value.name}' dim {index}")
+    if unset:
+        raise UserError(unset_message(unset))
     return model_copy
 
 

@@ -1,13 +1,13 @@
 """Compile options, one immutable object, spelled as in the reference compiler.
 
 `native_kernel_cast_type` follows the grammar `<what>-to-<type>` with what ∈ {matmult, all}
-and type ∈ {bf16, fp16}; the default `matmult-to-bf16` (seed 003, §4). The policy sets the
-*storage* dtype of a native kernel's matmul operands and intermediates, never the
-accumulation dtype: PSUM accumulates in fp32 whatever is cast (seed 003, "QUIRK").
-`enable_native_kernel_attention` and `enable_native_kernel_attention_bf16` gate the attention
-raise (both default off); `experimental_convolution_kernel_match` opens the experimental conv
-kernel registry (seed 000, default off). The target names the device the attention raise is
-allowed for (the reference compiler compares it with "sunda").
+and type ∈ {bf16, fp16}; the default `matmult-to-bf16` (docs/attention.md#cast-policy). The policy
+sets the *storage* dtype of a native kernel's matmul operands and intermediates, never the
+accumulation dtype: PSUM accumulates in fp32 whatever is cast (docs/attention.md#cast-policy).
+`enable_native_kernel_attention` and `enable_native_kernel_attention_bf16` gate the attention raise
+(both default off); `experimental_convolution_kernel_match` opens the experimental conv kernel
+registry (docs/conv_selection.md#registries, default off). The target names the device the attention
+raise is allowed for (the reference compiler compares it with "sunda").
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ CAST_WHAT = ("matmult", "all")
 CAST_TYPES = ("bf16", "fp16")
 DEFAULT_CAST_TYPE = "matmult-to-bf16"
 DEFAULT_TARGET = "sunda"
+# The target the attention raise fires for (docs/attention.md#gates), and the device names a
+# user may give; any other name is a typo, refused with this list.
+RAISE_TARGET = "sunda"
+KNOWN_TARGETS = ("sunda", "inf2", "trn1", "trn1n", "trn2")
 CAST_TYPE_GRAMMAR = (
     "<what>-to-<type> with <what> one of matmult, all and <type> one of bf16, fp16 "
     "(e.g. matmult-to-bf16)"
@@ -46,6 +50,12 @@ class CompileOptions:
 
     def __post_init__(self) -> None:
         parse_cast_type(self.native_kernel_cast_type)
+        if self.target not in KNOWN_TARGETS:
+            raise UserError(
+                f"--target {self.target!r} is not a known target: expected one of "
+                f"{', '.join(KNOWN_TARGETS)} (the attention raise fires only for "
+                f"{RAISE_TARGET!r})"
+            )
 
     @property
     def what_to_cast(self) -> str:

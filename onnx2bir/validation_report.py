@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from onnx2bir.runtime.tolerance import (
     reduction_length,
     tensor_paths,
 )
+from onnx2bir.validation_inputs import TIMINGS_EXPLAINED, check_arrays, check_policy_names
 
 RULE = "|machine - onnxruntime| <= atol + rtol * |onnxruntime|"
 MAX_NODE_ROWS = 60
@@ -56,7 +58,8 @@ def run_validate(
     *,
     input_shapes=None,
     dims=None,
-    inputs: str | None = None,
+    inputs: str | dict[str, np.ndarray] | None = None,
+    inputs_label: str | None = None,
     seed: int = 0,
     localize_nodes: bool = False,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
@@ -66,16 +69,21 @@ def run_validate(
 ) -> tuple[dict, dict, dict]:
     """(document, feeds, machine outputs); the CLI prints and saves them.
 
-    `on_compiled(compilation)` runs before the simulation (the CLI prints --stats there);
-    `factories` make machine observers for `simulate` (test hooks; they imply --localize's
-    machine-level run).
+    `inputs`: a file or folder, or arrays already read (`inputs_label` says where from).
+    `on_compiled(compilation)` runs before the simulation; `factories` make machine observers
+    for `simulate` (test hooks; they imply --localize's machine-level run). Names in the
+    policy's `tensors` and `op_types` must exist in the model (`check_policy_names`).
     """
     prepared = prepare(model, options, input_shapes, dims)
     if on_compiled is not None:
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine
+    check_policy_names(policy, graph)
     timings = dict(compilation.timings)
-    if inputs:
+    if isinstance(inputs, dict):
+        feeds = check_arrays(inputs, graph, inputs_label or "inputs")
+        sources = dict.fromkeys(graph.inputs, f"from {inputs_label or 'the given arrays'}")
+    elif inputs:
         feeds = oracle.load_inputs(inputs, graph)
         sources = dict.fromkeys(graph.inputs, f"from {inputs}")
     else:
@@ -105,7 +113,7 @@ def run_validate(
     timings["simulate"] = time.perf_counter() - start
     start = time.perf_counter()
     expected = oracle.run_onnxruntime(model, feeds, graph.outputs)
-    timings["onnxruntime"] = time.perf_counter() - start
+    timings["onnxruntime"] = time.perf_counter() - start  # session creation + one run
     paths = tensor_paths(graph, compilation.module)
     outputs = []
     for name in graph.outputs:
@@ -124,7 +132,7 @@ def run_validate(
         entry.update(path=path, producer=producer, op_type=op_type)
         outputs.append(entry)
     doc = {
-        "model": model,
+        "model": model if isinstance(model, str) else "<ModelProto>",
         "passed": all(entry["passed"] for entry in outputs),
         "outputs": outputs,
         "timings": {},
@@ -164,6 +172,8 @@ def run_validate(
         timings["localize"] = time.perf_counter() - start
         del machine
     doc["timings"] = {key: round(value, 6) for key, value in timings.items()}
+    doc["timings_explained"] = TIMINGS_EXPLAINED
+    doc["pass_statistics"] = [stat.to_json() for stat in compilation.passes.statistics]
     return doc, feeds, actual
 
 
@@ -212,14 +222,24 @@ def format_output(entry: dict) -> list[str]:
         if entry["finite_pairs"] == entry["size"]
         else f"   (over the {entry['finite_pairs']} elements finite on both sides)"
     )
-    lines.append(f"    {'':<8} {'abs err':>11} {'rel err':>11}{note}")
+    lines.append(
+        f"    {'error':<8} {'|m - ort|':>11} {'/ |ort|':>11}{note}   (m machine, ort onnxruntime)"
+    )
     for key in ("max", "mean", "median", "p99"):
         lines.append(f"    {key:<8} {_g(abs_err.get(key)):>11} {_g(rel_err.get(key)):>11}")
     worst = entry.get("worst")
     if worst:
+        allowance = entry["atol"] + entry["rtol"] * abs(worst["onnxruntime"])
+        share = (
+            f", {100 * worst['abs_err'] / allowance:.0f}% of its allowance"
+            if allowance > 0 and np.isfinite(worst["abs_err"])
+            else ""
+        )
         lines.append(
-            f"    worst element {worst['index']}: machine {_g(worst['machine'], '.9g')}"
-            f"  onnxruntime {_g(worst['onnxruntime'], '.9g')}"
+            f"    {'closest to' if entry['passed'] else 'furthest over'} its tolerance: element "
+            f"{worst['index']}, machine "
+            f"{_g(worst['machine'], '.9g')}  onnxruntime {_g(worst['onnxruntime'], '.9g')}"
+            f"  (abs err {_g(worst['abs_err'])}{share}; the largest abs err is in the table)"
         )
     ulp = "" if entry.get("max_ulp") is None else f"  max {entry['max_ulp']} ULP"
     lines.append(
@@ -238,14 +258,23 @@ def format_output(entry: dict) -> list[str]:
             if not np.isfinite(entry["min_rtol"])
             else f"rtol >= {_g(entry['min_rtol'], '.3g')}"
         )
-        lines.append(
-            f"    would pass with atol >= {_g(entry['min_atol'], '.3g')} (at rtol "
-            f"{_g(entry['rtol'], 'g')}) or {rtol_text} (at atol {_g(entry['atol'], 'g')})"
-        )
+        if entry["passed"]:
+            lines.append(
+                f"    margin: it would still pass down to atol {_g(entry['min_atol'], '.3g')} "
+                f"(at rtol {_g(entry['rtol'], 'g')}) or rtol "
+                f"{_g(entry['min_rtol'], '.3g')} (at atol {_g(entry['atol'], 'g')}); "
+                "0 means that term is not needed"
+            )
+        else:
+            lines.append(
+                f"    would pass with atol >= {_g(entry['min_atol'], '.3g')} (at rtol "
+                f"{_g(entry['rtol'], 'g')}) or {rtol_text} (at atol {_g(entry['atol'], 'g')})"
+            )
     return lines
 
 
-def format_text(doc: dict) -> str:
+def format_text(doc: dict, stats: bool = False) -> str:
+    """The document for a person; `stats` adds the passes' statistic counters."""
     outputs = doc["outputs"]
     good = sum(1 for entry in outputs if entry["passed"])
     orc = doc["oracle"]
@@ -253,6 +282,7 @@ def format_text(doc: dict) -> str:
         f"{'PASS' if doc['passed'] else 'FAIL'}  {doc['model']}: {good}/{len(outputs)} "
         f"outputs match {orc['name']} {orc['version']} ({orc['graph_optimization_level']})"
     ]
+    lines += [f"  note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     seed = "" if doc["seed"] is None else f", seed {doc['seed']}"
     for entry in doc["inputs"]:
         lines.append(
@@ -263,8 +293,18 @@ def format_text(doc: dict) -> str:
         lines += [""] + format_output(entry)
     if "localize" in doc:
         lines += [""] + format_localize(doc["localize"])
-    lines += ["", "  timings: " + ", ".join(f"{k} {v:.3f}s" for k, v in doc["timings"].items())]
+    if stats:
+        lines += ["", "  pass statistics:"] + [
+            f"    {stat['pass']}.{stat['name']} = {stat['value']}  ({stat['description']})"
+            for stat in doc.get("pass_statistics", [])
+        ]
+    lines += ["", "  timings: " + ", ".join(_timing(k, v) for k, v in doc["timings"].items())]
     return "\n".join(lines)
+
+
+def _timing(key: str, seconds: float) -> str:
+    label = "onnxruntime (session creation + run)" if key == "onnxruntime" else key
+    return f"{label} {seconds:.3f}s"
 
 
 def _kernel_text(record: dict) -> str:
@@ -276,10 +316,22 @@ def _kernel_text(record: dict) -> str:
 
 
 def format_localize(loc: dict) -> list[str]:
+    statuses = Counter(n["status"] for n in loc["nodes"])
+    skipped = []
+    if statuses.get("fused"):
+        skipped.append(
+            f"{statuses['fused']} fused into a raised kernel block (their tensors never exist "
+            "on the machine; the block's output is compared)"
+        )
+    if statuses.get("not compared"):
+        skipped.append(
+            f"{statuses['not compared']} not compared (constants computed at compile time, or "
+            "values the program keeps on chip and never writes to DRAM)"
+        )
     lines = [
         f"localize: {loc['nodes_compared']} of {loc['nodes_total']} nodes compared "
         f"({loc['tensors_compared']} tensors, {loc['oracle_batches']} onnxruntime run(s))"
-    ]
+    ] + [f"  skipped: {text}" for text in skipped]
     first = loc["first_failing"]
     if first is None:
         lines.append("  first node over tolerance: none - every intermediate is within tolerance")
@@ -326,15 +378,17 @@ def format_localize(loc: dict) -> list[str]:
         width = max(len(n["node"]) for n in rows)
         lines += [
             "",
-            f"  {'node':<{width}}  {'op':<12} {'max abs':>10} {'max rel':>10} "
-            f"{'in abs':>10}  {'status':<6} lowering",
+            "  max abs/rel err: this node's output vs onnxruntime; inputs' err: the largest "
+            "abs error already in its inputs (carried in from earlier nodes)",
+            f"  {'node':<{width}}  {'op type':<12} {'max abs err':>11} {'max rel err':>11} "
+            f"{'inputs err':>11}  {'status':<6} lowering (kernel or generic op)",
         ]
         for n in rows:
             lines.append(
                 f"  {n['node']:<{width}}  {n['op_type']:<12} "
-                f"{_g(n.get('max_abs_err'), '10.3e') if 'max_abs_err' in n else '-':>10} "
-                f"{_g(n.get('max_rel_err'), '10.3e') if 'max_rel_err' in n else '-':>10} "
-                f"{_g(n['input_max_abs_err'], '10.3e'):>10}  {n['status']:<6} "
+                f"{_g(n.get('max_abs_err'), '10.3e') if 'max_abs_err' in n else '-':>11} "
+                f"{_g(n.get('max_rel_err'), '10.3e') if 'max_rel_err' in n else '-':>11} "
+                f"{_g(n['input_max_abs_err'], '10.3e'):>11}  {n['status']:<6} "
                 f"{n['lowering']}"
             )
         if len(rows) < len(nodes):
@@ -345,7 +399,7 @@ def format_localize(loc: dict) -> list[str]:
         )
     if loc["convs"]:
         width = max(len(c["node"]) for c in loc["convs"])
-        lines += ["", "  convolutions: kernel or fallback, and error"]
+        lines += ["", "  convolutions: status, max abs error, kernel (or GENERIC and why)"]
         for c in loc["convs"]:
             lines.append(
                 f"  {c['node']:<{width}}  {c['status'] or '-':<6} max abs "

@@ -1,18 +1,18 @@
-"""LowerToCustomNativeKernel (seed 003 §2): raise the eligible matmul → softmax → matmul
-attention blocks to an attention kernel CustomCall.
+"""LowerToCustomNativeKernel (docs/attention.md#attention-raise): raise the eligible matmul →
+softmax → matmul attention blocks to an attention kernel CustomCall.
 
 In: a Graph and the CompileOptions. Out: each block found by `attention_match.find_blocks`
 (the pattern table and its check; re-exported here) that passes the gates replaced by one
 CustomCall with the block's q, kᵀ, v and extra inputs, its score steps as JSON, and Casts
 around it when the cast policy casts; a finding per block, raised or not, with the reason.
 
-Gates, in the seed's order: the master flag `enable_native_kernel_attention` and the target
+Gates, in the reference's order: the master flag `enable_native_kernel_attention` and the target
 ("sunda"); dtype eligibility (bf16/fp16 always, fp32 only with a valid cast policy — always
 valid here, the options reject anything else); `enable_native_kernel_attention_bf16` (off:
 only tensors already in bf16 match; on: any dtype, intermediates forced to the cast type);
 query sequence > 1007, head dim ≤ 128, SBUF bytes ≤ 196608.
 
-Target (INFERRED, the seed does not transcribe the decision): a score mask that is a constant
+Target (INFERRED, the reference does not spell out the decision): a score mask that is a constant
 causal triangle selects CausalAttentionMMSoftmaxMMWithoutSwap and the mask step becomes the
 kernel's own causal masking; otherwise query and key lengths equal (self-attention) select
 AttentionMMSoftmaxMMWithoutSwap, and unequal lengths AttentionMMSoftmaxMM, whose first matmul
@@ -165,7 +165,8 @@ def _cast(graph: Graph, tensor: str, dtype: Dtype, name: str) -> str:
 # --- the pass ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LowerToCustomNativeKernel:
-    """Raise matmul-softmax-matmul attention to a native attention kernel (seed 003 §2)."""
+    """Raise matmul-softmax-matmul attention to a native attention kernel
+    (docs/attention.md#gates)."""
 
     name: str = "LowerToCustomNativeKernel"
 

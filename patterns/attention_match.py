@@ -1,5 +1,5 @@
-"""The attention pattern table and its check (seed 003 §2): find matmul → softmax → matmul
-blocks and read what each one computes.
+"""The attention pattern table and its check (docs/attention.md#attention-raise): find matmul →
+softmax → matmul blocks and read what each one computes.
 
 In: a Graph. Out: `find_blocks` — per Softmax, the `AttentionBlock` it anchors (q, kᵀ, v and
 the output; the score steps and post steps in the JSON form the raised CustomCall carries, and

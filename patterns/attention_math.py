@@ -1,5 +1,5 @@
-"""Graph-building helpers for DecomposeAttention (seed 003 §5): the plain-ONNX spelling of
-matmul → stable softmax → matmul, staged node by node for one attention root.
+"""Graph-building helpers for DecomposeAttention (docs/attention.md#decompose): the plain-ONNX
+spelling of matmul → stable softmax → matmul, staged node by node for one attention root.
 
 In: a Graph, the name of the root being replaced and the ops that have a generic lowering.
 Out: an `Emitter` holding staged nodes named "<root>/decomposed/<part>" and their tensors,
@@ -7,16 +7,16 @@ written into the graph by `commit` only once the expansion is complete; `Unsuppo
 message is the reason shown to users, when a root cannot be expanded. `emit_core` stages
 
     S = MatMul(Q, Kᵀ) → Mul/Div(scale) → masks (Add of a bias, Where for a masked fill)
-    m = ReduceMax(S, axis −1, keepdims)            the seed's rowmax (MAXIMUM reduce)
+    m = ReduceMax(S, axis −1, keepdims)            the reference's rowmax (MAXIMUM reduce)
     P = Exp(S − m) / ReduceSum(Exp(S − m), axis −1, keepdims)
     Y = MatMul(P, V)
 
-the numerically stable softmax of seed §5. Where a query row can be fully masked (ONNX's
-Attention spec gives such a row a zero output, and the NaN guard `nan_to_zero` zeroes it), the
-row max is floored at the lowest finite value and the row sum at the smallest normal, as the
-seed's `rowmax = MakeBinaryHlo(MAXIMUM, rowmax2, …)` after the reduces: an all −inf row then
-gives exp(−inf) = 0 over a sum of `tiny`, i.e. zeros, and every other row is unchanged (its
-max is finite and its sum ≥ 1). A masked fill with a constant condition folds into constants
+the numerically stable softmax of docs/attention.md#decompose. Where a query row can be fully masked
+(ONNX's Attention spec gives such a row a zero output, and the NaN guard `nan_to_zero` zeroes it),
+the row max is floored at the lowest finite value and the row sum at the smallest normal, as the
+reference's `rowmax = MakeBinaryHlo(MAXIMUM, rowmax2, …)` after the reduces: an all −inf row then
+gives exp(−inf) = 0 over a sum of `tiny`, i.e. zeros, and every other row is unchanged (its max is
+finite and its sum ≥ 1). A masked fill with a constant condition folds into constants
 (`_masked_fill`); `causal_bias` is the constant causal triangle.
 
 Heads (`Heads`, `split_heads`, `merge_heads`, `group_shape`): grouped-query heads are laid out

@@ -1,4 +1,5 @@
-"""TransformConvOp (seed 000): choose a kernel for each 2-D convolution, or record why not.
+"""TransformConvOp: choose a kernel for each 2-D convolution, or record why not
+(docs/conv_selection.md).
 
 Two ordered registries of `KernelInfo`: FUNCTIONAL_KERNEL_REGISTRY, always walked, and
 EXPERIMENTAL_KERNEL_REGISTRY, walked only when `experimental_convolution_kernel_match` is on.
@@ -14,7 +15,7 @@ conv fell back to the generic path. The walk itself is unchanged. The predicates
 `conv_predicates` and the graph rewrite in `conv_rewrite` (both re-exported here); this module
 holds the attribute builders, the registries, the walk and the pass.
 
-Where the seed marks something INFERRED, the choice made here is written next to it.
+Where something is INFERRED (not read from the reference), the choice is written next to it.
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ log = logging.getLogger("onnx2bir.TransformConvOp")
 
 # --- attribute marshalling -----------------------------------------------------------------
 def get_kernel_attr(op: ConvOp) -> dict:
-    """The kernel's attributes, keys in the seed's insertion order (py:513).
+    """The kernel's attributes, keys in the reference's insertion order
+    (docs/conv_selection.md#attributes).
 
-    The seed's "tensor-shape key" is spelled here as three keys, input/kernel/result shape,
+    The reference's "tensor-shape key" is spelled here as three keys, input/kernel/result shape,
     in that order at that position.
     """
     return {
@@ -81,13 +83,14 @@ def get_kernel_attr(op: ConvOp) -> dict:
         "result_shape": list(op.res_shape),
         "batch_group_count": op.batch_group_count,
         "feature_group_count": op.feature_group_count,
-        # Beyond the seed's key set: the transposed-conv kernels must know the kernel flip.
+        # Beyond the reference's key set: the transposed-conv kernels must know the kernel flip.
         "rhs_reversal": op.rhs_reversal,
     }
 
 
 def get_kernel_attr_same_hl_pad(op: ConvOp) -> dict:
-    """The sibling builder for kernels written for one pad per side (py:528).
+    """The sibling builder for kernels written for one pad per side
+    (docs/conv_selection.md#attributes).
 
     It rewrites only padding and stride: each spatial dim's (low, high) pair is kept as the
     kernel reads it, and `same_hl_pad` records whether low == high everywhere. The vector
@@ -103,7 +106,7 @@ def get_kernel_attr_same_hl_pad(op: ConvOp) -> dict:
 # --- registry --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KernelInfo:
-    """A registry row: `match` is (predicate, default kwargs), as in the seed."""
+    """A registry row: `match` is (predicate, default kwargs), as in the reference."""
 
     name: str
     match: tuple[Callable[..., Reason], dict]
@@ -143,9 +146,9 @@ KERNEL_NAMES = (
     PBP_FB01,
 )
 
-# Priority order. The unique-name rows sit where the seed puts them; the column-packing trio's
+# Priority order. The unique-name rows sit where the reference puts them; the column-packing trio's
 # slots are INFERRED (see match_conv_depthwise_backward and match_low_channel_conv). The
-# seed's priorities 7-8 are not named; the low-channel gate takes 7.
+# reference's priorities 7-8 are not named; the low-channel gate takes 7.
 FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
     # 1: dense conv through C_in x kH replication on the PE array.
     KernelInfo(
@@ -285,7 +288,7 @@ def select_kernel(op: ConvOp, options: CompileOptions, is_pglt: bool = False) ->
 
 @dataclass(frozen=True)
 class TransformConvOp:
-    """Match certain convolutions and lower them to kernels (seed 000)."""
+    """Match certain convolutions and lower them to kernels (docs/conv_selection.md)."""
 
     name: str = "TransformConvOp"
     is_pglt: bool = False

@@ -1,11 +1,11 @@
-"""Conv canonicalization and the permutation algebra of seed 000.
+"""Conv canonicalization and the permutation algebra (docs/conv_selection.md#canonical-form).
 
 In: an ONNX Conv or ConvTranspose node of the Graph. Out: a `ConvOp` carrying exactly the
 attributes the kernel predicates read: the layout permutations, group counts, stride,
 lhs/rhs dilation, low/high padding per spatial dim, rhs_reversal, the three shapes, the
 number of spatial dims and the dtype.
 
-Permutations follow the seed's convention: `apply_perm(tensor, in_perm)` is the canonical
+Permutations follow the reference's convention: `apply_perm(tensor, in_perm)` is the canonical
 input, whose axes are (b, f, 0, 1); the canonical kernel is (o, i, 0, 1) and the canonical
 result (b, f, 0, 1). So `in_shape[in_perm[1]]` is the input channel count, `kern_shape[
 kern_perm[0]]` the output channel count, `res_shape[out_perm[0]]` the batch. A layout is
@@ -122,7 +122,7 @@ class ConvOp:
     dtype: Dtype
     inputs: list[str] = field(default_factory=list)  # x, w, optional bias
     output: str = ""
-    is_pglt: bool = False  # set by the dispatcher from the pass (seed 000, py:670)
+    is_pglt: bool = False  # set by the dispatcher from the pass (docs/conv_selection.md#pglt)
     weight_is_const: bool = True
 
     # Canonical sizes, read through the perms as the predicates do.

@@ -1,12 +1,13 @@
-"""The kernel predicates of TransformConvOp's registries (seed 000): one `match_*` per row.
+"""The kernel predicates of TransformConvOp's registries
+(docs/conv_selection.md#functional-registry): one `match_*` per row.
 
 In: a `ConvOp` (the conv in canonical form, `patterns/conv_op.py`) and the registry row's
 default kwargs. Out: None to accept, or the reason string to refuse. The reference returns a
 bool; the reason lets the report say, entry by entry, why a conv fell back to the generic path.
 `is_low_channel_conv_1` is the column-packing gate; it raises ConvOpInvariantError, with the
-seed's assertion messages, for a conv whose shapes contradict each other.
+reference's assertion messages, for a conv whose shapes contradict each other.
 
-Where the seed marks a threshold INFERRED, the choice made here is written next to it.
+Where a threshold is INFERRED (not read from the reference), the choice is written next to it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from onnx2bir.patterns.conv_op import (
 )
 
 # SBUF bytes per partition a kernel may plan for: the compiler keeps ~16 KiB per partition
-# for itself (trainium_facts.md §1, nki-library usable-SBUF figure).
+# for itself (docs/neuroncore.md#memory, the NKI library's usable-SBUF figure).
 SBUF_BUDGET = SBUF_BYTES_PER_PARTITION - 16 * 1024
 # is_low_channel_conv_1: derived from the shapes, not a fixed C_in (docs/conv_low_channel.md).
 # LOW_CHANNEL_MAX is the largest C_in that is low for some kernel: two taps must share the
@@ -37,7 +38,7 @@ Reason = str | None
 
 
 class ConvOpInvariantError(AssertionError):
-    """A conv op whose shapes contradict each other (the seed's assertion messages)."""
+    """A conv op whose shapes contradict each other (the reference's assertion messages)."""
 
 
 # --- predicates ----------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def _replicated_input_bytes(op: ConvOp) -> int:
     return op.dtype.itemsize * out_h * padded_w
 
 
-def match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh(op: ConvOp, allow_stride: bool = True) -> Reason:  # noqa: N802 (seed's name)
+def match_Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh(op: ConvOp, allow_stride: bool = True) -> Reason:  # noqa: N802 (the reference's name)
     """Dense conv whose C_in x kH rows fit the partitions and whose replica fits SBUF."""
     c_in, kh = op.in_channels, op.kern_spatial[0]
     return _first(
@@ -142,7 +143,7 @@ def match_conv2d_depthwise_f01b_o01i_bf01(op: ConvOp) -> Reason:
 
 
 def match_conv_depthwise_forward(op: ConvOp) -> Reason:
-    """Stride-[3, 3] forward depthwise (the seed's one numeric constant)."""
+    """Stride-[3, 3] forward depthwise (the reference's one numeric constant)."""
     return _first(
         (_unit(op.lhs_dilation), f"lhs_dilation {op.lhs_dilation}"),
         (

@@ -1,5 +1,5 @@
-"""The rewrite of TransformConvOp (seed 000): a conv whose kernel was selected becomes a
-NativeKernel node.
+"""The rewrite of TransformConvOp (docs/conv_selection.md#attributes): a conv whose kernel was
+selected becomes a NativeKernel node.
 
 In: the Graph, the conv's `ConvOp` and the selected registry row (`KernelInfo`). Out: the conv's
 tensors bridged to the kernel's layouts (Transpose nodes, folded at once for constant weights,

@@ -1,14 +1,14 @@
-"""DecomposeAttention (seed 003 §5, pass #38): expand a fused attention root back into plain
-ONNX math that the generic code generator lowers.
+"""DecomposeAttention (docs/attention.md#decompose, pass #38): expand a fused attention root back
+into plain ONNX math that the generic code generator lowers.
 
 In: a Graph after the attention raise (#37). Roots, in topological order:
 1. an attention CustomCall left by LowerToCustomNativeKernel whose target is not in the kernel
-   registry — "the kernel is not selected", the seed's canonicalization fallback. Its
+   registry — "the kernel is not selected", the reference's canonicalization fallback. Its
    `steps`/`post_steps` are applied exactly, and the Casts the raise put around it for the cast
    policy are removed, so the math runs in the model's own dtype again;
-2. `onnx.Attention` (opset ≥ 23, the form opset-23 exports emit, attention_idioms.md §0.3,
-   §2 row 23): 4-D [B, H, S, D] or 3-D [B, S, H·D] inputs, GQA/MQA, `scale`, `is_causal`,
-   a bool or float `attn_mask`, `softcap` (with Tanh);
+2. `onnx.Attention` (opset ≥ 23, the form opset-23 exports emit, docs/attention.md#idioms):
+   4-D [B, H, S, D] or 3-D [B, S, H·D] inputs, GQA/MQA, `scale`, `is_causal`, a bool or float
+   `attn_mask`, `softcap` (with Tanh);
 3. `com.microsoft.MultiHeadAttention` (3-D query/key/value, `bias`, a 2-D or 3-D 0/1
    `key_padding_mask`, `attention_bias`, `unidirectional`) and `com.microsoft.Attention`
    (packed weights and bias, split by numpy when constant, by Slice otherwise; a 2-D or 3-D
@@ -20,9 +20,9 @@ Out: each root replaced by nodes named "<root>/decomposed/<part>":
     P = Exp(S − rowmax) / ReduceSum(Exp(S − rowmax))
     Y = MatMul(P, V)
 
-the numerically stable softmax of seed §5. The nodes are staged by `attention_math` (the
-Emitter, the shared core with its fully-masked-row guard, the grouped-query head layout); the
-planners here read each root's inputs and attributes into that core.
+the numerically stable softmax of docs/attention.md#decompose. The nodes are staged by
+`attention_math` (the Emitter, the shared core with its fully-masked-row guard, the grouped-query
+head layout); the planners here read each root's inputs and attributes into that core.
 
 A root is rewritten only if every op of its replacement has a generic lowering (checked
 against the registry at run time); otherwise it stays and its finding gives the reason.
@@ -376,7 +376,8 @@ PLANNERS = {
 
 @dataclass(frozen=True)
 class DecomposeAttention:
-    """Expand fused/native attention into matmul → stable softmax → matmul (seed 003 §5)."""
+    """Expand fused/native attention into matmul → stable softmax → matmul
+    (docs/attention.md#decompose)."""
 
     name: str = "DecomposeAttention"
     lowerings: frozenset[str] | None = None  # None: the generic lowering table at run time

@@ -1,10 +1,11 @@
-"""LowerToNKIKernelCC (seed 003 §3): raise dot2(act(dot1(x))) MLP blocks to AwsNeuronMLPNKI.
+"""LowerToNKIKernelCC: raise dot2(act(dot1(x))) MLP blocks to AwsNeuronMLPNKI
+(docs/attention.md#mlp-raise).
 
 Pure structure: no flag, no dtype gate, no cast config (`backend_config` is empty,
 api_version 1). A block is MatMul or Gemm (+ an optional bias Add), an activation, MatMul or
 Gemm (+ an optional bias Add); GPT-2's exports put a Reshape on either side of the
 activation, which the patterns allow. Activations are small graphs matched as a whole, in
-each multiplication order exporters emit (attention_idioms.md §2, §4):
+each multiplication order exporters emit (docs/attention.md#idioms):
 
 - `Relu`, `Gelu` (the op; `approximate` decides erf or tanh),
 - erf GELU `x·½·(1 + erf(x/√2))` in three orders (and with ·1/√2 instead of /√2),
@@ -383,7 +384,7 @@ def _near(graph: Graph, node: str, step, hops: int) -> bool:
 
 @dataclass(frozen=True)
 class LowerToNKIKernelCC:
-    """Raise MLP dot chains to the AwsNeuronMLPNKI kernel (seed 003 §3)."""
+    """Raise MLP dot chains to the AwsNeuronMLPNKI kernel (docs/attention.md#mlp-raise)."""
 
     name: str = "LowerToNKIKernelCC"
 

@@ -1,4 +1,4 @@
-"""The node alone: own error vs error carried in (validator_anchors §8, "beat" 2).
+"""The node alone: own error vs error carried in (docs/validation.md#own-vs-carried).
 
 In: a node of the graph before the passes, onnxruntime's values of its inputs (exposed from
 the full model), the compile options. The node is rebuilt as a one-node ONNX model — constant

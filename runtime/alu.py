@@ -1,12 +1,12 @@
 """ALU and activation math of the compute engines: the numpy functions behind the opcodes.
 
 In: numpy arrays, and the AluOp or ActFunc of an instruction. Out: arrays in the math dtype:
-fp32 everywhere (ACT/DVE/POOL compute internally in fp32, trainium_facts.md §2), except that
+fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except that
 integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
-integer truncates (`cast`, §3.5). `alu` applies an AluOp (comparisons give 1 or 0),
-`ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each AluOp TensorReduce accepts
-to its ufunc; `erf` is a Maclaurin series accurate to fp32 resolution. The instruction
-semantics (`runtime/semantics.py`) bind operands and call these.
+integer truncates (`cast`, docs/neuroncore.md#dma). `alu` applies an AluOp (comparisons give 1 or
+0), `ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each AluOp TensorReduce accepts to
+its ufunc; `erf` is a Maclaurin series accurate to fp32 resolution. The instruction semantics
+(`runtime/semantics.py`) bind operands and call these.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def int_like(dtype: np.dtype) -> bool:
 
 
 def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Convert to dtype: integers to integers directly, anything else through fp32 (§3.5)."""
+    """Convert to dtype: integers to integers directly, anything else through fp32
+    (docs/neuroncore.md#dma)."""
     values = np.asarray(values)
     if values.dtype == dtype:
         return values

@@ -3,9 +3,9 @@
 In: a machine array, a reference array, a tolerance (atol, rtol). Out: an `OutputComparison`
 holding the verdict and the statistics a person needs to act on it.
 
-Rule (numpy allclose, validator_anchors §5.3): an element passes when
+Rule (numpy allclose, docs/validation.md#comparison-rule): an element passes when
 |actual − reference| ≤ atol + rtol·|reference|. NaN passes only against NaN and ±inf only
-against the same infinity (ORT OpTester's rule, §1); any other non-finite pair fails.
+against the same infinity (onnxruntime's op-test rule); any other non-finite pair fails.
 
 Statistics over the elements where both sides are finite:
 - absolute error |a − r| and relative error |a − r| / |r| (inf where r = 0 and a ≠ r): max,
@@ -13,8 +13,8 @@ Statistics over the elements where both sides are finite:
 - the worst element: the one that uses the largest share of its allowance
   |a − r| / (atol + rtol·|r|), with its index and both values;
 - cosine similarity (NaN when a non-finite value mismatches) and SNR in dB (secondary metrics
-  only: cosine ≥ 0.997 still passes a bf16-accumulation bug, §5.4), the largest distance in
-  ULPs of the reference dtype;
+  only: cosine ≥ 0.997 still passes a bf16-accumulation bug, docs/validation.md#secondary-metrics),
+  the largest distance in ULPs of the reference dtype;
 - NaN / ±inf counts and the first few indices, on each side;
 - the smallest tolerance that would have passed: min_atol (at the given rtol) =
   max(|a − r| − rtol·|r|), min_rtol (at the given atol) = max((|a − r| − atol) / |r|), both

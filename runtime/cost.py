@@ -3,7 +3,7 @@
 In: a Module (one function of it). Out: a `CostReport` with per-engine busy cycles and seconds,
 instruction counts per engine, DMA bytes, and the makespan of a simple list schedule.
 
-Per-instruction cost (trainium_facts.md §3 and §6, NeuronCore-v2), N = elements per partition:
+Per-instruction cost (docs/neuroncore.md#cost-model, NeuronCore-v2), N = elements per partition:
 - PE Matmult: max(N_moving, min(64, M_stationary)) cycles, x4 when the operands are fp32.
 - ACT (any opcode): max(64, N). DVE: max(64, N) with one input, max(64, 2N) for TensorTensor with
   both inputs in SBUF (max(64, N) when one is in PSUM). POOL: 150 + N.
@@ -14,6 +14,10 @@ Schedule: items are taken in program order; an instruction starts when its engin
 queue) is free and every `deps` source has finished. Approximation: a Loop's body is simulated
 once and its iterations are assumed to run back to back without overlapping, so the loop takes
 trip_count x (span of one iteration); busy time and counts scale by the trip count exactly.
+The span of an iteration is capped by its instructions' durations one after another: the one
+simulated iteration may start an instruction early (its engine free, no dependency) and then
+wait for work scheduled before the loop, a wait the later iterations do not repeat; without
+the cap, each loop would multiply the time before it by its trip count.
 Dependencies on instructions not yet scheduled (loop-carried, or later in program order) are
 ignored. The ~100-cycle overhead of dependent tiny instructions and port conflicts are not modelled.
 """
@@ -29,20 +33,21 @@ from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop, Module
 
 @dataclass(frozen=True)
 class CostTable:
-    """Every constant of the model, with its source in trainium_facts.md."""
+    """Every constant of the model, with its source in docs/neuroncore.md."""
 
     clock_hz: tuple[tuple[Engine, float], ...] = (
-        (Engine.PE, 2.8e9),  # §2 TensorE clock
-        (Engine.ACT, 1.4e9),  # §2 ScalarE clock
-        (Engine.POOL, 1.4e9),  # §2 GpSimd clock
-        (Engine.DVE, 1.12e9),  # §2 VectorE clock
+        (Engine.PE, 2.8e9),  # docs/neuroncore.md#engines: TensorE clock
+        (Engine.ACT, 1.4e9),  # ScalarE clock
+        (Engine.POOL, 1.4e9),  # GpSimd clock
+        (Engine.DVE, 1.12e9),  # VectorE clock
     )
-    min_ii: int = 64  # §3 MIN_II, the minimum initiation interval of ACT/DVE instructions
-    matmul_min_stationary: int = 64  # §3.1 max(min(64, N_stationary), N_moving)
-    matmul_fp32_factor: int = 4  # §3.1 fp32 matmul runs at 1/4 rate
-    pool_startup: int = 150  # §3.4 GpSimd start-up cycles
-    dma_fixed_s: float = 1.3e-6  # §2 DMA ~1300 ns semaphore-to-start latency
-    dma_bytes_per_s: float = 27e9  # §2 DMA per-engine bandwidth (27 GB/s, S1/S10)
+    # docs/neuroncore.md#cost-model: MIN_II, the minimum initiation interval of ACT/DVE
+    min_ii: int = 64
+    matmul_min_stationary: int = 64  # max(min(64, N_stationary), N_moving)
+    matmul_fp32_factor: int = 4  # fp32 matmul runs at 1/4 rate
+    pool_startup: int = 150  # GpSimd start-up cycles
+    dma_fixed_s: float = 1.3e-6  # docs/neuroncore.md#dma: ~1300 ns semaphore-to-start latency
+    dma_bytes_per_s: float = 27e9  # DMA per-engine bandwidth (27 GB/s)
 
     def clock(self, engine: Engine) -> float:
         return dict(self.clock_hz)[engine]
@@ -109,6 +114,7 @@ class _Frame:
     resources: set = field(default_factory=set)
     start: float = math.inf
     end: float = -math.inf
+    serial: float = 0.0  # one pass's instructions run one after another, in seconds
 
 
 class _Schedule:
@@ -141,6 +147,7 @@ class _Schedule:
         self.dma_bytes += moved * repeat
         frame.ids.add(ins.id)
         frame.resources.add(resource)
+        frame.serial += seconds
         frame.start, frame.end = min(frame.start, start), max(frame.end, start + seconds)
 
     def loop(self, loop: Loop, outer: _Frame, repeat: int) -> None:
@@ -151,14 +158,16 @@ class _Schedule:
         self.block(loop.body, body, repeat * trips)
         if not body.ids:
             return
-        # One iteration simulated; the other trips - 1 follow it back to back.
-        shift = (trips - 1) * (body.end - body.start)
+        # One iteration simulated; the other trips - 1 follow it back to back, each at most
+        # as long as its instructions one after another (module docstring).
+        shift = (trips - 1) * min(body.end - body.start, body.serial)
         for ins_id in body.ids:
             self.finish[ins_id] += shift
         for resource in body.resources:
             self.free[resource] += shift
         outer.ids |= body.ids
         outer.resources |= body.resources
+        outer.serial += trips * body.serial
         outer.start, outer.end = min(outer.start, body.start), max(outer.end, body.end + shift)
 
 

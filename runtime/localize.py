@@ -6,15 +6,15 @@ after it), the inputs, and the tolerance policy. Out: a JSON-ready dict with one
 node in topological order, the first node that exceeds its tolerance, the first node whose
 value is NaN or ±inf on each side, and each conv's kernel or fallback reason next to its error.
 
-Streaming (validator_anchors §6.1-2: marking every tensor at once runs out of memory). The
-machine holds its DRAM whatever we do; the oracle side is bounded: intermediates are exposed
-as extra outputs of the folded model in batches of at most `budget_bytes`, in topological
-order, each batch compared with the machine's DRAM and freed before the next run. Kept per
-tensor: a few numbers. The weights go to onnxruntime as inputs of the skeleton, never
-re-serialised (`ExposingOracle`).
+Streaming (docs/validation.md#localize-streaming: marking every tensor at once runs out of memory).
+The machine holds its DRAM whatever we do; the oracle side is bounded: intermediates are exposed as
+extra outputs of the folded model in batches of at most `budget_bytes`, in topological order, each
+batch compared with the machine's DRAM and freed before the next run. Kept per tensor: a few
+numbers. The weights go to onnxruntime as inputs of the skeleton, never re-serialised
+(`ExposingOracle`).
 
-Own vs carried error (§8 "beat" 2). The first failing node (and the first node that makes
-NaN/inf, when it differs) is run alone on onnxruntime's values of its inputs
+Own vs carried error (docs/validation.md#own-vs-carried). The first failing node (and the first node
+that makes NaN/inf, when it differs) is run alone on onnxruntime's values of its inputs
 (`onnx2bir.runtime.alone`): over tolerance alone, its own error; within, error carried in from
 earlier nodes and amplified here.
 

@@ -3,11 +3,12 @@
 In: a BIR Function (its memory locations). Out: a `Machine` whose memories the semantics table
 (`onnx2bir.runtime.semantics`) reads and writes through numpy views built from access patterns.
 
-Facts implemented (trainium_facts.md §1): SBUF is 128 partitions x 192 KiB and PSUM 128 x 16 KiB
-(8 banks of 2 KiB); a tile occupies contiguous partitions and the same byte range in each; free
-dims are (stride, count) pairs with strides in elements, possibly 0 (broadcast) or negative. A DRAM
-location is a flat array of its dtype. Like NKI's simulator (§3.7) fresh memory holds a sentinel:
-every byte is 0xFF, NaN in every float dtype, so reads of uninitialised data surface as NaN.
+Facts implemented (docs/neuroncore.md#memory, docs/neuroncore.md#partitions): SBUF is 128 partitions
+x 192 KiB and PSUM 128 x 16 KiB (8 banks of 2 KiB); a tile occupies contiguous partitions and the
+same byte range in each; free dims are (stride, count) pairs with strides in elements, possibly 0
+(broadcast) or negative. A DRAM location is a flat array of its dtype. Like NKI's simulator, fresh
+memory holds a sentinel: every byte is 0xFF, NaN in every float dtype, so reads of uninitialised
+data surface as NaN.
 
 An operand view is `np.ndarray(shape, dtype, buffer, offset, strides)` over the raw memory bytes.
 That is the same strided view `as_strided` builds, about 7x cheaper per call (0.8 vs 5.4 us), and

@@ -293,7 +293,7 @@ def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.Infe
 
 
 def oracle_info() -> dict:
-    """What produced the reference values (anchors §8.5: pin and report the oracle)."""
+    """What produced the reference values (docs/validation.md#oracle: pin and report the oracle)."""
     return {
         "name": "onnxruntime",
         "version": ort.__version__,

@@ -21,6 +21,9 @@ from onnx2bir.bir.ir import BasicBlock, Function, Loop
 
 _CHECK_MASK = 63
 WIDTH = 30
+# No time-left estimate before this share of the instructions has run: the first ones (weight
+# DMAs, the first tiles) are not typical, and an estimate from 0.3% of a run is off by 100x.
+ETA_MIN_FRACTION = 0.05
 
 
 def dynamic_instruction_count(block: BasicBlock) -> int:
@@ -83,11 +86,14 @@ class ProgressBar:
         fraction = min(1.0, self.count / self.total)
         filled = int(fraction * WIDTH)
         elapsed = now - self.start
-        eta = elapsed * (1 - fraction) / fraction if fraction > 0 else 0.0
+        if fraction >= ETA_MIN_FRACTION:
+            left = f"~{elapsed * (1 - fraction) / fraction:.0f}s left"
+        else:
+            left = "estimating time left"
         self.stream.write(
             f"\r{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] "
             f"{100 * fraction:5.1f}%  {self.count}/{self.total} instructions  "
-            f"{elapsed:.1f}s, ~{eta:.0f}s left "
+            f"{elapsed:.1f}s, {left} "
         )
         self.stream.flush()
         self._drawn = True

@@ -5,17 +5,19 @@ dst written into machine memory, with real dtype rounding (ml_dtypes bf16, numpy
 `SEMANTICS` maps every Opcode to its function; the meaning of each is the docstring of
 `onnx2bir.bir.opcodes`, which this module follows word for word.
 
-Rules enforced, each raising MachineError (trainium_facts.md §1, §3): the engine, operand roles,
-attributes and memories of the opcode table; POOL never touches PSUM; compute-engine tiles keep the
-partition-start rule and at most 4 free dims; elementwise operands share partitions and elements
-per partition ([P, 1] for scalar and bias columns); Matmult K <= 128 on both inputs, M <= 128,
-N <= 512, dst fp32 in PSUM with M partitions and N elements inside one 2 KiB bank, fp32 pairs only
-with fp32; two TensorTensor inputs are never both in PSUM. Static rules are checked the first time
-an instruction runs; loop-dependent bounds (and the Matmult bank) on every run.
+Rules enforced, each raising MachineError (docs/neuroncore.md#partitions,
+docs/neuroncore.md#pe-array): the engine, operand roles, attributes and memories of the opcode
+table; POOL never touches PSUM; compute-engine tiles keep the partition-start rule and at most 4
+free dims; elementwise operands share partitions and elements per partition ([P, 1] for scalar and
+bias columns); Matmult K <= 128 on both inputs, M <= 128, N <= 512, dst fp32 in PSUM with M
+partitions and N elements inside one 2 KiB bank, fp32 pairs only with fp32; two TensorTensor inputs
+are never both in PSUM. Static rules are checked the first time an instruction runs; loop-dependent
+bounds (and the Matmult bank) on every run.
 
-Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, §2), except that integer inputs
-are computed exactly in int64. Integer divide truncates toward zero; fp32 to integer truncates.
-The ALU and activation functions and `cast` are in `runtime/alu.py` (`erf` re-exported here).
+Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except
+that integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
+integer truncates. The ALU and activation functions and `cast` are in `runtime/alu.py` (`erf`
+re-exported here).
 """
 
 from __future__ import annotations

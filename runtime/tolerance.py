@@ -3,24 +3,26 @@
 In: a tensor's name, the op type of the node that produced it, its *path* (the least precise
 storage its value went through) and its reference values. Out: a `Tolerance` whose `source`
 says which rule chose it. The comparison is numpy's allclose form,
-|a − r| ≤ atol + rtol·|r| (validator_anchors §5.3).
+|a − r| ≤ atol + rtol·|r| (docs/validation.md#comparison-rule).
 
 Built-in defaults, by path:
 
 - **fp32** (every value stored in fp32): atol 1e-4, rtol 1e-3. rtol 1e-3 is the ONNX backend
-  runner's and ORT backend suite's rtol, atol 1e-4 ORT's compare_bert_results (§5.1). They
-  leave room for fp32 accumulation order (ORT and a numpy conv already differ by
-  1.4e-6 / 4e-6 on a 3x3x3 conv, §2.8); measured on models/small_cnn.onnx the machine is at
-  1.5e-8 absolute / 9.3e-7 relative, so they are not tight enough to need changing.
+  runner's and ORT backend suite's rtol, atol 1e-4 ORT's compare_bert_results
+  (docs/validation.md#tolerance-defaults). They leave room for fp32 accumulation order (ORT and a
+  numpy conv already differ by 1.4e-6 / 4e-6 on a 3x3x3 conv, docs/validation.md#tolerance);
+  measured on models/small_cnn.onnx the machine is at 1.5e-8 absolute / 9.3e-7 relative, so they are
+  not tight enough to need changing.
 - **bf16 / fp16** (the tensor, or a value upstream of it, was stored in bf16/fp16: an ONNX
   dtype, or a BIR location its producer's instructions touch, e.g. matmul operands under
-  `--native-kernel-cast-type`). Unit roundoff u = 2^-8 (bf16) or 2^-11 (fp16) (§5.2).
+  `--native-kernel-cast-type`). Unit roundoff u = 2^-8 (bf16) or 2^-11 (fp16)
+  (docs/validation.md#format-constants).
 
   A K-term dot product whose operands are rounded to the format and accumulated in fp32
-  (PSUM always accumulates in fp32, seed 003) has error e = Σ pᵢ(δᵢ + εᵢ) with |δ|, |ε| ≤ u.
-  Worst case |e| ≤ 2u·Σ|pᵢ| (the K·u bound of §5.2); with independent roundings (variance
-  u²/3 each) e is a random walk, σₑ = u·√(2/3)·√K·ρ with ρ the RMS of one product term
-  (the √K·u of §5.2). So
+  (PSUM always accumulates in fp32, docs/attention.md#cast-policy) has error e = Σ pᵢ(δᵢ + εᵢ) with
+  |δ|, |ε| ≤ u. Worst case |e| ≤ 2u·Σ|pᵢ| (the K·u bound, docs/validation.md#format-constants); with
+  independent roundings (variance u²/3 each) e is a random walk, σₑ = u·√(2/3)·√K·ρ with ρ the RMS
+  of one product term (the √K·u bound there). So
 
       atol = max(1e-4, z·u·√(2/3)·√K·ρ)   with z = 6 (standard deviations)
       rtol = 2^-6 (bf16: two ULPs, the ONNX runner's bf16 floor; torch uses 1.6e-2)
@@ -29,14 +31,15 @@ Built-in defaults, by path:
   The bound grows as √K at fixed operand scale. ρ is rarely known at an output, but √K·ρ
   is: for terms of random sign the sum's RMS is √K·ρ, so ρ is estimated as rms(ref)/√K
   (when terms share a sign rms(ref) ≈ K·mean|p| > √K·ρ, a looser bound where relative error
-  is small anyway). rtol covers the output's own rounding (0.5 ULP = u, §5.4).
+  is small anyway). rtol covers the output's own rounding (0.5 ULP = u,
+  docs/validation.md#format-constants).
 
   Measured (numpy, bf16-rounded operands, fp32 accumulation, N=2048x64 outputs, against
   float64): the smallest z that passes at rtol 2^-6 is 4.3 (K=9), 2.6 (K=64), 2.2 (K=576),
   2.3 (K=4608) for ReLU·He-init operands, 3.1 / 2.4 / 2.2 / 2.2 for unit-normal operands,
   ≤ 0 for positive operands; z = 6 passes them all. A real precision bug, accumulating in
-  bf16, needs z = 8.8 (K=64), 50 (K=576), 123 (K=4608) and fails, as every preset of §5.4
-  does, where cosine similarity stays above 0.997.
+  bf16, needs z = 8.8 (K=64), 50 (K=576), 123 (K=4608) and fails, as every allclose preset
+  does (docs/validation.md#secondary-metrics), where cosine similarity stays above 0.997.
 - **exact** (integer and bool tensors): atol 0, rtol 0.
 
 Overrides, strongest first; atol and rtol resolve independently, so an override may set one:

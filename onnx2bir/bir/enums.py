@@ -1,9 +1,9 @@
 """The closed vocabularies of BIR: engines, memories, opcodes, dependency kinds, dtypes.
 
-Names follow seed 004 (BirCodeGenLoop) where it gives them: MemoryType {DRAM, SB, PSUM},
-MemoryKind {ExternalInput, ExternalInputParameter, ExternalOutput, ExternalOutputParameter,
-Const, Internal}, EdgeKind {Flow, Output, Anti, Ordered}, entry block "Block1", loop body
-block "block0".
+Names follow the reference BIR driver (docs/bir_codegen.md#module) where it gives them: MemoryType
+{DRAM, SB, PSUM}, MemoryKind {ExternalInput, ExternalInputParameter, ExternalOutput,
+ExternalOutputParameter, Const, Internal}, EdgeKind {Flow, Output, Anti, Ordered}, entry block
+"Block1", loop body block "block0".
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Opcode(enum.StrEnum):
 
 
 class ActFunc(enum.StrEnum):
-    """ScalarE lookup-table functions (trainium_facts.md §3.2)."""
+    """ScalarE lookup-table functions (docs/neuroncore.md#scalare)."""
 
     COPY = "copy"
     RELU = "relu"

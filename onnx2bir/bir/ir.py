@@ -1,4 +1,5 @@
-"""The BIR data model of seed 004: Module → Function → BasicBlock → Instruction | Loop.
+"""The BIR data model: Module → Function → BasicBlock → Instruction | Loop
+(docs/bir_codegen.md#module).
 
 Values (access patterns, memory locations, origins, dependency edges) are frozen dataclasses;
 graph objects (instructions, loops, blocks, functions, modules) are mutable and compare by

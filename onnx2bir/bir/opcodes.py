@@ -87,7 +87,7 @@ OPCODES: dict[Opcode, OpcodeSpec] = {
     ),
 }
 
-# Hardware geometry (trainium_facts.md §1, NeuronCore-v2).
+# Hardware geometry of NeuronCore-v2 (docs/neuroncore.md#memory, docs/neuroncore.md#pe-array).
 NUM_PARTITIONS = 128
 SBUF_BYTES_PER_PARTITION = 192 * 1024
 PSUM_BYTES_PER_PARTITION = 16 * 1024

@@ -1,4 +1,4 @@
-"""The BIR code generator, in BirCodeGenLoop's shape (seed 004).
+"""The BIR code generator, in BirCodeGenLoop's shape (docs/bir_codegen.md).
 
 In: a `Graph` after the pattern passes. Out: a `bir.Module` with one function.
 
@@ -61,12 +61,12 @@ from onnx2bir.bir.opcodes import (
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.errors import UserError
+from onnx2bir.errors import CompileError
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 
 SB_ALIGN = 64
-IDENTITY = "identity_fp32"  # the SBUF tile (seed 004: "identity_%s")
+IDENTITY = "identity_fp32"  # the SBUF tile (docs/bir_codegen.md#prologue: "identity_<dtype>")
 IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
 
 
@@ -95,8 +95,9 @@ def kernel_name_of(data: dict) -> str | None:
     return None
 
 
-class CodegenError(UserError):
-    """A node the code generator cannot lower; the message names the node and the rule."""
+class CodegenError(CompileError):
+    """A node the code generator cannot lower (the model does not compile, exit 1); the
+    message names the node and the rule."""
 
 
 class BirCodeGen(InstructionBuilders):
@@ -273,7 +274,8 @@ class BirCodeGen(InstructionBuilders):
 
     @contextmanager
     def scope(self, hint: str, no_reorder: bool = False) -> Iterator[None]:
-        """A scope region: a one-trip loop whose body bounds tile lifetimes (seed 004 §4)."""
+        """A scope region: a one-trip loop whose body bounds tile lifetimes
+        (docs/bir_codegen.md#scopes)."""
         axis = self._axis_name(hint)
         item = Loop(axis, 0, 1, 1, parallel=False, no_reorder=no_reorder)
         self.block_stack[-1].items.append(item)

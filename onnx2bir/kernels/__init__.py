@@ -1,8 +1,8 @@
 """The internal kernel registry: kernel name → tracer that emits the kernel's BIR.
 
 A pass selects a kernel by writing its name into a NativeKernel node's `func_name`; the code
-generator looks the name up here (seed 000, "the kernel is selected by a string"). A tracer
-has the signature of a generic lowering, `(BirCodeGen, node) -> None`.
+generator looks the name up here (docs/conv_selection.md#attributes: the kernel is selected by a
+string). A tracer has the signature of a generic lowering, `(BirCodeGen, node) -> None`.
 """
 
 from __future__ import annotations

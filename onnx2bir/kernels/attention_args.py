@@ -1,5 +1,5 @@
 """The attention CustomCall's operands and attributes, read and checked for the attention
-kernel (seed 003 §2).
+kernel (docs/attention.md#attention-raise).
 
 In: the code generator and a CustomCall node with inputs [q, kt, v, *extra] and the attributes
 `steps` and `post_steps` (JSON lists, the vocabulary in `attention_kernel`'s docstring) and

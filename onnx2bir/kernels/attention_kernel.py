@@ -1,11 +1,13 @@
-"""The native attention kernel behind the three MM-Softmax-MM CustomCall targets (seed 003 §2).
+"""The native attention kernel behind the three MM-Softmax-MM CustomCall targets
+(docs/attention.md#targets).
 
 In: a CustomCall node with inputs [q, kt, v, *extra]: q [..., Sq, D], kt [..., D, Sk] (K
 already transposed), v [..., Sk, Dv], batch dims broadcasting as in numpy matmul. Out:
 O [..., Sq, Dv] in the node's output dtype, with
 
     S = steps(q · kt)        fp32; the JSON `steps` in order, on the [..., Sq, Sk] scores
-    P = exp(S − rowmax) / Σ  the stable softmax DecomposeAttention spells out (seed 003 §5)
+    P = exp(S − rowmax) / Σ  the stable softmax DecomposeAttention spells out
+                             (docs/attention.md#decompose)
     O = post_steps(P) · v
 
 Steps: {"op": "scale"|"divide", "value"}, {"op": "add", "input": i},
@@ -39,7 +41,7 @@ at offset (key start − row start + X0): the same affine index for every tile.
 
 Fully masked rows. ONNX's softmax of an all −inf row is NaN; the guard turns it into 0. A NaN
 in P would spread to every row of its tile through the PE transpose (NaN · 0 in the identity
-matmul, trainium_facts.md §3.1), so the negated max is clamped to FLT_MAX: such a row gets
+matmul, docs/neuroncore.md#pe-array), so the negated max is clamped to FLT_MAX: such a row gets
 P = 0 and Σ = 0, and O = 0 / 0 = NaN for that row alone, as in ONNX. With the guard, Σ is
 raised to FLT_MIN first, giving O = 0. (Σ ≥ 1 in any other row: its max contributes
 exp(0).) Scores of +inf or NaN — only from non-finite inputs or a +inf fill — are outside

@@ -22,13 +22,13 @@ is `y[o, r, s] = b[o] + Σ_{c, i, j} W[o, c, i', j'] · xp[c, r·sh + i·dh, s·
   The dense tracer also honours lhs_dilation and rhs_reversal, and the depthwise one forward
   form and rhs dilation: both are written for the general formula, the rows restrict them.
 
-Facts used (trainium_facts.md): §3.1 the PE computes `dst[M, N] = stationary[K, M]ᵀ·moving[K,
-N]` with K ≤ 128, M ≤ 128, N ≤ 512 fp32 (one PSUM bank) and accumulates in fp32; §4 stacking
-taps on partitions when C_in is small (nki-library conv1d/conv3d K-replication) and the offset
-DMA as implicit im2col (depthwise_conv1d_implicit_gemm); §1 a compute-engine tile starts at
-partition 0/32/64/96 while a DMA may write any partition, hence every partition packing here is
-done by DMA and every compute operand starts at partition 0; §3.2 the bias is a [P, 1] operand
-of the ScalarE activation that evicts PSUM.
+Facts used: the PE computes `dst[M, N] = stationary[K, M]ᵀ·moving[K, N]` with K ≤ 128,
+M ≤ 128, N ≤ 512 fp32 (one PSUM bank) and accumulates in fp32 (docs/neuroncore.md#pe-array);
+stacking taps on partitions when C_in is small (NKI library conv1d/conv3d K-replication) and the
+offset DMA as implicit im2col (docs/neuroncore.md#convolution); a compute-engine tile starts at
+partition 0/32/64/96 while a DMA may write any partition (docs/neuroncore.md#partitions), hence
+every partition packing here is done by DMA and every compute operand starts at partition 0; the
+bias is a [P, 1] operand of the ScalarE activation that evicts PSUM (docs/neuroncore.md#scalare).
 
 INFERRED choices:
 - Tap groups (computed in `tap_grouping`): whole kernel rows per group when that needs no more

@@ -11,31 +11,32 @@ Both compute, per channel c and output pixel (r, q),
     y[n, c, r, q] = b[c] + Σ_(i, j) w[c, i, j] · x_pad[n, c, r·s_h + i·d_h, q·s_w + j·d_w]
 
 with channels on partitions (tiles of 128): a depthwise conv contracts over nothing, so the
-PE array would use one column of 128 (trainium_facts.md §4, nki-library depthwise) while the
-vector engines are fully parallel over channels (§1: the parallel axis goes on P).
+PE array would use one column of 128 (docs/neuroncore.md#convolution) while the vector engines are
+fully parallel over channels (the parallel axis goes on P, docs/neuroncore.md#partitions).
 
-- 2-D (§4, neuron-team `conv2d_depthwise_*`, and the avg-pool tutorial's window AP): per
+- 2-D (docs/neuroncore.md#convolution: the depthwise kernels and pooling's window AP): per
   output tile of rows x cols, one DMA brings the band of input rows it reads, one
   TensorTensor multiplies the band seen through a 4-D window pattern [rows, cols, kH, kW]
   (strides s_h·band_cols, s_w, d_h·band_cols, d_w) by the channel tile's taps [c, kH·kW]
   broadcast with stride 0 over rows and cols, and one TensorReduce(add) sums the last two
   free dims. The neuron-team kernel sums the products on the PE array through an identity
-  matmul; here the reduce stays on VectorE (§3.3 `tensor_reduce`), which keeps the kernel off
-  PSUM. The bias rides on a ScalarE copy (`activation` with a [P, 1] bias, §3.2), so VectorE
-  does two instructions per tile and ScalarE one.
-- 1-D (§3.3 `tensor_scalar`): per output tile of L_t ≤ 2048 positions, tap k multiplies the
-  strided window band[k·d :: s] by the per-partition weight column w[c, k] (a [P, 1]
-  operand). Tap 0 writes the accumulator, adding the bias in the same instruction (op1);
-  later taps go to one of two temporaries on ScalarE and a VectorE TensorTensor adds them
-  in, so ScalarE's multiply of tap k + 1 overlaps VectorE's add of tap k.
+  matmul; here the reduce stays on VectorE (`tensor_reduce`, docs/neuroncore.md#vectore), which
+  keeps the kernel off PSUM. The bias rides on a ScalarE copy (`activation` with a [P, 1] bias,
+  docs/neuroncore.md#scalare), so VectorE does two instructions per tile and ScalarE one.
+- 1-D (`tensor_scalar`, docs/neuroncore.md#vectore): per output tile of L_t ≤ 2048 positions, tap k
+  multiplies the strided window band[k·d :: s] by the per-partition weight column w[c, k] (a [P, 1]
+  operand). Tap 0 writes the accumulator, adding the bias in the same instruction (op1); later taps
+  go to one of two temporaries on ScalarE and a VectorE TensorTensor adds them in, so ScalarE's
+  multiply of tap k + 1 overlaps VectorE's add of tap k.
 
 Layouts. The kernel reads x through `conv_kernel_args` strides, never a hard-coded layout.
 Padding frames x with zeros in a DRAM scratch buffer laid out [C, N, H_pad, W_pad], channel
 planes outermost (unlike `spatial.padded_input`, whose planes are a contiguous input's): a
 channel tile's band is then one DMA with unit-stride rows, whatever x's layout (f01b puts
 the batch innermost, so its rows are strided by N). Unpadded inputs are read in place.
-The compute tiles are fp32 whatever x's float dtype (the DMA converts, §3.5); VectorE
-computes in fp32 anyway (§3.3). Only the scratch and its zero-fill tile keep x's dtype.
+The compute tiles are fp32 whatever x's float dtype (the DMA converts, docs/neuroncore.md#dma);
+VectorE computes in fp32 anyway (docs/neuroncore.md#engines). Only the scratch and its zero-fill
+tile keep x's dtype.
 """
 
 from __future__ import annotations
@@ -54,17 +55,21 @@ from onnx2bir.patterns.conv import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE
 
 FP32_BYTES = 4
 # The 2-D product tile [rows, cols, kH, kW] per partition. 64 KiB is 16K fp32, a quarter of
-# VectorE's 64K-element free-size limit (§1) and a third of a partition's 192 KiB.
+# VectorE's 64K-element free-size limit (docs/neuroncore.md#partitions) and a third of a partition's
+# 192 KiB.
 PRODUCT_BYTES = 64 * 1024
 # Band + product + output tiles together, leaving room under the ~176 KiB a compiler may use
-# (§1: ~16 KiB reserved) for the zero-fill tile, the taps, the bias and the identity.
+# (docs/neuroncore.md#memory: ~16 KiB reserved) for the zero-fill tile, the taps, the bias and the
+# identity.
 WORK_BYTES = 128 * 1024
 # Output columns per 2-D tile: whole output rows up to this width, so the band and the y DMAs
-# move long contiguous runs; the 16-bit AP strides stay far from overflow (§1).
+# move long contiguous runs; the 16-bit AP strides stay far from overflow
+# (docs/neuroncore.md#partitions).
 MAX_TILE_COLS = 512
-# Output positions per 1-D tile: each tap costs ~max(64, L_t) cycles (§3.3), so the fixed
-# instruction cost is amortised well before this. The band (≈ stride·L_t) and the three
-# L_t-long tiles must also fit WORK_BYTES, which shortens the tile for large strides.
+# Output positions per 1-D tile: each tap costs ~max(64, L_t) cycles
+# (docs/neuroncore.md#cost-model), so the fixed instruction cost is amortised well before this.
+# The band (≈ stride·L_t) and the three L_t-long tiles must also fit WORK_BYTES, which shortens
+# the tile for large strides.
 MAX_TILE_LENGTH = 2048
 # Zero-fill tile for the padded scratch, and the most elements one interior DMA moves.
 FILL_TILE = 2048

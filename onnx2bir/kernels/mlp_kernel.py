@@ -1,4 +1,4 @@
-"""The fused MLP kernel behind the AwsNeuronMLPNKI CustomCall (seed 003 §3).
+"""The fused MLP kernel behind the AwsNeuronMLPNKI CustomCall (docs/attention.md#mlp-raise).
 
 In: a CustomCall node with inputs [x, w1, b1, w2, b2, w_up, b_up] ("" for an absent one):
 x [..., K], w1 [K, H] ([H, K] with attr trans_w1 = 1, Gemm's transB), b1 [H], w2 [H, N]
@@ -11,7 +11,7 @@ node's output dtype, with
                                        | swiglu: silu(x·w1 + b1) · (x·w_up + b_up)
     y = h·w2 + b2
 
-All matmuls fp32 (the MLP raise carries no cast policy, seed 003 §3 NOTE).
+All matmuls fp32 (the MLP raise carries no cast policy, docs/attention.md#mlp-raise).
 
 Layout. The first matmul produces hᵀ directly, so h needs no transpose between the two:
 hᵀ[H, tokens] = Σ_K w1[K, H]ᵀ · xᵀ[K, tokens] puts H on partitions, where b1 is a

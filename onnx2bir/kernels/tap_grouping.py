@@ -7,7 +7,7 @@ rectangles whose `first` is the block's tap slot in the group (its partitions st
 first · width); `weight_taps` gives a block's element offset and dims in w, the kernel flip
 applied.
 
-INFERRED (trainium_facts.md §4, nki-library K-replication): whole kernel rows per group when
+INFERRED (docs/neuroncore.md#convolution, K-replication): whole kernel rows per group when
 that needs no more matmuls than the minimum ⌈taps·width / 128⌉ (then a group's im2col and
 weights are one DMA each); otherwise runs of 128 // width consecutive row-major taps, each one
 to three rectangles (a DMA each, ≤ 5 dims), so the matmul count is the minimum.

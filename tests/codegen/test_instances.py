@@ -12,7 +12,7 @@ import pytest
 
 from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import compile_model
-from onnx2bir.report import build_report, format_report
+from onnx2bir.report_doc import build_report, format_report
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import synthesize_inputs
 

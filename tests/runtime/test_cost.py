@@ -1,4 +1,4 @@
-"""Cost model: per-instruction formulas of trainium_facts.md §6 and the list schedule."""
+"""Cost model: per-instruction formulas (docs/neuroncore.md#cost-model) and the list schedule."""
 
 from __future__ import annotations
 
@@ -137,3 +137,17 @@ def test_loops_scale_by_trip_count():
 def test_empty_loop_and_function():
     report = estimate(_module([Loop("i", 0, 0, body=BasicBlock("block0", [act(10, 1)]))]))
     assert report.total_seconds == 0.0 and report.instruction_counts == {}
+
+
+def test_an_iteration_that_waits_for_earlier_work_does_not_repeat_the_wait():
+    """A loop body whose first instruction starts early (free engine, no dependency) and whose
+    second waits for a long instruction before the loop: only the first iteration waits."""
+    t_act, t_mm = 1000 / 1.4e9, 512 / 2.8e9
+    long_before = act(1000, 1)
+    body = BasicBlock(
+        "block0", [matmul(128, 512, Dtype.BF16, 2), matmul(128, 512, Dtype.BF16, 3, deps=[1])]
+    )
+    report = estimate(_module([long_before, Loop("i", 0, 8, body=body)]))
+    # First iteration ends at t_act + t_mm; the 7 others each take the two matmuls in a row.
+    assert report.total_seconds == pytest.approx(t_act + t_mm + 7 * 2 * t_mm)
+    assert report.total_seconds < t_act + 8 * 2 * t_mm + 1e-12

@@ -18,7 +18,11 @@ def _meta(node: onnx.NodeProto) -> dict[str, str]:
 
 def test_annotated_small_cnn_loads_runs_and_carries_the_decisions(tmp_path, capsys):
     out = tmp_path / "annotated.onnx"
-    code, stdout, err = run(["report", SMALL_CNN, "--annotate", out], capsys)
+    source = onnx.load(str(SMALL_CNN))  # with a metadata entry of its own, which must stay
+    source.graph.node[0].metadata_props.add(key="namespace", value="the model's own")
+    original = tmp_path / "small_cnn.onnx"
+    original.write_bytes(source.SerializeToString())
+    code, stdout, err = run(["report", original, "--annotate", out], capsys)
     assert code == 0 and "wrote" in err and "convolutions: 4 of 5" in stdout
     annotated = onnx.load(str(out))
     onnx.checker.check_model(annotated, full_check=True)
@@ -31,7 +35,7 @@ def test_annotated_small_cnn_loads_runs_and_carries_the_decisions(tmp_path, caps
     assert meta["node_conv2d_4"]["onnx2bir.lowering"] == "generic.Conv"
     assert meta["node_relu"]["onnx2bir.lowering"] == "generic.Relu"
     assert all(int(m["onnx2bir.instructions"]) > 0 for m in meta.values())
-    assert "namespace" in meta["node_conv2d"]  # the exporter's own metadata is kept
+    assert meta["node_conv2d"]["namespace"] == "the model's own"  # existing metadata is kept
     model_meta = {e.key: e.value for e in annotated.metadata_props}
     assert model_meta["onnx2bir.conv_kernel_match"] == "4 of 5 (80.00%)"
     feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32), np.float32)}

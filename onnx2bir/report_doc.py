@@ -5,7 +5,8 @@ DESIGN.md's contract:
 
     {"model", "compiles", "codegen_error", "ops": {op_type: count},
      "ops_after_passes": {op_type: count},
-     "convs": [{"node", "kernel" | null, "fallback_reason" | null, ...attrs, "walk"}],
+     "convs": [{"node", "kernel" | null, "fallback_reason" | null, ...attrs, "walk",
+                "model_stride", "closest_refusals"}],
      "statistics": {"total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage",
                     "per_kernel": {name: count}},
      "attention": [{"nodes", "variant", "target" | null, "reason" | null, ...}],
@@ -15,7 +16,12 @@ DESIGN.md's contract:
      "pass_statistics": [{"pass", "name", "description", "value"}],
      "instructions": {"total", "per_engine", "dynamic_instances", "dynamic_per_engine",
                       "dynamic_exact"} | null,
-     "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null}
+     "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
+     "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
+
+`model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
+form keeps the stride as `rhs_dilation` and a unit `stride` (docs/conv_backward.md). `closest_refusals` is the walk ranked
+by relevance (`rank_refusals`).
 
 Keys are a public interface: add freely, never rename or drop.
 """
@@ -63,13 +69,17 @@ def build_report(model: str, compilation: Compilation) -> dict:
             "dma_bytes": estimate.dma_bytes,
             "model": "runtime/cost.py (NeuronCore-v2 clocks and instruction costs)",
         }
+    convs = [
+        {**conv, "model_stride": model_stride(conv), "closest_refusals": rank_refusals(conv)}
+        for conv in findings.get("TransformConvOp", [])
+    ]
     return {
         "model": model,
         "compiles": compilation.module is not None,
         "codegen_error": compilation.codegen_error,
         "ops": dict(sorted(compilation.source_ops.items())),
         "ops_after_passes": dict(sorted(compilation.graph.op_counts().items())),
-        "convs": findings.get("TransformConvOp", []),
+        "convs": convs,
         "statistics": statistics,
         "attention": [a for a in attention if a.get("is_attention", True)],
         "mlp": [m for m in mlp if m.get("activation")],
@@ -83,23 +93,77 @@ def build_report(model: str, compilation: Compilation) -> dict:
     }
 
 
+def _backward(conv: dict) -> bool:
+    return conv.get("op_type") == "ConvTranspose"
+
+
+def model_stride(conv: dict) -> list[int]:
+    """The stride the model wrote: a ConvTranspose's lives in `rhs_dilation` (backward form)."""
+    return list(conv["rhs_dilation"] if _backward(conv) else conv["stride"])
+
+
+def model_dilation(conv: dict) -> list[int]:
+    """The kernel dilation the model wrote: the backward form keeps it in `lhs_dilation`."""
+    return list(conv.get("lhs_dilation" if _backward(conv) else "rhs_dilation") or [])
+
+
+# How close a registry entry came, from its refusal. Nearest: a size or capacity limit (the
+# conv has the entry's form and misses on a number). Then: groups or depthwise-ness. Furthest:
+# an entry for another kind of convolution altogether (forward vs transposed, 1-D, layout).
+_NEAR_MISS_MARKERS = (" > ", "partitions", "bytes", "not low", "SBUF", "exceeds", " >= ", " < ")
+_OTHER_KIND_MARKERS = (
+    "lhs_dilation",
+    "backward form",
+    "not a backward",
+    "not 1-D",
+    "not NHWC",
+    "experimental",
+)
+
+
+def _distance(refusal: str) -> int:
+    if any(marker in refusal for marker in _OTHER_KIND_MARKERS):
+        return 2
+    if any(marker in refusal for marker in _NEAR_MISS_MARKERS):
+        return 0
+    return 1
+
+
+def rank_refusals(conv: dict) -> list[dict]:
+    """The registry walk ranked by relevance, the entry that came closest first (`_distance`:
+    a missed size limit, then a group/depthwise mismatch, then an entry for another kind of
+    convolution); registry order within each rank."""
+    return sorted(conv.get("walk") or [], key=lambda step: _distance(step["refused"]))
+
+
 def _conv_geometry(conv: dict) -> str:
     kern_perm = conv.get("kern_perm") or list(range(len(conv["kernel_shape"])))
     kernel = "x".join(str(conv["kernel_shape"][axis]) for axis in kern_perm[2:])
-    stride = "x".join(str(s) for s in conv["stride"])
-    # A backward-form (transposed) conv carries its stride as rhs_dilation and its groups as
-    # batch_group_count (docs/conv_backward.md); the table shows the groups either way.
+    stride = "x".join(str(s) for s in model_stride(conv))
+    dilation = model_dilation(conv)
+    dil = "" if all(d == 1 for d in dilation) else " d" + "x".join(map(str, dilation))
+    kind = "T " if _backward(conv) else ""
+    # The backward form groups on batch_group_count (docs/conv_backward.md); show either.
     groups = conv["feature_group_count"] * conv.get("batch_group_count", 1)
-    if conv.get("op_type") == "ConvTranspose":
-        stride = "x".join(str(s) for s in conv["rhs_dilation"])
-    return f"{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride} g{groups}"
+    return (
+        f"{kind}{conv['input_shape'][1]}->{conv['result_shape'][1]} k{kernel} s{stride}{dil} "
+        f"g{groups}"
+    )
 
 
-def format_report(doc: dict) -> str:
+GEOMETRY_LEGEND = (
+    "geometry: input->output channels, kernel size (k), stride (s) as the model wrote it, "
+    "dilation (d, when not 1), groups (g); T marks a ConvTranspose"
+)
+
+
+def format_report(doc: dict, all_reasons: bool = False) -> str:
+    """The report for a person; `all_reasons` lists every refusal instead of the closest."""
     lines = [
         f"model {doc['model']}: "
         + ("compiles" if doc["compiles"] else f"does NOT compile: {doc['codegen_error']}")
     ]
+    lines += [f"note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     stats = doc["statistics"]
     if stats.get("total_conv_ops"):
         lines += [
@@ -112,27 +176,48 @@ def format_report(doc: dict) -> str:
                 lines.append(f"  {count:>4}  {name}")
     if doc["convs"]:
         width = max(len(conv["node"]) for conv in doc["convs"])
-        lines += ["", f"  {'node':<{width}}  {'geometry':<22} kernel / why it fell back"]
+        geo = max(len(_conv_geometry(conv)) for conv in doc["convs"])
+        lines += [
+            "",
+            f"  {GEOMETRY_LEGEND}",
+            f"  {'node':<{width}}  {'geometry':<{geo}}  kernel, or GENERIC and the closest "
+            "registry entries' refusals",
+        ]
         for conv in doc["convs"]:
-            outcome = conv["kernel"] or f"GENERIC - {_first_reasons(conv)}"
-            lines.append(f"  {conv['node']:<{width}}  {_conv_geometry(conv):<22} {outcome}")
+            outcome = conv["kernel"] or f"GENERIC - {_first_reasons(conv, all_reasons)}"
+            lines.append(f"  {conv['node']:<{width}}  {_conv_geometry(conv):<{geo}}  {outcome}")
     blocks = doc["attention"]
     if blocks:
         raised = sum(1 for a in blocks if a["target"])
-        lines += ["", f"attention: {len(blocks)} block(s) found, {raised} raised"]
+        lines += [
+            "",
+            f"attention: {len(blocks)} block(s) found, {raised} raised "
+            "(gates: docs/attention.md#gates)",
+            "  first node: how the block is spelled (scale, masks, K transpose, heads)",
+            "      -> the kernel it was raised to, or why not",
+        ]
         for a in blocks:
             head = a["nodes"][0] if a["nodes"] else "?"
             outcome = a["target"] or f"not raised: {a['reason']}"
-            lines.append(f"  {head}: {a['variant'] or '-'}")
+            shape = (
+                f" [seq {a['seq_q']}x{a['seq_k']}, head dim {a['head_dim']}, {a['dtype']}]"
+                if "seq_q" in a
+                else ""
+            )
+            lines.append(f"  {head}: {a['variant'] or '-'}{shape}")
             lines.append(f"      -> {outcome}")
     if doc["mlp"]:
         raised = sum(1 for m in doc["mlp"] if m["target"])
-        lines += ["", f"MLP: {raised} block(s) raised to AwsNeuronMLPNKI"]
+        lines += [
+            "",
+            f"MLP: {len(doc['mlp'])} block(s) found, {raised} raised to AwsNeuronMLPNKI",
+            "  first node: activation -> kernel, or why not",
+        ]
         for m in doc["mlp"]:
             outcome = m["target"] or f"not raised: {m['reason']}"
             lines.append(f"  {m['nodes'][0]}: {m['activation'] or '-'} -> {outcome}")
-    lines += ["", "ops:"]
-    width = max((len(op) for op in doc["ops"]), default=0)
+    width = max([len("op type")] + [len(op) for op in doc["ops"]])
+    lines += ["", "ops in the model, as imported:", f"  {'op type':<{width}}  count"]
     lines += [f"  {op:<{width}}  {count}" for op, count in doc["ops"].items()]
     if doc["instructions"]:
         inst = doc["instructions"]
@@ -149,17 +234,23 @@ def format_report(doc: dict) -> str:
         cost = doc["cost"]
         busy = ", ".join(f"{e} {t * 1e6:.0f} us" for e, t in cost["busy_seconds"].items() if t)
         lines.append(
-            f"estimated device time: {cost['estimated_seconds'] * 1e6:.0f} us "
-            f"(busy: {busy}; DMA bytes {cost['dma_bytes']})"
+            f"estimated device time (cost model, runtime/cost.py): "
+            f"{cost['estimated_seconds'] * 1e6:.0f} us"
+        )
+        lines.append(
+            f"  busy time per engine: {busy} (DMA summed over its 16 queues, so it can exceed "
+            f"the total); DMA bytes {cost['dma_bytes']}"
         )
     return "\n".join(lines)
 
 
-def _first_reasons(conv: dict, count: int = 3) -> str:
-    """The refusals of the first registry entries, shortened for the table."""
-    walk = conv["walk"]
-    text = "; ".join(f"{step['entry']}: {step['refused']}" for step in walk[:count])
-    return text + (f"; … ({len(walk) - count} more, see --explain)" if len(walk) > count else "")
+def _first_reasons(conv: dict, all_reasons: bool = False, count: int = 2) -> str:
+    """The closest entries' refusals (`rank_refusals`), shortened for the table."""
+    ranked = conv.get("closest_refusals") or rank_refusals(conv)
+    shown = ranked if all_reasons else ranked[:count]
+    text = "; ".join(f"{step['entry']}: {step['refused']}" for step in shown)
+    more = len(ranked) - len(shown)
+    return text + (f"; ({more} more: --explain {conv['node']})" if more else "")
 
 
 def explain_conv(doc: dict, node: str) -> str:

@@ -1,0 +1,177 @@
+"""`onnx2bir.validate` and its result (re-exported by `onnx2bir.api`; docs/api.md#validate).
+
+Compile `model`, run it on the machine and compare every output with onnxruntime, as
+`onnx2bir validate` does; `ValidationResult.to_json()` is that command's `--json` document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+
+from onnx2bir import compiler, explain
+from onnx2bir.api_options import DEFAULT_LOCALIZE_BUDGET_MB, ModelSource, compile_options
+from onnx2bir.errors import UserError
+from onnx2bir.options import CompileOptions
+
+
+# --- validate ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ValidationResult:
+    """The outcome of `onnx2bir validate`: the document, the inputs used and the machine's
+    outputs."""
+
+    document: dict
+    inputs: dict[str, np.ndarray] = field(repr=False, compare=False)
+    outputs: dict[str, np.ndarray] = field(repr=False, compare=False)
+    details: compiler.Compilation | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.document["passed"]
+
+    def to_json(self) -> dict:
+        """The document `onnx2bir validate --json` prints (non-finite floats as None)."""
+        from onnx2bir.runtime.compare import json_safe
+
+        return json_safe(self.document)
+
+    def text(self, stats: bool = False) -> str:
+        from onnx2bir import validation_report
+
+        return validation_report.format_text(self.document, stats=stats)
+
+    def html(self, path: str | os.PathLike) -> Path:
+        """Write the report page with this run's errors (`validate --html`)."""
+        from onnx2bir import html_report, report_doc
+
+        doc = report_doc.build_report(self.document["model"], self.details)
+        doc["notes"] = self.document.get("notes", [])
+        return html_report.write_page(path, doc, self.document, self.details)
+
+    def save_inputs(self, path: str | os.PathLike) -> Path:
+        from onnx2bir import validation_report
+
+        return validation_report.save_inputs(path, self.inputs)
+
+    def save_outputs(self, path: str | os.PathLike) -> Path:
+        from onnx2bir import validation_report
+
+        return validation_report.save_outputs(path, self.outputs)
+
+
+def validate(
+    model: ModelSource,
+    inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+    atol: float | None = None,
+    rtol: float | None = None,
+    tolerance: Mapping[str, tuple[float | None, float | None]] | None = None,
+    op_tolerance: Mapping[str, tuple[float | None, float | None]] | None = None,
+    tolerance_file: str | os.PathLike | None = None,
+    localize: bool = False,
+    localize_budget: float = DEFAULT_LOCALIZE_BUDGET_MB,
+    progress: bool = False,
+    options: CompileOptions | None = None,
+    **compile_option_values,
+) -> ValidationResult:
+    """Compile `model`, run it on the machine and compare every output with onnxruntime.
+
+    `inputs`: an .npz file or an ONNX test_data_set folder, or a {name: array} mapping;
+    default seeded random inputs (`seed`). Their shapes fix the model's symbolic dimensions.
+    `tolerance` / `op_tolerance`: {tensor or op type: (atol, rtol)}, None keeping the default.
+    `localize`: compare every intermediate tensor; `localize_budget` caps onnxruntime's
+    intermediates at once, in MB.
+    """
+    from onnx2bir import validation_report
+    from onnx2bir.runtime.tolerance import Partial, TolerancePolicy, load_tolerance_file
+
+    opts = compile_options(options, **compile_option_values)
+    for flag, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not value >= 0:
+            raise UserError(f"--{flag} {value}: must be a number >= 0")
+    if not localize_budget > 0:
+        raise UserError(f"--localize-budget {localize_budget}: must be > 0")
+    policy = TolerancePolicy(atol=atol, rtol=rtol)
+    if tolerance_file:
+        load_tolerance_file(tolerance_file, policy)
+    for name, (a, r) in (tolerance or {}).items():
+        policy.tensors[name] = Partial(a, r, f"--tolerance {name}")
+    for name, (a, r) in (op_tolerance or {}).items():
+        policy.op_types[name] = Partial(a, r, f"--op-tolerance {name}")
+    shapes = dict(input_shapes or {})
+    arrays = None
+    if inputs is not None:
+        arrays = read_input_arrays(inputs, model)
+        for name, shape in _symbolic_shapes(model, arrays).items():
+            shapes.setdefault(name, shape)
+    compiled: list[compiler.Compilation] = []
+    doc, feeds, outputs = validation_report.run_validate(
+        model if isinstance(model, onnx.ModelProto) else str(model),
+        opts,
+        policy,
+        input_shapes=shapes,
+        dims=dict(dims or {}),
+        inputs=arrays,
+        inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
+        seed=seed,
+        localize_nodes=localize,
+        budget_bytes=int(localize_budget * (1 << 20)),
+        progress=progress,
+        on_compiled=compiled.append,
+    )
+    details = compiled[0]
+    doc["notes"] = explain.shape_notes(model, dict(input_shapes or {})) + explain.flag_notes(
+        opts, details
+    )
+    doc["compile_options"] = {
+        **doc.get("compile_options", {}),
+        **dataclasses.asdict(opts),
+    }
+    return ValidationResult(doc, feeds, outputs, details)
+
+
+def read_input_arrays(
+    source: str | os.PathLike | Mapping[str, np.ndarray], model: ModelSource
+) -> dict[str, np.ndarray]:
+    """Arrays by graph-input name from a mapping, an .npz file or a test_data_set folder."""
+    if isinstance(source, Mapping):
+        return {name: np.asarray(value) for name, value in source.items()}
+    from onnx2bir.importer import read_model, runtime_inputs
+    from onnx2bir.runtime import oracle
+
+    path = Path(source)
+    if path.is_dir():
+        names = [v.name for v in runtime_inputs(read_model(model))]
+        # The folder reader maps unnamed input_K.pb files by position in graph-input order.
+        return oracle._read_test_data_set(path, SimpleNamespace(inputs=names))
+    if not path.exists():
+        raise UserError(f"{path}: no such inputs file or folder")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except Exception as exc:
+        raise UserError(f"{path}: cannot read inputs as .npz ({type(exc).__name__})") from exc
+
+
+def _symbolic_shapes(model: ModelSource, arrays: dict[str, np.ndarray]) -> dict[str, tuple]:
+    """The arrays' shapes for the inputs the model declares with a symbolic or unknown dim."""
+    from onnx2bir.importer import read_model, runtime_inputs
+
+    shapes = {}
+    for value in runtime_inputs(read_model(model)):
+        dims = value.type.tensor_type.shape.dim
+        static = all(d.HasField("dim_value") and d.dim_value > 0 for d in dims) and len(dims)
+        if value.name in arrays and not static:
+            shapes[value.name] = tuple(int(d) for d in np.shape(arrays[value.name]))
+    return shapes
