@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import shlex
 import sys
-import tempfile
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
+from onnx2bir import flag_values, output_paths
 from onnx2bir import options as compile_options
 from onnx2bir.errors import MachineError, UserError
 
@@ -23,28 +24,10 @@ EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors: one line, exit 2
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+    def error(self, message: str) -> NoReturn:
+        """A usage error is one line, `onnx2bir: error: ...`, exit 2 (`--help` shows usage)."""
+        print(f"onnx2bir: error: {message} (see onnx2bir --help)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-
-
-def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape or any(d <= 0 for d in shape):
-        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... with positive sizes: {text!r}")
-    return name, shape
-
-
-def _dim_arg(text: str) -> tuple[str, int]:
-    name, sep, value = text.partition("=")
-    if not sep or not name or not value.isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError(f"expected SYMBOL=N with N a positive integer: {text!r}")
-    return name, int(value)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +35,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape",
         action="append",
-        type=_shape_arg,
+        type=flag_values.input_shape,
         default=[],
         metavar="NAME=D0,D1,...",
         help="fix the shape of input NAME (repeatable)",
@@ -60,7 +43,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dim",
         action="append",
-        type=_dim_arg,
+        type=flag_values.dim,
         default=[],
         metavar="SYMBOL=N",
         help="give symbolic dimension SYMBOL the size N (repeatable)",
@@ -167,7 +150,12 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         "test_data_set_N folder of input_K.pb (default: seeded random; "
         "gather indices bounded by their table, attention masks in {0, 1})",
     )
-    data.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    data.add_argument(
+        "--seed",
+        type=flag_values.seed,
+        default=0,
+        help="seed for random inputs, 0 to 2^128-1 (default 0)",
+    )
     data.add_argument(
         "--save-inputs",
         metavar="FILE.npz|DIR",
@@ -187,8 +175,12 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         "the file's tensors, --op-tolerance, the file's op_types, --atol/--rtol, the file's "
         "default and paths.",
     )
-    tol.add_argument("--atol", type=float, help="absolute tolerance for every tensor")
-    tol.add_argument("--rtol", type=float, help="relative tolerance for every tensor")
+    tol.add_argument(
+        "--atol", type=flag_values.tolerance, help="absolute tolerance for every tensor"
+    )
+    tol.add_argument(
+        "--rtol", type=flag_values.tolerance, help="relative tolerance for every tensor"
+    )
     tol.add_argument(
         "--tolerance",
         action="append",
@@ -220,7 +212,7 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
     )
     loc.add_argument(
         "--localize-budget",
-        type=float,
+        type=flag_values.positive_megabytes,
         default=256,
         metavar="MB",
         help="onnxruntime holds at most this many MB of intermediates at once "
@@ -262,34 +254,22 @@ def _print_stats(args, compilation) -> None:
         )
 
 
+def _stem(model: str) -> str:
+    stem = Path(model).name.removesuffix(".onnx")
+    return stem if stem not in ("", ".", "..") else "model"
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from onnx2bir.bir.json_io import write_module
 
+    out, stem = output_paths.check_folder(args.output, "-o"), _stem(args.model)
+    for suffix in (".bir.json", ".consts.bin"):
+        if out.is_dir():
+            output_paths.check_file(out / f"{stem}{suffix}", "-o")
     compilation = _compile(args)
     _print_stats(args, compilation)
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
-    if not out.parent.is_dir():
-        raise UserError(f"{out.parent}: no such folder")
-    stem = Path(args.model).name.removesuffix(".onnx")
-    try:
-        staging = Path(
-            tempfile.mkdtemp(prefix=".onnx2bir-", dir=out if out.exists() else out.parent)
-        )
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write there ({exc.strerror})") from exc
-    try:
-        files = write_module(compilation.module, staging, stem)
-        if out.exists():
-            for path in files:
-                os.replace(path, out / path.name)
-            staging.rmdir()
-        else:
-            os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with output_paths.stage_folder(out) as staging:
+        write_module(compilation.module, staging, stem)
     instructions = sum(1 for _ in compilation.module.functions[0].instructions())
     print(
         f"wrote {out / (stem + '.bir.json')} ({instructions} instructions) and "
@@ -305,11 +285,8 @@ def _policy(args: argparse.Namespace):
         parse_override,
     )
 
-    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
-        if value is not None and not value >= 0:
-            raise UserError(f"{flag} {value}: must be a number >= 0")
     policy = TolerancePolicy(atol=args.atol, rtol=args.rtol)
-    if args.tolerance_file:
+    if args.tolerance_file is not None:
         load_tolerance_file(args.tolerance_file, policy)
     for text in args.tolerance:
         name, partial = parse_override(text, "tolerance")
@@ -322,9 +299,14 @@ def _policy(args: argparse.Namespace):
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from onnx2bir import validation_report
+    from onnx2bir.runtime.input_files import check_inputs_source
+    from onnx2bir.runtime.oracle import check_arrays_target
 
-    if args.localize_budget <= 0:
-        raise UserError(f"--localize-budget {args.localize_budget}: must be > 0")
+    if args.inputs is not None:
+        check_inputs_source(args.inputs)
+    for path, stem in ((args.save_inputs, "input"), (args.save_outputs, "output")):
+        if path is not None:
+            check_arrays_target(path, stem)
     policy = _policy(args)
     doc, feeds, outputs = validation_report.run_validate(
         args.model,
@@ -339,9 +321,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         on_compiled=lambda compilation: _print_stats(args, compilation),
     )
-    if args.save_inputs:
+    if args.save_inputs is not None:
         validation_report.save_inputs(args.save_inputs, feeds)
-    if args.save_outputs:
+    if args.save_outputs is not None:
         validation_report.save_outputs(args.save_outputs, outputs)
     print(validation_report.to_json_text(doc) if args.json else validation_report.format_text(doc))
     return EXIT_OK if doc["passed"] else EXIT_MISMATCH
@@ -351,7 +333,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from onnx2bir import report
 
     prepared = None
-    if args.annotate:  # the annotation needs the folded model to name unnamed nodes
+    if args.annotate is not None:  # the annotation needs the folded model to name unnamed nodes
+        output_paths.check_file(args.annotate, "--annotate")
         from onnx2bir.runtime.prepared import prepare
 
         prepared = prepare(
@@ -380,6 +363,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
 
 
+def internal_error_message(exc: BaseException, args: argparse.Namespace, argv) -> str:
+    """Exit 3 means a bug in onnx2bir: one line that asks for a report and says what to send."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("onnx2bir")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["onnx2bir", *(shlex.quote(str(word)) for word in words)])
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return (
+        f"onnx2bir: internal error (a bug in onnx2bir {version}, please report it with the "
+        f"model {getattr(args, 'model', '?')!s}, the command `{command}` and the output of "
+        f"--debug): {detail}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -402,11 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # an onnx2bir bug: say so, keep the traceback behind --debug
         if args.debug:
             traceback.print_exc()
-        print(
-            f"onnx2bir: internal error: {type(exc).__name__}: {exc} "
-            "(rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
+        print(internal_error_message(exc, args, argv), file=sys.stderr)
         return EXIT_INTERNAL
 
 

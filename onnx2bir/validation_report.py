@@ -75,7 +75,7 @@ def run_validate(
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine
     timings = dict(compilation.timings)
-    if inputs:
+    if inputs is not None:
         feeds = oracle.load_inputs(inputs, graph)
         sources = dict.fromkeys(graph.inputs, f"from {inputs}")
     else:
@@ -128,7 +128,7 @@ def run_validate(
         "passed": all(entry["passed"] for entry in outputs),
         "outputs": outputs,
         "timings": {},
-        "seed": None if inputs else seed,
+        "seed": None if inputs is not None else seed,
         "inputs": [
             {
                 "name": name,
