@@ -82,9 +82,13 @@ def _check_names(path: Path, flag: str) -> None:
 def _existing_ancestor(folder: Path) -> Path:
     folder = folder if str(folder) else Path(".")
     while True:
-        info = _lstat(folder)
-        if info is not None:
+        try:
+            os.lstat(folder)
             return folder
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            raise UserError(f"{folder}: cannot be written ({exc.strerror})") from None
         if folder.parent == folder:
             return folder
         folder = folder.parent

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx2bir.contracts_memory import check_validate_fits
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime import interpreter, oracle
 from onnx2bir.runtime.compare import compare_output, json_safe
@@ -71,6 +72,7 @@ def run_validate(
     machine-level run).
     """
     prepared = prepare(model, options, input_shapes, dims)
+    check_validate_fits(prepared.pristine)  # before any input or machine array is made
     if on_compiled is not None:
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine
