@@ -27,6 +27,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
 from onnx2bir.folding import (
     WEIGHT_ELEMENTS,
+    drop_dead_nodes,
     fold_constants,
     normalize_pool_ceil_mode,
     static_shapes,
@@ -106,8 +107,7 @@ def check_model(model: onnx.ModelProto, full: bool = False) -> None:
     try:
         onnx.checker.check_model(model, full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"the model fails the ONNX checker: {first_line}") from exc
+        raise UserError(f"the model fails the ONNX checker: {_inference_message(exc)}") from exc
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -150,7 +150,8 @@ def _fill_output_shapes(model: onnx.ModelProto) -> None:
 
 def _inference_message(exc: Exception) -> str:
     """onnx's inference error in one line: the node and the reason, without the prefixes."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    lines = str(exc).strip().splitlines()  # the checker adds context lines after the first
+    text = " ".join(lines[0].split()) if lines else type(exc).__name__
     return text.replace("[ShapeInferenceError] Inference error(s): ", "")
 
 
@@ -203,6 +204,7 @@ def import_parts(
     check_model(model, full=True)
     model = fold_constants(model, weights)  # large folded values join `weights`
     check_folded(model, weights)
+    model = drop_dead_nodes(model)
     return Imported(model, weights, build_graph(model, _model_name(source, model), weights))
 
 

@@ -67,7 +67,7 @@ class Mutant:
     model: bytes
     args: list[str] = field(default_factory=list)
     side_files: dict[str, bytes] = field(default_factory=dict)
-    command: str = "report"
+    command: str = "convert"
     detail: str = ""
 
 
@@ -250,7 +250,7 @@ def make_mutant(draw: Draw) -> Mutant:
         detail, side = _external(model, draw)
     else:
         detail = _structural(model, kind, draw)
-    command = "validate" if source in QUICK_MODELS and draw(st.booleans()) else "report"
+    command = "validate" if source in QUICK_MODELS and draw(st.booleans()) else "convert"
     return Mutant(
         kind, model.SerializeToString(), [], side, command, detail=f"{source.stem}:{detail}"
     )

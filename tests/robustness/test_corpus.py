@@ -71,3 +71,9 @@ def test_corpus_files_are_current(tmp_path):
 
 def test_the_valid_corpus_model_passes(capsys):
     assert main(["validate", str(CORPUS / "ok.onnx")]) == 0
+
+
+def test_a_node_nothing_reads_is_dropped_not_crashed_on(capsys):
+    """A node whose outputs nothing reads once crashed code generation (KeyError: '')."""
+    assert main(["validate", str(CORPUS / "dead_node.onnx")]) == 0
+    assert capsys.readouterr().out.startswith("PASS")

@@ -9,7 +9,9 @@ few seconds. `python -m pytest tests/robustness/test_fuzz.py -m slow -s` shows t
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +33,9 @@ ACCEPTED_BY_DESIGN = [
         "at compile time (the node is gone before onnxruntime's check would apply)",
     ),
 ]
+
+
+KEEP = os.environ.get("ONNX2BIR_FUZZ_KEEP")
 
 
 @dataclass
@@ -79,12 +84,16 @@ def _run(mutant: Mutant, stats: Stats) -> None:
             (tmp / name).write_bytes(data)
         prepare_side_files(tmp)
         argv = [mutant.command, str(model), *(a.replace("{tmp}", folder) for a in mutant.args)]
+        if mutant.command == "convert":
+            argv += ["-o", str(tmp / "out")]
         outcome, err = run_cli(argv)
         kind = mutant.kind.value
         stats.by_kind[kind] += 1
         stats.outcomes[outcome] += 1
         stats.by_kind_outcome[kind, outcome] += 1
         if outcome in (Outcome.INTERNAL, Outcome.HANG, Outcome.TRACEBACK, Outcome.OTHER):
+            if KEEP:  # ONNX2BIR_FUZZ_KEEP=DIR keeps the failing models for a closer look
+                shutil.copy(model, Path(KEEP) / f"{kind}-{len(stats.failures)}.onnx")
             stats.failures.append((outcome.value, kind, mutant.detail, argv[2:], err[-400:]))
             return
         if outcome is Outcome.REFUSED and len(err.strip().splitlines()) != 1:

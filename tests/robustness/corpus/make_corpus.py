@@ -110,6 +110,11 @@ def models() -> dict[str, onnx.ModelProto | bytes]:
             [_vi("big", [1 << 20, 1 << 20])],
             [_vi("y", [1 << 20, 1 << 20])],
         ),
+        "dead_node": _model(
+            [relu, helper.make_node("Sigmoid", ["x"], ["unused"], name="dead")],
+            [X],
+            [_vi("y", [1, 4, 8, 8])],
+        ),
         "invalid_utf8_name": bad_utf8,
         "ext_negative_length": _model([add], [_vi("v", [8])], [_vi("y", [8])], [ext]),
     }
