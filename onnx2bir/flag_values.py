@@ -15,6 +15,7 @@ import re
 # size that does not fit int64 cannot even be written into the model.
 MAX_DIM = (1 << 63) - 1
 MAX_SEED = (1 << 128) - 1
+MAX_MEGABYTES = float(1 << 40)
 _ASCII_INT = re.compile(r"[0-9]+")
 
 
@@ -64,10 +65,10 @@ def _float(text: str) -> float:
 
 
 def positive_megabytes(text: str) -> float:
-    """A finite number of MB > 0."""
+    """A number of MB > 0 and at most 2^40 (so its byte count is an integer)."""
     value = _float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of MB > 0")
+    if not math.isfinite(value) or not 0 < value <= MAX_MEGABYTES:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of MB > 0 and <= 2^40")
     return value
 
 

@@ -76,7 +76,9 @@ def _check_names(path: Path, flag: str) -> None:
         limit = 255
     for part in path.parts:
         if len(os.fsencode(part)) > limit:
-            raise UserError(f"{path}: the name {part[:40]!r}... is longer than {limit} bytes")
+            raise UserError(
+                f"{flag} {path}: the name {part[:40]!r}... is longer than {limit} bytes"
+            )
 
 
 def _existing_ancestor(folder: Path) -> Path:
@@ -98,9 +100,11 @@ def _check_parent(path: Path, flag: str) -> None:
     """The folder of `path` exists or can be created, and accepts new files."""
     anchor = _existing_ancestor(path.parent)
     if not anchor.is_dir():
-        raise UserError(
-            f"{flag} {path}: {anchor} is {_kind(os.stat(anchor).st_mode)}, not a folder"
-        )
+        try:
+            kind = _kind(os.stat(anchor).st_mode)
+        except OSError:  # a dangling symlink
+            kind = _kind(os.lstat(anchor).st_mode)
+        raise UserError(f"{flag} {path}: {anchor} is {kind}, not a folder")
     # Probe with a real file: write permission bits say nothing for root or on /proc and /sys.
     try:
         fd, probe = tempfile.mkstemp(prefix=".onnx2bir-probe-", dir=anchor)

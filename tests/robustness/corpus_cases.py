@@ -57,6 +57,7 @@ MODEL_CASES = [
 FLAG_CASES = [
     _flag("budget_nan", "argument --localize-budget: 'nan'", "--localize-budget", "nan"),
     _flag("budget_inf", "argument --localize-budget: 'inf'", "--localize-budget", "inf"),
+    _flag("budget_1e308", "argument --localize-budget: '1e308'", "--localize-budget", "1e308"),
     _flag("seed_negative", "argument --seed", "--seed", "-1"),
     _flag("seed_words", "argument --seed", "--seed", "one"),
     _flag("dim_superscript", "argument --dim: N: '²' is not a positive integer", "--dim", "N=²"),

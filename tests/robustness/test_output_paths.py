@@ -127,3 +127,9 @@ def test_a_file_in_the_way_of_the_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="is a regular file, not a folder"):
         output_paths.check_file(tmp_path / "file" / "sub" / "a.npz", "--save-inputs")
+
+
+def test_a_dangling_symlink_in_place_of_the_folder(tmp_path):
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(UserError, match="is a symlink, not a folder"):
+        output_paths.check_file(tmp_path / "gone" / "a.npz", "--save-inputs")
