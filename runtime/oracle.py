@@ -245,7 +245,11 @@ def check_arrays_target(path: str | Path, stem: str) -> Path:
     flag = f"--save-{stem}s"
     if str(path).endswith(".npz"):
         return output_paths.check_file(path, flag)
-    return output_paths.check_folder(path, flag)
+    folder = output_paths.check_folder(path, flag)
+    if folder.is_dir():  # the files it would replace must be regular files too
+        for old in folder.glob(f"{stem}_*.pb"):
+            output_paths.check_file(old, flag)
+    return folder
 
 
 def save_arrays(path: str | Path, arrays: dict[str, np.ndarray], stem: str) -> Path:

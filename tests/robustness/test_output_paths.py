@@ -133,3 +133,12 @@ def test_a_dangling_symlink_in_place_of_the_folder(tmp_path):
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
     with pytest.raises(UserError, match="is a symlink, not a folder"):
         output_paths.check_file(tmp_path / "gone" / "a.npz", "--save-inputs")
+
+
+def test_save_outputs_refuses_a_fifo_among_the_files_it_would_replace(tmp_path, capsys):
+    out = tmp_path / "outs"
+    out.mkdir()
+    os.mkfifo(out / "output_0.pb")
+    assert main(["validate", str(OK), "--save-outputs", str(out)]) == 2
+    assert "is a FIFO" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(out / "output_0.pb").st_mode)
