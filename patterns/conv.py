@@ -294,10 +294,7 @@ class TransformConvOp:
         per_kernel = dict.fromkeys(KERNEL_NAMES, 0)
         findings = []
         for node in list(graph.topological_order()):
-            data = graph.node(node)
-            if data["op_type"] not in ("Conv", "ConvTranspose"):
-                continue
-            if data["domain"] not in ("", "ai.onnx"):  # a vendor op of the same name
+            if graph.node(node)["op_type"] not in ("Conv", "ConvTranspose"):
                 continue
             op = conv_op_from_node(graph, node)
             if op.spatial_dims != 2:

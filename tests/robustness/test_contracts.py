@@ -3,6 +3,8 @@ what onnxruntime loads and runs is not refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -158,3 +160,16 @@ def test_exit_3_asks_for_a_report_naming_model_command_and_version(capsys, monke
     assert "internal error (a bug in onnx2bir 0.1.0, please report it" in err
     assert "the model m.onnx" in err and "`onnx2bir report m.onnx --json`" in err
     assert err.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_a_vendor_add_is_not_absorbed_into_an_mlp_bias(tmp_path, capsys):
+    """vit's fc2 bias Add moved to com.microsoft: the MLP raise once took it as its bias."""
+    model = onnx.load(str(Path(__file__).resolve().parents[2] / "models" / "vit.onnx"))
+    node = next(n for n in model.graph.node if n.name == "node_linear_5")
+    node.domain = "com.microsoft"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    path = tmp_path / "vit_ms.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["convert", str(path), "-o", str(tmp_path / "out")]) == 2
+    assert "unsupported ops in vit_ms: com.microsoft.Add x1" in capsys.readouterr().err
+    assert not _ort_loads(model)
