@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
         "  onnx2bir convert model.onnx -o out/\n\n"
-        "exit status: 0 ok, 1 validate found a mismatch, 2 bad input or usage, 3 internal "
-        "error",
+        "exit status: 0 ok, 1 validate found a mismatch, 2 bad input or usage (one line; "
+        "docs/input_contracts.md lists what is checked), 3 a bug in onnx2bir (please report it)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
