@@ -31,7 +31,7 @@ from pathlib import Path
 
 import onnx
 
-from onnx2bir.errors import UserError
+from onnx2bir import output_paths
 from onnx2bir.runtime.prepared import Prepared, conv_findings, lowering_of
 
 PREFIX = "onnx2bir."
@@ -104,11 +104,8 @@ def annotate_model(
     model_path: str | Path, prepared: Prepared, doc: dict, out_path: str | Path
 ) -> int:
     """Write the annotated copy of `model_path` to `out_path`; returns nodes annotated."""
-    model_path, out_path = Path(model_path), Path(out_path)
-    if not out_path.parent.is_dir():
-        raise UserError(f"{out_path.parent}: no such folder")
-    if out_path.exists() and out_path.is_dir():
-        raise UserError(f"{out_path}: is a folder; --annotate wants a file name")
+    model_path = Path(model_path)
+    out_path = output_paths.check_file(out_path, "--annotate")
     model = onnx.load(str(model_path))
     annotations = node_annotations(prepared, doc)
     folded_outputs = {output for key in annotations for output in key}
@@ -136,21 +133,25 @@ def annotate_model(
 
 
 def _write_atomically(model: onnx.ModelProto, out_path: Path) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", dir=out_path.parent))
+    if model.ByteSize() <= _PROTOBUF_LIMIT:
+        output_paths.replace_file(out_path, lambda staged: onnx.save_model(model, str(staged)))
+        return
+    # Past protobuf's 2 GB the tensors go to OUT.onnx.data, written first: a reader that sees
+    # the new model must find the bytes it describes.
+    data = out_path.parent / (out_path.name + ".data")
+    output_paths.check_file(data, "--annotate (external data)")
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_path.name[:64]}.", dir=out_path.parent))
     try:
-        target = staging / out_path.name
-        if model.ByteSize() > _PROTOBUF_LIMIT:
-            data = out_path.name + ".data"
-            onnx.save_model(
-                model,
-                str(target),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data,
-            )
-            os.replace(staging / data, out_path.parent / data)
-        else:
-            onnx.save_model(model, str(target))
-        os.replace(target, out_path)
+        onnx.save_model(
+            model,
+            str(staging / out_path.name),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data.name,
+        )
+        output_paths.replace_file(data, lambda staged: os.replace(staging / data.name, staged))
+        output_paths.replace_file(
+            out_path, lambda staged: os.replace(staging / out_path.name, staged)
+        )
     finally:
         shutil.rmtree(staging, ignore_errors=True)

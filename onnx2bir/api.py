@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx2bir import compiler, explain
+from onnx2bir import compiler, explain, output_paths
 from onnx2bir.api_options import ModelSource, compile_options
 from onnx2bir.api_options import model_label as _model_label
 from onnx2bir.api_validate import ValidationResult, read_input_arrays, validate
@@ -136,37 +134,13 @@ def _stem(model: str, module: Module) -> str:
 
 def write_bir(module: Module, out: Path, stem: str) -> list[Path]:
     """The module's files in `out` (created with its parents), written through a staging
-    folder so a failure leaves nothing half-written."""
+    folder so a failure leaves nothing half-written (`onnx2bir.output_paths`)."""
     from onnx2bir.bir.json_io import write_module
 
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(
-            tempfile.mkdtemp(prefix=".onnx2bir-", dir=out if out.exists() else out.parent)
-        )
-    except OSError as exc:
-        raise UserError(f"{out}: cannot write there ({exc.strerror})") from exc
-    try:
+    output_paths.check_folder(out, "-o")
+    with output_paths.stage_folder(out) as staging:
         files = write_module(module, staging, stem)
-        if out.exists():
-            for path in files:
-                os.replace(path, out / path.name)
-            staging.rmdir()
-        else:
-            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private; a folder is not
-            os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return [out / path.name for path in files]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # --- report --------------------------------------------------------------------------------

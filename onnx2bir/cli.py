@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import traceback
+from pathlib import Path
+from typing import NoReturn
 
-from onnx2bir import __version__, api
+from onnx2bir import __version__, api, flag_values, output_paths
 from onnx2bir import options as compile_options
 from onnx2bir.errors import ErrorKind, ExitCode, MachineError, UsageError, UserError
 from onnx2bir.runtime.compare import json_safe
@@ -30,30 +33,12 @@ EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = (
 class _Parser(argparse.ArgumentParser):
     raise_usage_errors = False  # set by main() under --json: the error becomes a JSON document
 
-    def error(self, message: str) -> None:  # usage errors: one line, exit 2
+    def error(self, message: str) -> NoReturn:
+        """A usage error is one line, `onnx2bir: error: ...`, exit 2 (`--help` shows usage)."""
         if _Parser.raise_usage_errors:
             raise UsageError(message)
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"onnx2bir: error: {message} (see onnx2bir --help)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-
-
-def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
-        shape = ()
-    if not sep or not name or not shape or any(d <= 0 for d in shape):
-        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... with positive sizes: {text!r}")
-    return name, shape
-
-
-def _dim_arg(text: str) -> tuple[str, int]:
-    name, sep, value = text.partition("=")
-    if not sep or not name or not value.isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError(f"expected SYMBOL=N with N a positive integer: {text!r}")
-    return name, int(value)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +46,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape",
         action="append",
-        type=_shape_arg,
+        type=flag_values.input_shape,
         default=[],
         metavar="NAME=D0,D1,...",
         help="fix the shape of input NAME (repeatable)",
@@ -69,7 +54,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dim",
         action="append",
-        type=_dim_arg,
+        type=flag_values.dim,
         default=[],
         metavar="SYMBOL=N",
         help="give symbolic dimension SYMBOL the size N (repeatable)",
@@ -130,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir report model.onnx --html report.html\n\n"
         "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
         "mismatch;\n  any command: it does not compile, or the machine rejects the program); "
-        "2 bad input\n  or usage; 3 internal error (a bug in onnx2bir). With --json, errors are "
-        'one JSON\n  document on stdout: {"error": {"kind", "message"}}.',
+        "2 bad input\n  or usage (one line; docs/input_contracts.md lists what is checked); 3 a "
+        "bug in onnx2bir\n  (please report it). With --json, errors are one JSON document on "
+        'stdout:\n  {"error": {"kind", "message"}}.',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"onnx2bir {__version__}")
@@ -198,7 +184,12 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         "dimensions (default: seeded random; gather indices bounded by their table, "
         "attention masks in {0, 1})",
     )
-    data.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    data.add_argument(
+        "--seed",
+        type=flag_values.seed,
+        default=0,
+        help="seed for random inputs, 0 to 2^128-1 (default 0)",
+    )
     data.add_argument(
         "--save-inputs",
         metavar="FILE.npz|DIR",
@@ -218,8 +209,12 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         "the file's tensors, --op-tolerance, the file's op_types, --atol/--rtol, the file's "
         "default and paths.",
     )
-    tol.add_argument("--atol", type=float, help="absolute tolerance for every tensor")
-    tol.add_argument("--rtol", type=float, help="relative tolerance for every tensor")
+    tol.add_argument(
+        "--atol", type=flag_values.tolerance, help="absolute tolerance for every tensor"
+    )
+    tol.add_argument(
+        "--rtol", type=flag_values.tolerance, help="relative tolerance for every tensor"
+    )
     tol.add_argument(
         "--tolerance",
         action="append",
@@ -251,7 +246,7 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
     )
     loc.add_argument(
         "--localize-budget",
-        type=float,
+        type=flag_values.positive_megabytes,
         default=256,
         metavar="MB",
         help="onnxruntime holds at most this many MB of intermediates at once "
@@ -295,7 +290,16 @@ def _stats_text(statistics: list[dict]) -> str:
     )
 
 
+def _stem(model: str) -> str:
+    stem = Path(model).name.removesuffix(".onnx")
+    return stem if stem not in ("", ".", "..") else "model"
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
+    out, stem = output_paths.check_folder(args.output, "-o"), _stem(args.model)
+    if out.is_dir():
+        for suffix in (".bir.json", ".consts.bin"):
+            output_paths.check_file(out / f"{stem}{suffix}", "-o")
     compilation = api.compile(args.model, **_options(args)).save(args.output)
     text = compilation.text()
     if args.stats:
@@ -315,6 +319,16 @@ def _overrides(texts: list[str], what: str) -> dict:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from onnx2bir.runtime.input_files import check_inputs_source
+    from onnx2bir.runtime.oracle import check_arrays_target
+
+    if args.inputs is not None:
+        check_inputs_source(args.inputs)
+    for path, stem in ((args.save_inputs, "input"), (args.save_outputs, "output")):
+        if path is not None:
+            check_arrays_target(path, stem)
+    if args.html is not None:
+        output_paths.check_file(args.html, "--html")
     result = api.validate(
         args.model,
         args.inputs,
@@ -329,11 +343,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         progress=not args.no_progress and not args.json,
         **_options(args),
     )
-    if args.save_inputs:
+    if args.save_inputs is not None:
         result.save_inputs(args.save_inputs)
-    if args.save_outputs:
+    if args.save_outputs is not None:
         result.save_outputs(args.save_outputs)
-    if args.html:
+    if args.html is not None:
         path = result.html(args.html)
         print(f"wrote {path}", file=sys.stderr)
     _emit(args, result.to_json(), result.text(stats=args.stats))
@@ -341,13 +355,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.annotate is not None:
+        output_paths.check_file(args.annotate, "--annotate")
+    if args.html is not None:
+        output_paths.check_file(args.html, "--html")
     result = api.report(args.model, annotate=args.annotate, **_options(args))
     doc = result.to_json()
-    if args.annotate:
+    if args.annotate is not None:
         print(
             f"wrote {args.annotate} ({doc['annotated']['nodes']} nodes annotated)", file=sys.stderr
         )
-    if args.html:
+    if args.html is not None:
         path = result.html(args.html)
         print(f"wrote {path}", file=sys.stderr)
     if args.explain:
@@ -373,13 +391,22 @@ def _error(args_json: bool, kind: ErrorKind, message: str, debug: bool) -> int:
     elif kind is ErrorKind.MACHINE_REJECTED:
         print(f"onnx2bir: the machine rejected the program: {message}", file=sys.stderr)
     elif kind is ErrorKind.INTERNAL:
-        print(
-            f"onnx2bir: internal error: {message} (rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
+        print(f"onnx2bir: internal error ({message})", file=sys.stderr)
     else:
         print(f"onnx2bir: error: {message}", file=sys.stderr)
     return int(kind.exit_code)
+
+
+def internal_error_message(exc: BaseException, args: argparse.Namespace, argv) -> str:
+    """Exit 3 means a bug in onnx2bir: one line that asks for a report and says what to send."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["onnx2bir", *(shlex.quote(str(word)) for word in words)])
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return (
+        f"a bug in onnx2bir {__version__}, please report it with the model "
+        f"{getattr(args, 'model', '?')!s}, the command `{command}` and the output of "
+        f"--debug: {detail}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as exc:  # an onnx2bir bug: say so, keep the traceback behind --debug
-        return _error(args.json, ErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}", debug)
+        return _error(args.json, ErrorKind.INTERNAL, internal_error_message(exc, args, argv), debug)
 
 
 if __name__ == "__main__":

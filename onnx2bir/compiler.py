@@ -26,6 +26,7 @@ from onnx2bir.patterns.attention import LowerToCustomNativeKernel
 from onnx2bir.patterns.conv import TransformConvOp
 from onnx2bir.patterns.decompose import DecomposeAttention
 from onnx2bir.patterns.mlp import LowerToNKIKernelCC
+from onnx2bir.vendor_ops import check_vendor_ops
 
 load_kernels()  # the kernel modules register their tracers once, when the compiler loads
 
@@ -90,6 +91,13 @@ def compile_graph(
     """
     timings = {} if timings is None else timings
     source_ops = graph.op_counts()
+    vendor_error = None  # refused before the passes, which must not absorb a vendor op
+    try:
+        check_vendor_ops(graph, load_kernels())
+    except UserError as exc:
+        if not keep_going:
+            raise
+        vendor_error = str(exc)
     start = time.perf_counter()
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
@@ -97,6 +105,8 @@ def compile_graph(
     compilation = Compilation(graph, manager, None, timings, source_ops=source_ops)
     start = time.perf_counter()
     try:
+        if vendor_error:
+            raise UserError(vendor_error)
         check_supported(graph)
         compilation.module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
     except UserError as exc:

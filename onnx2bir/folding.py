@@ -7,7 +7,8 @@ shapes, ConstantOfShape, Range, Concat of shapes, …) is evaluated and dropped,
 initializer, or a weight held aside when large. Shape nodes fold from the inferred static
 shape; any other node is run, one at a time, by onnx's reference evaluator.
 `normalize_pool_ceil_mode` rewrites ceil_mode pools so that onnx's shape inference agrees with
-PyTorch and onnxruntime; `static_shapes` reads every fully static shape of a model. A failure of
+PyTorch and onnxruntime; `static_shapes` reads every fully static shape of a model;
+`drop_dead_nodes` removes nodes whose outputs nothing reads. A failure of
 shape inference becomes a `UserError` with its first line.
 """
 
@@ -220,3 +221,33 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
             return [np.asarray(value) for value in evaluator.run(None, feeds)]
     except Exception:
         return None  # leave the node to the code generator, which reports it if unsupported
+
+
+def drop_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove nodes none of whose outputs is read by another node or is a graph output
+    (ONNX ops have no side effects); repeated, so a dead chain goes entirely."""
+    nodes = list(model.graph.node)
+    while True:
+        read = {name for node in nodes for name in _names_read(node)}
+        read |= {value.name for value in model.graph.output}
+        live = [node for node in nodes if any(name and name in read for name in node.output)]
+        if len(live) == len(nodes):
+            break
+        nodes = live
+    if len(nodes) == len(model.graph.node):
+        return model
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def _names_read(node: onnx.NodeProto) -> set[str]:
+    """The node's inputs and every name read inside its subgraphs (If, Loop, Scan bodies may
+    read outer values)."""
+    names = set(node.input)
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+            for inner in graph.node:
+                names |= _names_read(inner)
+            names |= {value.name for value in graph.output}
+    return names

@@ -13,13 +13,11 @@ Written atomically: a temporary file in the same folder, then renamed over the t
 from __future__ import annotations
 
 import os
-import tempfile
 from html import escape
 from pathlib import Path
 
-from onnx2bir import html_charts
+from onnx2bir import html_charts, output_paths
 from onnx2bir.compiler import Compilation
-from onnx2bir.errors import UserError
 from onnx2bir.report_doc import GEOMETRY_LEGEND, _conv_geometry, rank_refusals
 
 CSS = """
@@ -272,25 +270,7 @@ def write_page(
     validation: dict | None,
     compilation: Compilation | None,
 ) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{path}: is a folder; --html wants a file name")
-    if not path.parent.is_dir():
-        raise UserError(f"{path.parent}: no such folder")
+    """Render the page and write it through `onnx2bir.output_paths` (never over a non-file)."""
+    path = output_paths.check_file(path, "--html")
     text = render_page(doc, validation, compilation)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return output_paths.replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -13,6 +13,7 @@ reference evaluator run on one node at a time for folding (`onnx2bir.folding`, w
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,12 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, numpy_helper
 
+from onnx2bir import contracts, contracts_memory, contracts_nodes
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
 from onnx2bir.folding import (
     WEIGHT_ELEMENTS,
+    drop_dead_nodes,
     fold_constants,
     normalize_pool_ceil_mode,
     static_shapes,
@@ -40,11 +43,19 @@ def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         model.CopyFrom(source)
         return model
     path = Path(source)
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    if path.is_dir():
+    if not str(source).strip():
+        raise UserError("the model path is empty")
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
         raise UserError(f"{path}: is a folder, not an ONNX model file")
-    if path.stat().st_size == 0:
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
+        raise UserError(f"{path}: not a regular file")
+    if info.st_size == 0:
         raise UserError(f"{path}: the file is empty")
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -52,6 +63,7 @@ def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         raise UserError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from exc
     if model.ir_version == 0 or not model.HasField("graph"):
         raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
+    contracts.check_text(model, str(path))
     _load_external_data(model, path.parent, path)
     return model
 
@@ -85,13 +97,18 @@ def split_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return weights
 
 
-def check_model(model: onnx.ModelProto) -> None:
+def check_model(model: onnx.ModelProto, full: bool = False) -> None:
+    """The file-level contracts (`onnx2bir.contracts`), then onnx's checker; `full` adds
+    strict shape inference, so contradictions between shapes and types are refused (run once
+    the input shapes are fixed and ceil-mode pools agree with onnx's shape formula)."""
+    contracts.check_versions(model)
+    contracts.check_graph_outputs(model)
+    contracts.check_ops(model)
     _fill_output_shapes(model)
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        first_line = str(exc).strip().splitlines()[0]
-        raise UserError(f"the model fails the ONNX checker: {first_line}") from exc
+        onnx.checker.check_model(model, full_check=full)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise UserError(f"the model fails the ONNX checker: {_inference_message(exc)}") from exc
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -119,12 +136,24 @@ def _fill_output_shapes(model: onnx.ModelProto) -> None:
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:
-        return  # the checker reports what is wrong
+        inferred = model
     shapes = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
     for out in missing:
         known = shapes.get(out.name)
         if known is not None and known.type.tensor_type.HasField("shape"):
             out.type.tensor_type.shape.CopyFrom(known.type.tensor_type.shape)
+            continue
+        try:  # no shape: strict inference says which node contradicts itself
+            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        except Exception as exc:
+            raise UserError(f"shape inference failed: {_inference_message(exc)}") from None
+
+
+def _inference_message(exc: Exception) -> str:
+    """onnx's inference error in one line: the node and the reason, without the prefixes."""
+    lines = str(exc).strip().splitlines()  # the checker adds context lines after the first
+    text = " ".join(lines[0].split()) if lines else type(exc).__name__
+    return text.replace("[ShapeInferenceError] Inference error(s): ", "")
 
 
 def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
@@ -132,6 +161,7 @@ def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> N
     for tensor in external_data_helper._get_all_tensors(model):
         if not external_data_helper.uses_external_data(tensor):
             continue
+        contracts.check_external_fields(tensor, path)
         info = external_data_helper.ExternalDataInfo(tensor)
         target = (base_dir / info.location).resolve()
         if not target.is_relative_to(root):
@@ -143,6 +173,7 @@ def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> N
             raise UserError(
                 f"{path}: external data file {info.location!r} of tensor {tensor.name!r} is missing"
             )
+        contracts.check_external_data(tensor, target, path)
     try:
         external_data_helper.load_external_data_for_model(model, str(base_dir))
     except Exception as exc:
@@ -172,10 +203,22 @@ def import_parts(
     check_model(model)
     model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
     model = normalize_pool_ceil_mode(model)
+    check_model(model, full=True)
     model = fold_constants(model, weights)  # large folded values join `weights`
+    check_folded(model, weights)
+    model = drop_dead_nodes(model)
     graph = build_graph(model, _model_name(source, model), weights)
     graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
     return Imported(model, weights, graph)
+
+
+def check_folded(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
+    """The contracts that need static shapes: node attributes and constant indices
+    (`onnx2bir.contracts_nodes`), every tensor's bytes (`onnx2bir.contracts_memory`)."""
+    shapes = static_shapes(model)
+    shapes.update({name: tuple(value.shape) for name, value in weights.items()})
+    contracts_nodes.check_nodes(model, shapes, weights)
+    contracts_memory.check_tensor_sizes(contracts_memory.tensor_bytes(model, shapes, weights))
 
 
 def import_model(

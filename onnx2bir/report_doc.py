@@ -20,8 +20,8 @@ DESIGN.md's contract:
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
-form keeps the stride as `rhs_dilation` and a unit `stride` (docs/conv_backward.md). `closest_refusals` is the walk ranked
-by relevance (`rank_refusals`).
+form keeps the stride as `rhs_dilation` and a unit `stride` (docs/conv_backward.md).
+`closest_refusals` is the walk ranked by relevance (`rank_refusals`).
 
 Keys are a public interface: add freely, never rename or drop.
 """

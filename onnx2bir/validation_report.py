@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx2bir.contracts_memory import check_validate_fits
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime import interpreter, oracle
 from onnx2bir.runtime.compare import compare_output, json_safe
@@ -75,6 +76,7 @@ def run_validate(
     policy's `tensors` and `op_types` must exist in the model (`check_policy_names`).
     """
     prepared = prepare(model, options, input_shapes, dims)
+    check_validate_fits(prepared.pristine)  # before any input or machine array is made
     if on_compiled is not None:
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine
@@ -83,7 +85,7 @@ def run_validate(
     if isinstance(inputs, dict):
         feeds = check_arrays(inputs, graph, inputs_label or "inputs")
         sources = dict.fromkeys(graph.inputs, f"from {inputs_label or 'the given arrays'}")
-    elif inputs:
+    elif inputs is not None:
         feeds = oracle.load_inputs(inputs, graph)
         sources = dict.fromkeys(graph.inputs, f"from {inputs}")
     else:
@@ -136,7 +138,7 @@ def run_validate(
         "passed": all(entry["passed"] for entry in outputs),
         "outputs": outputs,
         "timings": {},
-        "seed": None if inputs else seed,
+        "seed": None if inputs is not None else seed,
         "inputs": [
             {
                 "name": name,

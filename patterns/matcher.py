@@ -91,20 +91,25 @@ def neighbourhood(graph: Graph, anchor: str, radius: int) -> set[str]:
     return seen
 
 
+def _is_op(data: dict, ops: frozenset[str]) -> bool:
+    """Pattern ops are standard ONNX ops: a com.microsoft MatMul is not a MatMul."""
+    return data["op_type"] in ops and data.get("domain", "") in ("", "ai.onnx")
+
+
 def find_matches(
     graph: Graph, pattern: Pattern, anchor: str, radius: int | None = None
 ) -> Iterator[dict[str, str]]:
     """Every embedding of `pattern` whose anchor is `anchor`, as {pattern key: graph node}."""
     data = graph.nx.nodes[anchor]
     anchor_node = next(n for n in pattern.nodes if n.key == pattern.anchor)
-    if data["op_type"] not in anchor_node.ops:
+    if not _is_op(data, anchor_node.ops):
         return
     reach = pattern.radius if radius is None else min(radius, pattern.radius)
     local = graph.nx.subgraph(neighbourhood(graph, anchor, reach))
 
     def node_match(graph_data: dict, pattern_data: dict) -> bool:
         pnode: PNode = pattern_data["pnode"]
-        if graph_data["op_type"] not in pnode.ops:
+        if not _is_op(graph_data, pnode.ops):
             return False
         return pnode.check is None or pnode.check(graph, graph_data["name"])
 

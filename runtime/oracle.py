@@ -28,10 +28,7 @@ computes exactly what the ONNX spec says rather than a fused rewrite of it.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +36,11 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from onnx2bir import output_paths
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
+
+from . import input_files
 
 INTEGER_INPUT_HIGH = 8  # integer inputs are drawn from [0, 8)
 GRAPH_OPTIMIZATION_LEVEL = "ORT_DISABLE_ALL"
@@ -177,17 +177,13 @@ def synthesize_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 # --- loading and saving --------------------------------------------------------------------
 def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
     """Inputs from an .npz file or a test_data_set folder; every graph input must be there."""
-    path = Path(path)
+    path = input_files.check_inputs_source(path)
     if path.is_dir():
         feeds = _read_test_data_set(path, graph)
-    elif not path.exists():
-        raise UserError(f"{path}: no such inputs file or folder")
     else:
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                feeds = {key: archive[key] for key in archive.files}
-        except Exception as exc:
-            raise UserError(f"{path}: cannot read inputs as .npz ({type(exc).__name__})") from exc
+        feeds = input_files.read_npz(
+            path, {name: graph.tensors[name].shape for name in graph.inputs}
+        )
     missing = [name for name in graph.inputs if name not in feeds]
     if missing:
         raise UserError(f"{path}: no array for input(s) {', '.join(missing)}")
@@ -195,6 +191,7 @@ def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
     for name in graph.inputs:
         info = graph.tensors[name]
         value = np.asarray(feeds[name])
+        input_files.check_array(str(path), name, value.dtype)
         if tuple(value.shape) != tuple(info.shape):
             raise UserError(
                 f"{path}: input {name!r} has shape {tuple(value.shape)}, the model "
@@ -221,6 +218,7 @@ def _read_test_data_set(folder: Path, graph: Graph) -> dict[str, np.ndarray]:
     feeds = {}
     for position, file in enumerate(files):
         tensor = onnx.TensorProto()
+        input_files.check_regular_file(file)
         try:
             tensor.ParseFromString(file.read_bytes())
             value = numpy_helper.to_array(tensor)
@@ -242,40 +240,37 @@ def _numbered(folder: Path, stem: str) -> list[Path]:
     return sorted(folder.glob(f"{stem}_*.pb"), key=lambda p: _index(p.name))
 
 
+def check_arrays_target(path: str | Path, stem: str) -> Path:
+    """Refuse, before any work, a `save_arrays` target that cannot be written."""
+    flag = f"--save-{stem}s"
+    if str(path).endswith(".npz"):
+        return output_paths.check_file(path, flag)
+    folder = output_paths.check_folder(path, flag)
+    if folder.is_dir():  # the files it would replace must be regular files too
+        for old in folder.glob(f"{stem}_*.pb"):
+            output_paths.check_file(old, flag)
+    return folder
+
+
 def save_arrays(path: str | Path, arrays: dict[str, np.ndarray], stem: str) -> Path:
     """Write arrays atomically: .npz when `path` ends in .npz, else a test_data_set folder
-    of `{stem}_K.pb` TensorProtos named after the arrays."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise UserError(f"{path.parent}: no such folder")
+    of `{stem}_K.pb` TensorProtos named after the arrays (`onnx2bir.output_paths` rules)."""
+    path = check_arrays_target(path, stem)
     if path.suffix == ".npz":
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
+
+        def write(staged: Path) -> None:
+            with open(staged, "wb") as handle:
                 np.savez(handle, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{path}: exists and is not a folder (use a .npz name for a file)")
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+
+        return output_paths.replace_file(path, write)
+    stale = _numbered(path, stem) if path.is_dir() else []
+    with output_paths.stage_folder(path) as staging:
         for index, (name, value) in enumerate(arrays.items()):
             tensor = numpy_helper.from_array(np.asarray(value), name)
             (staging / f"{stem}_{index}.pb").write_bytes(tensor.SerializeToString())
-        if path.exists():
-            for old in _numbered(path, stem):
+        for old in stale:  # a shorter list of arrays leaves no stale file behind
+            if old.name not in {item.name for item in staging.iterdir()} and old.is_file():
                 old.unlink()
-            for new in staging.iterdir():
-                os.replace(new, path / new.name)
-            staging.rmdir()
-        else:
-            os.rename(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return path
 
 

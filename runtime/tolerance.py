@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +79,7 @@ PATHS = ("fp32", "fp16", "bf16", "exact")
 # Looser paths win when paths meet (a bf16 value flowing into an fp32 op keeps bf16 error).
 _LOOSENESS = {"exact": 0, "fp32": 1, "fp16": 2, "bf16": 3}
 _FILE_KEYS = {"default", "paths", "op_types", "tensors", "outputs"}
+MAX_TOLERANCE_FILE_BYTES = 1 << 20  # a tolerance file is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -212,12 +214,16 @@ def parse_override(text: str, what: str) -> tuple[str, Partial]:
 
 
 def _number(text: str, where: str) -> float:
+    if isinstance(text, bool):
+        raise UserError(f"{where}: {text!r} is not a number")
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise UserError(f"{where}: {text!r} is not a number") from None
+        raise UserError(f"{where}: {str(text)[:40]!r} is not a number") from None
+    except OverflowError:  # an integer of hundreds of digits
+        raise UserError(f"{where}: {str(text)[:40]}... must be a finite number >= 0") from None
     if not math.isfinite(value) or value < 0:
-        raise UserError(f"{where}: {text!r} must be a finite number >= 0")
+        raise UserError(f"{where}: {str(text)[:40]!r} must be a finite number >= 0")
     return value
 
 
@@ -239,11 +245,22 @@ def load_tolerance_file(path: str | Path, policy: TolerancePolicy) -> ToleranceP
     """Fill the file layers of `policy` from a JSON file (module docstring for the format)."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        info = path.stat()
     except FileNotFoundError:
         raise UserError(f"{path}: no such tolerance file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not a readable JSON tolerance file ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the tolerance file ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
+        raise UserError(f"{path}: the tolerance file is not a regular file")
+    if info.st_size > MAX_TOLERANCE_FILE_BYTES:
+        raise UserError(f"{path}: the tolerance file is over {MAX_TOLERANCE_FILE_BYTES} bytes")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise UserError(f"{path}: the tolerance file nests too deeply") from None
+    except (OSError, ValueError) as exc:  # JSONDecodeError, bad UTF-8, a 5000-digit number
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{path}: not a readable JSON tolerance file ({first})") from None
     if not isinstance(doc, dict) or set(doc) - _FILE_KEYS:
         unknown = sorted(set(doc) - _FILE_KEYS) if isinstance(doc, dict) else []
         raise UserError(

@@ -108,9 +108,11 @@ def test_an_internal_error_is_exit_3_and_json(capsys, monkeypatch):
     monkeypatch.setattr(onnx2bir.api, "report", broken)
     code, out, _ = run(["report", SMALL_CNN, "--json"], capsys)
     doc = json.loads(out)
-    assert code == 3 and doc["error"] == {"kind": "internal", "message": "ZeroDivisionError: a bug"}
+    assert code == 3 and doc["error"]["kind"] == "internal"
+    assert "please report it" in doc["error"]["message"]
+    assert doc["error"]["message"].endswith("ZeroDivisionError: a bug")
     code, _, err = run(["report", SMALL_CNN], capsys)
-    assert code == 3 and "internal error: ZeroDivisionError: a bug" in err
+    assert code == 3 and err.rstrip().endswith("ZeroDivisionError: a bug)")
 
 
 def test_version_matches_the_package_metadata():

@@ -74,9 +74,17 @@ def test_unnamed_and_folded_nodes(tmp_path, capsys):
     )
 
 
-def test_annotate_into_a_missing_folder_writes_nothing(tmp_path, capsys):
+def test_annotate_into_a_missing_folder_creates_it(tmp_path, capsys):
     out = tmp_path / "missing" / "a.onnx"
+    code, _, _ = run(["report", SMALL_CNN, "--annotate", out], capsys)
+    assert code == 0
+    assert [p.name for p in out.parent.iterdir()] == ["a.onnx"]
+    onnx.checker.check_model(onnx.load(str(out)))
+
+
+def test_annotate_under_a_file_writes_nothing(tmp_path, capsys):
+    (tmp_path / "plain").write_text("x")
+    out = tmp_path / "plain" / "a.onnx"
     code, _, err = run(["report", SMALL_CNN, "--annotate", out], capsys)
-    assert code == 2 and "no such folder" in err
-    assert not out.parent.exists()
-    assert not list(tmp_path.iterdir())
+    assert code == 2 and "not a folder" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["plain"]

@@ -1,0 +1,80 @@
+"""Command-line values, parsed and range-checked while the arguments are read.
+
+Each function is an argparse `type=`: it returns the value or raises `ArgumentTypeError`, whose
+message argparse prints as `onnx2bir: error: argument FLAG: MESSAGE` (exit 2). The ranges are
+in `docs/input_contracts.md#flags`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+# ONNX dims are int64; a tensor of 2^62 elements is refused later by the memory contract, but a
+# size that does not fit int64 cannot even be written into the model.
+MAX_DIM = (1 << 63) - 1
+MAX_SEED = (1 << 128) - 1
+MAX_MEGABYTES = float(1 << 40)
+_ASCII_INT = re.compile(r"[0-9]+")
+
+
+def _positive_int(text: str, what: str, original: str) -> int:
+    text = text.strip()
+    if not _ASCII_INT.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{what}: {text!r} is not a positive integer in {original!r}"
+        )
+    value = int(text)
+    if not 0 < value <= MAX_DIM:
+        raise argparse.ArgumentTypeError(
+            f"{what}: {text} is out of range in {original!r} (1 to 2^63-1)"
+        )
+    return value
+
+
+def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """`NAME=D0,D1,...` with every D a positive integer."""
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name or not dims.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... with positive sizes: {text!r}")
+    return name, tuple(_positive_int(d, "size", text) for d in dims.split(","))
+
+
+def dim(text: str) -> tuple[str, int]:
+    """`SYMBOL=N` with N a positive integer (ASCII digits)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected SYMBOL=N with N a positive integer: {text!r}")
+    return name, _positive_int(value, "N", text)
+
+
+def seed(text: str) -> int:
+    """A non-negative integer below 2^128 (numpy's seed range)."""
+    text = text.strip()
+    if not _ASCII_INT.fullmatch(text) or int(text) > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2^128-1: {text!r}")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def positive_megabytes(text: str) -> float:
+    """A number of MB > 0 and at most 2^40 (so its byte count is an integer)."""
+    value = _float(text)
+    if not math.isfinite(value) or not 0 < value <= MAX_MEGABYTES:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of MB > 0 and <= 2^40")
+    return value
+
+
+def tolerance(text: str) -> float:
+    """A finite number >= 0."""
+    value = _float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
+    return value

@@ -1,0 +1,175 @@
+"""The import-time contracts one by one: each refusal names its node, attribute or figure;
+what onnxruntime loads and runs is not refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx2bir import contracts_memory
+from onnx2bir.cli import main
+from onnx2bir.errors import UserError
+from onnx2bir.importer import import_model
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=18, ir_version=10, opsets=()):
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, F, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, F, s) for n, s in outputs.items()],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()] if inits else [],
+    )
+    imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in opsets)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=ir_version)
+
+
+def _refused(model, *fragments):
+    with pytest.raises(UserError) as info:
+        import_model(model)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def _ort_loads(model) -> bool:
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:
+        return False
+    return True
+
+
+RELU = helper.make_node("Relu", ["x"], ["y"], name="relu")
+
+
+def test_ir_version_newer_than_onnx_knows():
+    model = _model([RELU], {"x": [2]}, {"y": [2]}, ir_version=onnx.IR_VERSION + 1)
+    _refused(model, f"IR version {onnx.IR_VERSION + 1}")
+
+
+def test_ml_opset_newer_than_onnx_knows():
+    model = _model([RELU], {"x": [2]}, {"y": [2]}, opsets=[("ai.onnx.ml", 99)])
+    _refused(model, "ai.onnx.ml opset 99")
+    assert not _ort_loads(model)
+
+
+def test_a_domain_imported_twice():
+    model = _model([RELU], {"x": [2]}, {"y": [2]}, opsets=[("ai.onnx", 17)])
+    _refused(model, "imports domain 'ai.onnx' twice")
+
+
+def test_an_op_that_does_not_exist_at_the_opset():
+    node = helper.make_node("Gelu", ["x"], ["y"], name="gelu")  # Gelu arrived in opset 20
+    model = _model([node], {"x": [2]}, {"y": [2]}, opset=18)
+    _refused(model, "node 'gelu' (Gelu)", "opset 18")
+    assert not _ort_loads(model)
+
+
+def test_an_unnamed_output():
+    model = _model([RELU], {"x": [2]}, {"": [2]})
+    _refused(model, "graph output #0 has no name")
+
+
+def test_conv_transpose_channels_disagree():
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up")
+    model = _model(
+        [node], {"x": [1, 4, 5, 5]}, {"y": None}, {"w": np.ones((3, 2, 2, 2), np.float32)}
+    )
+    _refused(model, "node 'up' (ConvTranspose)", "3 input channels; the input has 4")
+
+
+def test_conv_bias_of_the_wrong_size():
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")
+    inits = {"w": np.ones((8, 4, 1, 1), np.float32), "b": np.ones(5, np.float32)}
+    model = _model([node], {"x": [1, 4, 5, 5]}, {"y": None}, inits)
+    _refused(model, "bias 'b' has shape [5]; expected [8]")  # onnxruntime fails at run time
+
+
+def test_pool_auto_pad_value_and_kernel():
+    node = helper.make_node(
+        "MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2, 2], auto_pad="HALF"
+    )
+    model = _model([node], {"x": [1, 4, 6, 6]}, {"y": None})
+    _refused(model, "node 'pool' (MaxPool): auto_pad 'HALF'")
+    assert not _ort_loads(model)
+
+
+def test_softmax_axis_out_of_range():
+    node = helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=-3)
+    model = _model([node], {"x": [2, 3]}, {"y": [2, 3]})
+    _refused(model, "node name: sm", "'axis' must be in [-2 , 1]")
+    assert not _ort_loads(model)
+
+
+def test_gather_elements_constant_index():
+    node = helper.make_node("GatherElements", ["t", "i"], ["y"], name="ge", axis=1)
+    model = _model(
+        [node], {"t": [2, 3]}, {"y": [2, 2]}, {"i": np.array([[0, 2], [1, -4]], np.int64)}
+    )
+    _refused(model, "node 'ge' (GatherElements): constant index -4", "[-3, 3) along axis 1")
+
+
+def test_negative_constant_indices_in_range_are_accepted():
+    node = helper.make_node("Gather", ["t", "i"], ["y"], name="g")
+    model = _model([node], {"t": [5, 2]}, {"y": [2, 2]}, {"i": np.array([-5, 4], np.int64)})
+    assert import_model(model).outputs == ["y"]
+
+
+def test_host_memory_figure():
+    with pytest.raises(UserError, match=r"about 2 GiB of arrays; this host has 1 GiB"):
+        contracts_memory.check_host_memory(2 << 30, available=1 << 30)
+    contracts_memory.check_host_memory(1 << 20, available=1 << 30)
+
+
+def test_validate_host_bytes_counts_machine_oracle_and_comparison():
+    sizes = {"x": 100, "h": 1000, "y": 10}
+    # machine 1110 + onnxruntime (x and y) 110 + comparison 4 x 10
+    assert contracts_memory.validate_host_bytes(sizes, ["x"], ["y"]) == 1110 + 110 + 40
+
+
+def test_the_device_figure_is_named(tmp_path, capsys):
+    model = _model([RELU], {"x": [1 << 33]}, {"y": [1 << 33]})
+    path = tmp_path / "big.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["convert", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "tensor 'x' needs 32 GiB, more than the modelled device DRAM (16 GiB" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_exit_3_asks_for_a_report_naming_model_command_and_version(capsys, monkeypatch):
+    import onnx2bir.cli as cli
+
+    def broken(args):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setitem(cli.COMMANDS, "report", broken)
+    assert main(["report", "m.onnx", "--stats"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "internal error (a bug in onnx2bir 0.1.0, please report it" in err
+    assert "the model m.onnx" in err and "`onnx2bir report m.onnx --stats`" in err
+    assert err.rstrip().endswith("ZeroDivisionError: division by zero)")
+
+
+def test_a_vendor_add_is_not_absorbed_into_an_mlp_bias(tmp_path, capsys):
+    """vit's fc2 bias Add moved to com.microsoft: the MLP raise once took it as its bias."""
+    model = onnx.load(str(Path(__file__).resolve().parents[2] / "models" / "vit.onnx"))
+    node = next(n for n in model.graph.node if n.name == "node_linear_5")
+    node.domain = "com.microsoft"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    path = tmp_path / "vit_ms.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["convert", str(path), "-o", str(tmp_path / "out")]) == 2
+    assert "unsupported ops in vit_ms: com.microsoft.Add x1" in capsys.readouterr().err
+    assert not _ort_loads(model)
