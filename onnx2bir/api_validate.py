@@ -155,13 +155,13 @@ def read_input_arrays(
         names = [v.name for v in runtime_inputs(read_model(model))]
         # The folder reader maps unnamed input_K.pb files by position in graph-input order.
         return oracle._read_test_data_set(path, SimpleNamespace(inputs=names))
-    if not path.exists():
-        raise UserError(f"{path}: no such inputs file or folder")
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
-    except Exception as exc:
-        raise UserError(f"{path}: cannot read inputs as .npz ({type(exc).__name__})") from exc
+    from onnx2bir.runtime import input_files
+
+    input_files.check_inputs_source(path)
+    # Headers first: a wrong dtype or an array larger than the host's memory is refused before
+    # any data is read. Shapes are compared once --input-shape and the arrays have fixed them.
+    names = [value.name for value in runtime_inputs(read_model(model))]
+    return input_files.read_npz(path, dict.fromkeys(names))
 
 
 def _symbolic_shapes(model: ModelSource, arrays: dict[str, np.ndarray]) -> dict[str, tuple]:

@@ -75,8 +75,13 @@ def _header(archive: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.
     return tuple(shape), dtype
 
 
-def read_npz(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """The arrays of `path` named in `expected` (name: shape); each checked before it is read."""
+def read_npz(
+    path: Path, expected: dict[str, tuple[int, ...] | None]
+) -> dict[str, np.ndarray]:
+    """The arrays of `path` named in `expected` (name: shape); each checked before it is read.
+
+    A shape of None (an input with symbolic dims, which the array will fix) is not compared;
+    such an array must still fit the host's memory."""
     check_regular_file(path)
     try:
         archive = zipfile.ZipFile(path)
@@ -94,7 +99,9 @@ def read_npz(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, np.n
             except Exception as exc:  # a damaged member: zlib, zipfile or numpy's header parser
                 raise UserError(f"{path}: array {name!r} cannot be read ({exc})") from None
             check_array(str(path), name, dtype)
-            if found != tuple(shape):
+            if shape is None:
+                _check_fits_host(path, name, found, dtype)
+            elif found != tuple(shape):
                 raise UserError(
                     f"{path}: input {name!r} has shape {found}, the model expects {tuple(shape)}"
                 )
@@ -104,3 +111,15 @@ def read_npz(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, np.n
             except Exception as exc:
                 raise UserError(f"{path}: array {name!r} cannot be read ({exc})") from None
     return feeds
+
+
+def _check_fits_host(path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    from onnx2bir.contracts_memory import host_memory_bytes
+
+    size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    available = host_memory_bytes()
+    if available is not None and size > available:
+        raise UserError(
+            f"{path}: input {name!r} has shape {shape}: {size} bytes, more than this host's "
+            f"{available} bytes of memory"
+        )

@@ -60,9 +60,15 @@ def test_transformer_page_lists_attention_blocks_and_why_not_raised(pages):
     assert 'id="validation"' not in text  # report alone runs nothing
 
 
-def test_html_into_a_missing_folder_is_a_clean_error(tmp_path, capsys):
-    code = main(["report", str(MODELS / "small_cnn.onnx"), "--html", str(tmp_path / "no/x.html")])
-    assert code == 2 and "no such folder" in capsys.readouterr().err
+def test_html_into_a_missing_folder_creates_it(tmp_path, capsys):
+    target = tmp_path / "new" / "x.html"
+    code = main(["report", str(MODELS / "small_cnn.onnx"), "--html", str(target)])
+    assert code == 0 and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_html_over_a_folder_is_a_clean_error(tmp_path, capsys):
+    code = main(["report", str(MODELS / "small_cnn.onnx"), "--html", str(tmp_path)])
+    assert code == 2 and "--html" in capsys.readouterr().err
 
 
 def _chromium(page: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
