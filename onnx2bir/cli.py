@@ -93,6 +93,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=compile_options.DEFAULT_TARGET,
         help="target device name (default %(default)s)",
     )
+    group.add_argument(
+        "--dynamic-dma-sbuf-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SBUF bytes per partition kept free for dynamic DMA; the attention raise "
+        "counts them against the state buffer (default %(default)s)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="log the passes' decisions on stderr (attention matches, casts, warnings)",
+    )
     parser.add_argument("--stats", action="store_true", help="print the passes' statistic counters")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
@@ -242,6 +255,7 @@ def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
         enable_native_kernel_attention_bf16=args.enable_native_kernel_attention_bf16,
         experimental_convolution_kernel_match=args.experimental_convolution_kernel_match,
         target=args.target,
+        dynamic_dma_sbuf_bytes=args.dynamic_dma_sbuf_bytes,
     )
 
 
@@ -380,8 +394,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
 
 
+def _log_to_stderr() -> None:
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger = logging.getLogger("onnx2bir")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        _log_to_stderr()
     try:
         return COMMANDS[args.command](args)
     except UserError as exc:

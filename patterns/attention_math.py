@@ -61,6 +61,7 @@ class Emitter:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     remove: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stage: str = "decomposed"  # node names are "<root>/<stage>/<part>" ("<root>/<part>" if "")
 
     # --- queries -------------------------------------------------------------------------
     def info(self, tensor: str) -> TensorInfo:
@@ -81,7 +82,7 @@ class Emitter:
 
     # --- staging -------------------------------------------------------------------------
     def _name(self, part: str) -> str:
-        base = f"{self.root}/decomposed/{part}"
+        base = f"{self.root}/{self.stage}/{part}" if self.stage else f"{self.root}/{part}"
         name, index = base, 1
         while name in self.tensors or name in self.graph.tensors or name in self.graph.nx:
             name, index = f"{base}_{index}", index + 1

@@ -1,0 +1,112 @@
+"""The attention kernel's tile plan: tile shapes, the SBUF it reserves, the `sb_shape` function.
+
+In: the tile sizes (query rows per group, keys per tile), head dims and dtypes. Out: the list
+of SBUF tiles the flash-style kernel allocates (`TilePlan.sb_tiles`), their bytes per
+partition, and `sb_shape`, the function the attention raise asks before it rewrites a block
+(docs/attention.md#sbuf-reservation).
+
+None of these sizes depends on the sequence lengths beyond capping a tile at the length: K and
+V stream through in key tiles and the softmax runs online, so a 32k-key block reserves what a
+2k-key block does.
+
+`sb_shape(seq_q, seq_k, causal, dtype, cast_matmult)` keeps the reference compiler's
+signature (two lengths, a causal flag, the element type, a trailing flag) and returns
+(query rows per group, keys per tile, bytes reserved per partition). The trailing flag is
+"only the matmuls are cast" (`--native-kernel-cast-type matmult-to-…`): the scores then stay
+fp32 while Q, K, V and P take the cast type, which costs 2 bytes more per key column than
+`all-to-…`, where the scores are held in the cast type as well — the reference's "+2" term.
+The head dims are not arguments: the raise only fires for head dim ≤ 128, so the reservation
+assumes 128.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+
+SB_ALIGN = 64
+MAX_Q_ROWS = NUM_PARTITIONS  # a query group fills at most the 128 partitions
+MAX_K_TILE = MATMUL_MAX_MOVING_FREE  # one PSUM bank of fp32 scores per key tile
+RESERVED_HEAD_DIM = 128  # the raise's head-dim gate
+STATS = 6  # fp32 per row: running max, new max, −max, correction, running sum, tile sum
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // SB_ALIGN) * SB_ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class TilePlan:
+    """Tile sizes and dtypes of one kernel call."""
+
+    q_rows: int
+    k_tile: int
+    d: int
+    dv: int
+    storage: Dtype  # Q, K, V, P (matmul operands)
+    scores: Dtype  # S: fp32, or the cast type when everything is cast
+    out: Dtype
+    extra: bool = True  # an extra input (mask, bias) is read per key tile
+    fill: bool = True  # a masked fill needs a bound tile
+    causal: bool = False
+
+    @property
+    def d_tiles(self) -> int:
+        return -(-self.d // NUM_PARTITIONS)
+
+    @property
+    def k_subtiles(self) -> int:
+        return -(-self.k_tile // NUM_PARTITIONS)
+
+    def sb_tiles(self) -> list[tuple[str, int, Dtype]]:
+        """(tag, elements per partition, dtype) of every SBUF tile, in allocation order."""
+        s, fp32 = self.storage, Dtype.FP32
+        tiles = [
+            ("q", self.d, s),
+            ("qT", self.d_tiles * self.q_rows, s),
+            ("k", self.d_tiles * self.k_tile, s),
+            ("v", self.k_subtiles * self.dv, s),
+            ("scores", self.k_tile, self.scores),
+            ("probs", self.k_tile, s),
+            ("pT", self.q_rows, s),
+            ("stats", STATS, fp32),
+            ("acc", self.dv, fp32),
+            ("out", self.dv, self.out),
+        ]
+        if s is not Dtype.FP32:
+            tiles.insert(0, ("identity", NUM_PARTITIONS, s))
+        if self.extra:
+            tiles.append(("extra", self.k_tile, fp32))
+        if self.fill:
+            tiles.append(("bound", self.k_tile, fp32))
+        if self.causal:
+            tiles.append(("causal", self.k_tile, fp32))
+        return tiles
+
+    def partition_bytes(self) -> int:
+        return sum(_aligned(free * dtype.itemsize) for _, free, dtype in self.sb_tiles())
+
+
+def tile_sizes(seq_q: int, seq_k: int) -> tuple[int, int]:
+    """Query rows per group and keys per tile for the given lengths (the defaults)."""
+    return min(MAX_Q_ROWS, seq_q), min(MAX_K_TILE, seq_k)
+
+
+def sb_shape(
+    seq_q: int, seq_k: int, causal: bool, dtype: Dtype, cast_matmult: bool
+) -> tuple[int, int, int]:
+    """(query rows, keys per tile, SBUF bytes per partition) the kernel reserves."""
+    q_rows, k_tile = tile_sizes(seq_q, seq_k)
+    plan = TilePlan(
+        q_rows,
+        k_tile,
+        RESERVED_HEAD_DIM,
+        RESERVED_HEAD_DIM,
+        dtype,
+        Dtype.FP32 if cast_matmult else dtype,
+        Dtype.FP32,
+        causal=causal,
+    )
+    return q_rows, k_tile, plan.partition_bytes()
