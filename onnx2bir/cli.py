@@ -8,12 +8,15 @@ Bad input is one line on stderr; `--debug` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from onnx2bir import options as compile_options
@@ -394,20 +397,32 @@ def cmd_report(args: argparse.Namespace) -> int:
 COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
 
 
-def _log_to_stderr() -> None:
-    import logging
-
+@contextlib.contextmanager
+def _log_to_stderr(verbose: bool) -> Iterator[None]:
+    """With --verbose, the passes' log records (INFO and up) go to stderr for this command."""
+    if not verbose:
+        yield
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     logger = logging.getLogger("onnx2bir")
+    level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "verbose", False):
-        _log_to_stderr()
+    with _log_to_stderr(getattr(args, "verbose", False)):
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except UserError as exc:

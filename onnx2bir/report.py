@@ -8,7 +8,8 @@ DESIGN.md's contract:
      "convs": [{"node", "kernel" | null, "fallback_reason" | null, ...attrs, "walk"}],
      "statistics": {"total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage",
                     "per_kernel": {name: count}},
-     "attention": [{"nodes", "variant", "target" | null, "reason" | null, ...}],
+     "attention": [{"nodes", "variant", "target" | null, "reason" | null, "status", "source",
+                    "packaging": {op: count}, "sb_bytes", "sb_shape" (raised), ...}],
      "mlp": [{"nodes", "activation", "target", ...}],
      "attention_refused", "mlp_refused": candidates whose check refused them, with the reason,
      "decomposed_attention": DecomposeAttention's findings,
@@ -112,6 +113,12 @@ def format_report(doc: dict) -> str:
             outcome = a["target"] or f"not raised: {a['reason']}"
             lines.append(f"  {head}: {a['variant'] or '-'}")
             lines.append(f"      -> {outcome}")
+            if a.get("packaging") is not None:
+                built = ", ".join(f"{op} {n}" for op, n in a["packaging"].items()) or "none"
+                lines.append(
+                    f"      packaging: {built}; SBUF {a['sb_bytes']} bytes/partition "
+                    f"(tiles {a['sb_shape'][0]} x {a['sb_shape'][1]})"
+                )
     if doc["mlp"]:
         raised = sum(1 for m in doc["mlp"] if m["target"])
         lines += ["", f"MLP: {raised} block(s) raised to AwsNeuronMLPNKI"]
