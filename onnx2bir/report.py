@@ -31,7 +31,10 @@ _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_perc
 
 
 def build_report(model: str, compilation: Compilation) -> dict:
-    findings = {record.name: record.result.findings for record in compilation.passes.records}
+    findings = {
+        record.name: [_as_json(f) for f in record.result.findings]
+        for record in compilation.passes.records
+    }
     attention = findings.get("LowerToCustomNativeKernel", [])
     mlp = findings.get("LowerToNKIKernelCC", [])
     conv_stats = compilation.passes.result_of("TransformConvOp")
@@ -72,6 +75,11 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "instructions": instructions,
         "cost": cost,
     }
+
+
+def _as_json(finding) -> dict:
+    """A pass's finding as JSON: typed findings (patterns/findings.py) serialise themselves."""
+    return finding.to_json() if hasattr(finding, "to_json") else finding
 
 
 def _conv_geometry(conv: dict) -> str:

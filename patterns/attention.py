@@ -52,6 +52,7 @@ from onnx2bir.patterns.attention_match import PATTERNS as PATTERNS
 from onnx2bir.patterns.attention_match import AttentionBlock, _is_causal_step, find_blocks
 from onnx2bir.patterns.attention_match import _is_causal_mask as _is_causal_mask
 from onnx2bir.patterns.attention_match import check_block as check_block
+from onnx2bir.patterns.findings import BlockFinding, Idiom
 
 log = logging.getLogger("onnx2bir.LowerToCustomNativeKernel")
 logging.getLogger("onnx2bir").addHandler(logging.NullHandler())  # shown only with --verbose
@@ -254,6 +255,7 @@ class LowerToCustomNativeKernel:
                 raised += 1
             findings.append(_finish(entry, target, why))
         found = sum(1 for block, _, _ in blocks if block is not None) + fused
+        findings = [BlockFinding.from_json(Idiom.ATTENTION, f) for f in findings]
         stats = [
             Statistic(
                 self.name,

@@ -62,6 +62,7 @@ class Emitter:
     remove: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stage: str = "decomposed"  # node names are "<root>/<stage>/<part>" ("<root>/<part>" if "")
+    expect: tuple[bool, bool] = (False, False)  # the staged core has (a mask, a scale)
 
     # --- queries -------------------------------------------------------------------------
     def info(self, tensor: str) -> TensorInfo:
@@ -234,6 +235,8 @@ def emit_core(
     ("softcap", value), ("add", tensor), ("fill", condition, value, fill_on_true)."""
     x = em.matmul("qk", q, kt)
     dtype = em.info(x).dtype
+    kinds = {step[0] for step in steps}
+    em.expect = (bool(kinds & {"add", "fill"}), bool(kinds & {"scale", "divide", "softcap"}))
     for index, step in enumerate(steps):
         kind = step[0]
         if kind in ("scale", "divide"):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.passes import PassResult, Statistic
+from onnx2bir.patterns.findings import BlockFinding, Idiom, Status
 from onnx2bir.patterns.graph_queries import const_value
 from onnx2bir.patterns.matcher import validity_problem
 from onnx2bir.patterns.mlp_region import DOTS, Region, Source, classify, match_region
@@ -196,7 +197,8 @@ class LowerToNKIKernelCC:
                 }
             )
             raise_block(graph, block)
-        raised = sum(1 for f in findings if f["target"])
+        findings = [BlockFinding.from_json(Idiom.MLP, f) for f in findings]
+        raised = sum(1 for f in findings if f.status is Status.RAISED)
         stats = [
             Statistic(
                 self.name, "mlp_blocks_raised", f"Number of MLP blocks lowered to {TARGET}", raised
