@@ -18,8 +18,12 @@ Where(IsNaN(P), 0, P) guard.
 
 Schedule. Queries go in groups of `q_rows` (≤ 128, the partitions), keys in tiles of `k_tile`
 (≤ 512, one PSUM bank of fp32 scores); both come from the node's backend_config `sb_shape`.
-Per query group, qᵀ is formed once by PE transposes; then per key tile:
-1. Kᵀ and V tiles are loaded (the DMA converts to the storage dtype);
+K and V are loaded a section of 16 key tiles at a time (the DMA converts to the storage
+dtype) and every query group runs against the resident section; when there is more than one
+section, a group's running max, running sum and accumulator wait in a DRAM scratch between
+sections. The query groups are unrolled, so the engines can overlap one group's softmax with
+the next group's matmuls. Per query group, qᵀ is formed by PE transposes; then per key tile:
+1. (K and V are already in SBUF);
 2. S = qᵀᵀ · Kᵀ accumulates in PSUM over 128-row slices of D; ScalarE evicts it with the
    leading scale steps folded into its `scale`; VectorE applies the other steps;
 3. online softmax, the statistics in fp32: m' = max(m, rowmax S), c = exp(m − m'),
@@ -27,7 +31,8 @@ Per query group, qᵀ is formed once by PE transposes; then per key tile:
 4. PV: per 128 keys, P is PE-transposed and O_tile = Σ Pᵀᵀ · V accumulates in PSUM;
    the fp32 accumulator becomes acc = c·acc + O_tile;
 and finally O = acc / l. The first key tile of a group skips the rescaling. SBUF holds one
-key tile of K, V, S and P whatever Sk is (attention_plan lists the tiles).
+section of K and V and one key tile of S and P, whatever Sk is (attention_plan lists the
+tiles).
 
 Causal blocks (a `causal` step): the query groups are unrolled so each knows its diagonal.
 Key tiles wholly above it are never computed (no QKᵀ, no PV); tiles wholly below it skip the
@@ -79,7 +84,7 @@ P = NUM_PARTITIONS
 DV_CHUNK = MATMUL_MAX_MOVING_FREE  # one PSUM bank of the PV tile
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
-M_RUN, M_NEW, NEG, CORR, L_RUN, L_TILE = range(6)  # columns of the stats tile
+M_RUN, L_RUN, M_NEW, NEG, CORR, L_TILE = range(6)  # columns of the stats tile
 
 
 def storage_identity(cg: BirCodeGen, dtype: Dtype) -> Callable[[int], AccessPattern]:
@@ -108,6 +113,7 @@ def plan_of(a: AttentionArgs) -> TilePlan:
         extra=bool(ops & {"add", "masked_fill"}),
         fill="masked_fill" in ops,
         causal="causal" in ops,
+        seq_k=a.sk,
     )
 
 
@@ -115,7 +121,7 @@ class AttentionTiles:
     """Every SBUF and PSUM tile of one kernel call, reused across groups and key tiles."""
 
     def __init__(self, cg: BirCodeGen, a: AttentionArgs) -> None:
-        plan = plan_of(a)
+        plan = self.plan = plan_of(a)
         self.identity = storage_identity(cg, a.storage)
         sb = {
             tag: cg.sb_tile(tag, P, free, dtype)
@@ -162,6 +168,14 @@ class AttentionEmitter:
             s.op == "masked_fill" and s.value != -math.inf for s in after
         )
         self.dv_chunks = [(v0, min(DV_CHUNK, a.dv - v0)) for v0 in range(0, a.dv, DV_CHUNK)]
+        size = t.plan.section
+        self.sections = [(s0, min(size, a.sk - s0)) for s0 in range(0, a.sk, size)]
+        # Between sections a query group's running max, sum and accumulator wait in DRAM.
+        self.state = (
+            cg.dram_scratch("state", (a.sq, a.dv + 2), Dtype.FP32)
+            if len(self.sections) > 1
+            else None
+        )
 
     def stat(self, column: int, rows: int) -> AccessPattern:
         return self.cg.ap(self.t.stats, [(1, 1)], column, partitions=rows)
@@ -180,32 +194,50 @@ class AttentionEmitter:
                 ]
                 self.walk(depth + 1, inner)
             return
-        if not self.causal:
-            for m in tiles(cg, a.sq, a.q_rows, "q"):
-                self.query_group(offsets, m, [(0, a.sk, False)])
-            return
-        offset = a.sk - a.sq  # row i sees keys j ≤ i + offset
-        for start in range(0, a.sq, a.q_rows):
-            rows = min(a.q_rows, a.sq - start)
-            m = Tile(Affine(start), rows, True)
-            if not self.skip:
-                self.query_group(offsets, m, [(0, a.sk, True)])
+        for index, (s0, sn) in enumerate(self.sections):
+            self.load_kv_section(offsets, s0, sn)
+            first, final = index == 0, index == len(self.sections) - 1
+            if not self.causal:
+                # Unrolled: the engines can then overlap one group's softmax with the next
+                # group's matmuls (a BIR loop's iterations run one after another).
+                for start in range(0, a.sq, a.q_rows):
+                    m = Tile(Affine(start), min(a.q_rows, a.sq - start), True)
+                    self.query_group(offsets, m, [(s0, s0 + sn, False)], s0, first, final)
                 continue
-            # Keys past the group's last row are never computed; keys up to the first row's
-            # diagonal need no mask (whole tiles of them); the band between is masked.
-            end = max(1, min(a.sk, start + rows + offset))
-            clear = max(0, min(end, start + offset + 1)) // a.k_tile * a.k_tile
-            ranges = [(0, clear, False)] if clear else []
-            self.query_group(offsets, m, [*ranges, (clear, end, True)])
+            for start in range(0, a.sq, a.q_rows):
+                m = Tile(Affine(start), min(a.q_rows, a.sq - start), True)
+                ranges = self.causal_ranges(m)
+                clipped = [
+                    (max(lo, s0), min(hi, s0 + sn), masked)
+                    for lo, hi, masked in ranges
+                    if max(lo, s0) < min(hi, s0 + sn)
+                ]
+                if clipped:  # keys start at 0: section 0 always has some
+                    end = ranges[-1][1]
+                    self.query_group(offsets, m, clipped, s0, first, end <= s0 + sn)
 
-    def query_group(self, offsets: list[Affine], m: Tile, ranges) -> None:
-        """One group of query rows against the key ranges (start, stop, masked)."""
+    def causal_ranges(self, m: Tile) -> list[tuple[int, int, bool]]:
+        """The key ranges (start, stop, masked) a causal query group computes."""
+        a = self.a
+        if not self.skip:
+            return [(0, a.sk, True)]
+        # Keys past the group's last row are never computed; keys up to the first row's
+        # diagonal need no mask (whole tiles of them); the band between is masked.
+        start, offset = m.start.const, a.sk - a.sq  # row i sees keys j ≤ i + offset
+        end = max(1, min(a.sk, start + m.size + offset))
+        clear = max(0, min(end, start + offset + 1)) // a.k_tile * a.k_tile
+        return [(0, clear, False), (clear, end, True)] if clear else [(clear, end, True)]
+
+    def query_group(
+        self, offsets: list[Affine], m: Tile, ranges, s0: int, first: bool, final: bool
+    ) -> None:
+        """One group of query rows against key ranges (start, stop, masked) of the section at
+        s0; `first`: the group's first section (no state yet), `final`: its last one."""
         cg, a, t = self.cg, self.a, self.t
         self.load_qt(offsets, m)
-        first = True
+        if not first:
+            self.move_state(m, load=True)
         for start, stop, masked in ranges:
-            if stop <= start:
-                continue
             if masked:  # the mask needs each tile's position: constant starts, no loop
                 keys = (
                     Tile(Affine(k0), min(a.k_tile, stop - k0), first and k0 == start)
@@ -217,8 +249,11 @@ class AttentionEmitter:
                     for c in tiles(cg, stop - start, a.k_tile, "k", peel_first=first)
                 )
             for key in keys:
-                self.key_tile(offsets, m, key, masked)
+                self.key_tile(offsets, m, key, masked, s0)
             first = False
+        if not final:
+            self.move_state(m, load=False)
+            return
         rows = m.size
         total = self.stat(L_RUN, rows)
         if a.guard:
@@ -234,6 +269,45 @@ class AttentionEmitter:
             cg.dram_ap(a.out, offsets[OUT] + m.start * a.dv, [(a.dv, rows), (1, a.dv)]),
             cg.ap(t.out, [(1, a.dv)], partitions=rows),
         )
+
+    def move_state(self, m: Tile, load: bool) -> None:
+        """The group's accumulator and (running max, running sum) from or to DRAM."""
+        cg, a, t = self.cg, self.a, self.t
+        width = a.dv + 2
+        pairs = (
+            (cg.ap(t.acc, [(1, a.dv)], partitions=m.size), 0, a.dv),
+            (cg.ap(t.stats, [(1, 2)], M_RUN, partitions=m.size), a.dv, 2),
+        )
+        for tile, column, count in pairs:
+            dram = cg.dram_ap(
+                self.state.name, m.start * width + column, [(width, m.size), (1, count)]
+            )
+            cg.dma(tile, dram) if load else cg.dma(dram, tile)
+
+    def load_kv_section(self, offsets: list[Affine], s0: int, sn: int) -> None:
+        """Kᵀ[D, keys] per 128 of D, and V[keys, Dv] per key tile, of one section."""
+        cg, a, t = self.cg, self.a, self.t
+        section, subtiles = t.plan.section, t.plan.k_subtiles
+        for dt in tiles(cg, a.d, P, "dk"):
+            cg.dma(
+                cg.ap(t.k, [(1, sn)], tile_index(dt, P) * section, partitions=dt.size),
+                cg.dram_ap(a.kt, offsets[KT] + dt.start * a.sk + s0, [(a.sk, dt.size), (1, sn)]),
+            )
+        for index, k0 in enumerate(range(0, sn, a.k_tile)):
+            size = min(a.k_tile, sn - k0)
+            full, rest = divmod(size, P)
+            slot = index * subtiles * a.dv
+            base = offsets[V] + (s0 + k0) * a.dv
+            if full:
+                cg.dma(
+                    cg.ap(t.v, [(a.dv, full), (1, a.dv)], slot, partitions=P),
+                    cg.dram_ap(a.v, base, [(a.dv, P), (P * a.dv, full), (1, a.dv)]),
+                )
+            if rest:
+                cg.dma(
+                    cg.ap(t.v, [(1, a.dv)], slot + full * a.dv, partitions=rest),
+                    cg.dram_ap(a.v, base + full * P * a.dv, [(a.dv, rest), (1, a.dv)]),
+                )
 
     # --- one query group ------------------------------------------------------------------
     def load_qt(self, offsets: list[Affine], m: Tile) -> None:
@@ -255,12 +329,13 @@ class AttentionEmitter:
                 cg.ap(t.qt, [(1, m.size)], tile_index(dt, P) * a.q_rows, partitions=dt.size), ps
             )
 
-    def key_tile(self, offsets: list[Affine], m: Tile, c: Tile, masked: bool) -> None:
-        """Scores, online-softmax update and PV for one key tile."""
+    def key_tile(self, offsets: list[Affine], m: Tile, c: Tile, masked: bool, s0: int) -> None:
+        """Scores, online-softmax update and PV for one key tile of the section at s0."""
         cg, t = self.cg, self.t
         rows = m.size
-        self.load_kv(offsets, c)
-        scores = self.score_tile(offsets, m, c, masked)
+        # The tile's place in the section: its K columns and its V slot.
+        local = Tile(c.start + -s0, c.size, c.first)
+        scores = self.score_tile(offsets, m, c, masked, local)
         m_run, m_new, neg = self.stat(M_RUN, rows), self.stat(M_NEW, rows), self.stat(NEG, rows)
         corr, l_run, l_tile = self.stat(CORR, rows), self.stat(L_RUN, rows), self.stat(L_TILE, rows)
         cg.tensor_reduce(m_new, scores, AluOp.MAX, axes=1)
@@ -277,7 +352,7 @@ class AttentionEmitter:
         if not c.first:
             cg.tensor_scalar(l_run, l_run, AluOp.MULTIPLY, corr, AluOp.ADD, l_tile)
         cg.tensor_copy(m_run, m_new)
-        self.probs_times_v(m, c)
+        self.probs_times_v(m, local)
         for j, (v0, vn) in enumerate(self.dv_chunks):
             acc = cg.ap(t.acc, [(1, vn)], v0, partitions=rows)
             tile = cg.ap(t.o_ps, [(1, vn)], j * DV_CHUNK, partitions=rows)
@@ -287,31 +362,11 @@ class AttentionEmitter:
                 cg.tensor_scalar(acc, acc, AluOp.MULTIPLY, corr)
                 cg.tensor_tensor(acc, acc, tile, AluOp.ADD)
 
-    def load_kv(self, offsets: list[Affine], c: Tile) -> None:
-        """Kᵀ[D, keys] per 128 of D, and V[keys, Dv] per 128 keys, of one key tile."""
-        cg, a, t = self.cg, self.a, self.t
-        for dt in tiles(cg, a.d, P, "dk"):
-            cg.dma(
-                cg.ap(t.k, [(1, c.size)], tile_index(dt, P) * a.k_tile, partitions=dt.size),
-                cg.dram_ap(
-                    a.kt, offsets[KT] + dt.start * a.sk + c.start, [(a.sk, dt.size), (1, c.size)]
-                ),
-            )
-        full, rest = divmod(c.size, P)
-        base = offsets[V] + c.start * a.dv
-        if full:
-            cg.dma(
-                cg.ap(self.t.v, [(a.dv, full), (1, a.dv)], partitions=P),
-                cg.dram_ap(a.v, base, [(a.dv, P), (P * a.dv, full), (1, a.dv)]),
-            )
-        if rest:
-            cg.dma(
-                cg.ap(t.v, [(1, a.dv)], full * a.dv, partitions=rest),
-                cg.dram_ap(a.v, base + full * P * a.dv, [(a.dv, rest), (1, a.dv)]),
-            )
-
-    def score_tile(self, offsets: list[Affine], m: Tile, c: Tile, masked: bool) -> AccessPattern:
-        """S[rows, keys of tile c] with every step applied (the causal one only if masked)."""
+    def score_tile(
+        self, offsets: list[Affine], m: Tile, c: Tile, masked: bool, local: Tile
+    ) -> AccessPattern:
+        """S[rows, keys of tile c] with every step applied (the causal one only if masked);
+        `local` is the tile's place in the resident section."""
         cg, a, t = self.cg, self.a, self.t
         ps = cg.ap(t.s_ps, [(1, c.size)], partitions=m.size)
         for dt in tiles(cg, a.d, P, "d", peel_first=True):
@@ -319,7 +374,7 @@ class AttentionEmitter:
             cg.matmul(
                 ps,
                 cg.ap(t.qt, [(1, m.size)], slot * a.q_rows, partitions=dt.size),
-                cg.ap(t.k, [(1, c.size)], slot * a.k_tile, partitions=dt.size),
+                cg.ap(t.k, [(1, c.size)], slot * t.plan.section + local.start, partitions=dt.size),
                 accumulate=not dt.first,
             )
         scores = cg.ap(t.scores, [(1, c.size)], partitions=m.size)
@@ -379,8 +434,10 @@ class AttentionEmitter:
             cg.tensor_tensor(chunk, chunk, bound, AluOp.MAX)
 
     def probs_times_v(self, m: Tile, c: Tile) -> None:
-        """O_tile[rows, Dv] = Σ over 128-key slices of Pᵀ[keys, rows]ᵀ · V[keys, Dv], in PSUM."""
+        """O_tile[rows, Dv] = Σ over 128-key slices of Pᵀ[keys, rows]ᵀ · V[keys, Dv], in PSUM;
+        `c` is the key tile's place in the section (its V slot)."""
         cg, a, t = self.cg, self.a, self.t
+        base = tile_index(c, a.k_tile) * t.plan.k_subtiles * a.dv
         for kt in tiles(cg, c.size, P, "kt", peel_first=True):
             pt_ps = cg.ap(t.pt_ps, [(1, m.size)], partitions=kt.size)
             cg.matmul(
@@ -396,6 +453,6 @@ class AttentionEmitter:
                 cg.matmul(
                     cg.ap(t.o_ps, [(1, vn)], j * DV_CHUNK, partitions=m.size),
                     pt,
-                    cg.ap(t.v, [(1, vn)], slot * a.dv + v0, partitions=kt.size),
+                    cg.ap(t.v, [(1, vn)], base + slot * a.dv + v0, partitions=kt.size),
                     accumulate=not kt.first,
                 )

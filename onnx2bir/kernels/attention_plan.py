@@ -5,9 +5,9 @@ of SBUF tiles the flash-style kernel allocates (`TilePlan.sb_tiles`), their byte
 partition, and `sb_shape`, the function the attention raise asks before it rewrites a block
 (docs/attention.md#sbuf-reservation).
 
-None of these sizes depends on the sequence lengths beyond capping a tile at the length: K and
-V stream through in key tiles and the softmax runs online, so a 32k-key block reserves what a
-2k-key block does.
+None of these sizes grows with the sequence beyond one K/V section: K and V are held in SBUF a
+section (16 key tiles, 8192 keys at the default tile) at a time and the softmax runs online,
+so every block of 8192 keys or more reserves the same SBUF, and a shorter one less.
 
 `sb_shape(seq_q, seq_k, causal, dtype, cast_matmult)` keeps the reference compiler's
 signature (two lengths, a causal flag, the element type, a trailing flag) and returns
@@ -30,7 +30,8 @@ SB_ALIGN = 64
 MAX_Q_ROWS = NUM_PARTITIONS  # a query group fills at most the 128 partitions
 MAX_K_TILE = MATMUL_MAX_MOVING_FREE  # one PSUM bank of fp32 scores per key tile
 RESERVED_HEAD_DIM = 128  # the raise's head-dim gate
-STATS = 6  # fp32 per row: running max, new max, −max, correction, running sum, tile sum
+STATS = 6  # fp32 per row: running max, running sum, new max, −max, correction, tile sum
+SECTION_TILES = 16  # key tiles of K and V held in SBUF at once (8192 keys at 512 per tile)
 
 
 def _aligned(nbytes: int) -> int:
@@ -56,9 +57,20 @@ class TilePlan:
     def d_tiles(self) -> int:
         return -(-self.d // NUM_PARTITIONS)
 
+    seq_k: int = MAX_K_TILE * SECTION_TILES
+
     @property
     def k_subtiles(self) -> int:
         return -(-self.k_tile // NUM_PARTITIONS)
+
+    @property
+    def section(self) -> int:
+        """Keys of K and V resident in SBUF at once: whole key tiles, at most SECTION_TILES."""
+        return min(self.k_tile * SECTION_TILES, self.seq_k)
+
+    @property
+    def section_tiles(self) -> int:
+        return -(-self.section // self.k_tile)
 
     def sb_tiles(self) -> list[tuple[str, int, Dtype]]:
         """(tag, elements per partition, dtype) of every SBUF tile, in allocation order."""
@@ -66,8 +78,8 @@ class TilePlan:
         tiles = [
             ("q", self.d, s),
             ("qT", self.d_tiles * self.q_rows, s),
-            ("k", self.d_tiles * self.k_tile, s),
-            ("v", self.k_subtiles * self.dv, s),
+            ("k", self.d_tiles * self.section, s),
+            ("v", self.section_tiles * self.k_subtiles * self.dv, s),
             ("scores", self.k_tile, self.scores),
             ("probs", self.k_tile, s),
             ("pT", self.q_rows, s),
@@ -108,5 +120,6 @@ def sb_shape(
         Dtype.FP32 if cast_matmult else dtype,
         Dtype.FP32,
         causal=causal,
+        seq_k=seq_k,
     )
     return q_rows, k_tile, plan.partition_bytes()

@@ -353,6 +353,24 @@ def test_gqa_broadcast_kv_and_transposed_k():
     assert sum(locs[i.dst.loc].shape[1] for i in kv_loads if "/k#" in i.dst.loc) < 130 * 4
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_keys_over_several_sections_carry_the_state_through_dram(causal):
+    """128-key tiles make 2048-key sections: 2300 keys take two, the running max, sum and
+    accumulator of each query group wait in DRAM between them."""
+    sq = sk = 2300
+    att = Attention((1, 1, sq, 32), (1, 1, 32, sk), (1, 1, sk, 32)).scale(0.2)
+    if causal:
+        att.causal(sq, sk)
+    else:
+        att.add("mask", None, padding_mask(1, sk, [2200]))
+    model, graph = att.fused(guard=not causal, target=TARGETS[2] if causal else TARGETS[1])
+    (call,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
+    call["attrs"]["backend_config"] = json.dumps({"sb_shape": [128, 128, 0]})
+    module, _, _ = run(model, graph)
+    locs = module.functions[0].memory_locations
+    assert any(name.endswith("/state") for name in locs)
+
+
 def test_wide_head_and_values():
     """D = 160 accumulates two D tiles in PSUM; Dv = 600 takes two PSUM banks."""
     att = Attention((1, 1, 40, 160), (1, 1, 160, 24), (1, 1, 24, 600)).scale(0.08)

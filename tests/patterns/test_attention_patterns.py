@@ -310,8 +310,12 @@ def test_sb_shape_matmult_reserves_two_bytes_more_per_key_than_all():
     cast_all = sb_shape(4096, 4096, False, Dtype.BF16, False)
     assert matmult[:2] == cast_all[:2] == (128, 512)
     assert matmult[2] - cast_all[2] == 2 * 512
+    # K and V are held one 8192-key section at a time: longer blocks reserve the same.
     assert sb_shape(32768, 32768, True, Dtype.BF16, True) == sb_shape(
-        4096, 4096, True, Dtype.BF16, True
+        8192, 8192, True, Dtype.BF16, True
+    )
+    assert sb_shape(4096, 4096, True, Dtype.BF16, True) < sb_shape(
+        8192, 8192, True, Dtype.BF16, True
     )
     assert sb_shape(16, 100, False, Dtype.BF16, True)[:2] == (16, 100)
 
