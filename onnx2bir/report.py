@@ -133,6 +133,11 @@ def format_report(doc: dict) -> str:
         for m in doc["mlp"]:
             outcome = m["target"] or f"not raised: {m['reason']}"
             lines.append(f"  {m['nodes'][0]}: {m['activation'] or '-'} -> {outcome}")
+    refused = doc.get("mlp_refused") or []
+    if refused:
+        lines += ["", f"MLP: {len(refused)} candidate(s) refused"]
+    for m in refused:
+        lines.append(f"  ending at {m['nodes'][-1]}: not raised: {m['reason']}")
     lines += ["", "ops:"]
     width = max((len(op) for op in doc["ops"]), default=0)
     lines += [f"  {op:<{width}}  {count}" for op, count in doc["ops"].items()]

@@ -67,3 +67,32 @@ def test_negative_dynamic_dma_bytes_is_a_one_line_error(capsys):
     code, _, err = run(["report", LONG, "--dynamic-dma-sbuf-bytes", "-1"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--dynamic-dma-sbuf-bytes -1 is not valid" in err
+
+
+def test_report_text_lists_refused_mlp_candidates_with_the_reason(tmp_path, capsys):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="dot1"),
+        helper.make_node("Floor", ["h"], ["a"], name="floor"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="dot2"),
+    ]
+    weights = [numpy_helper.from_array(np.ones((8, 8), np.float32), n) for n in ("w1", "w2")]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        weights,
+    )
+    path = tmp_path / "floor_mlp.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    onnx.save(model, path)
+    code, out, _ = run(["report", path], capsys)
+    assert code == 0
+    assert "MLP: 1 candidate(s) refused" in out
+    assert (
+        "ending at dot2: not raised: Floor 'floor' is elementwise but has no MLP kernel step" in out
+    )
