@@ -25,7 +25,14 @@ Run from anywhere::
     python models/zoo.py bert gpt2         # some of them
     python models/zoo.py --large           # bigger configs -> models/.cache/<name>_large.onnx
     python models/zoo.py --sdpa bert       # sdpa variant -> models/.cache/bert_sdpa.onnx
+    python models/zoo.py --variants        # transformers models at opset 20 (eager, sdpa)
+                                           # and 23 (sdpa) -> models/hf/<name>_op<N>_<attn>.onnx
+    python models/zoo.py --variants bert --opset 23   # one of them
     python models/zoo.py --list
+
+The ``--variants`` files are committed stripped of doc strings and ``metadata_props`` (each
+under 1 MB); ``models/MANIFEST.md`` lists them. Use the export venv and run them one at a time
+(``nice -n 10``): each export takes a core for up to two minutes.
 
 Import: ``from models.zoo import ZOO, build, export_model`` (run from the repository root).
 Needs torch, onnxscript, onnx, onnxruntime and (for the transformers models) transformers; the
