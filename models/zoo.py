@@ -26,7 +26,14 @@ Run from anywhere::
     python models/zoo.py bert gpt2         # some of them
     python models/zoo.py --large           # bigger configs -> models/.cache/<name>_large.onnx
     python models/zoo.py --sdpa bert       # sdpa variant -> models/.cache/bert_sdpa.onnx
+    python models/zoo.py --variants        # transformers models at opset 20 (eager, sdpa)
+                                           # and 23 (sdpa) -> models/hf/<name>_op<N>_<attn>.onnx
+    python models/zoo.py --variants bert --opset 23   # one of them
     python models/zoo.py --list
+
+The ``--variants`` files are committed stripped of doc strings and ``metadata_props`` (each
+under 1 MB); ``models/MANIFEST.md`` lists them. Use the export venv and run them one at a time
+(``nice -n 10``): each export takes a core for up to two minutes.
 
 Import: ``from models.zoo import ZOO, build, export_model`` (run from the repository root).
 Needs torch, onnxscript, onnx, onnxruntime and (for the transformers models) transformers; the
@@ -70,6 +77,12 @@ OPSET = 18
 SEED = 0
 INPUT_SEED = 1
 MAX_SMALL_BYTES = 2 * 1024 * 1024
+MAX_VARIANT_BYTES = 1000 * 1000  # committed opset/attention variants (models/hf/)
+VARIANTS_DIR = MODELS_DIR / "hf"
+# The transformers models exported as variants: opset 20 (eager and sdpa) and 23 (sdpa; the
+# exporter writes one onnx.Attention per block there).
+HF_VARIANTS = ("bert", "gpt2", "llama", "t5_encoder", "vit", "whisper_encoder")
+VARIANT_SETS = ((20, "eager"), (20, "sdpa"), (23, "sdpa"))
 TOLERANCE = 1e-4
 META_PREFIX = "onnx2bir.zoo."
 
@@ -769,6 +782,48 @@ def build_t5(large: bool, attn: str) -> Built:
     )
 
 
+class FeatureWrapper(nn.Module):
+    def __init__(self, model: nn.Module, output: str) -> None:
+        super().__init__()
+        self.model, self.output = model, output
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        return self.model(input_features=input_features, return_dict=True)[self.output]
+
+
+def build_whisper_encoder(large: bool, attn: str) -> Built:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    d_model, layers, heads, mels, frames = (256, 4, 4, 80, 1500) if large else (64, 2, 4, 16, 32)
+    config = WhisperConfig(
+        d_model=d_model,
+        encoder_layers=layers,
+        encoder_attention_heads=heads,
+        encoder_ffn_dim=4 * d_model,
+        decoder_layers=1,
+        decoder_attention_heads=heads,
+        decoder_ffn_dim=4 * d_model,
+        num_mel_bins=mels,
+        max_source_positions=frames,
+        vocab_size=100,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        attn_implementation=attn,
+    )
+    model = WhisperEncoder(config)
+    return Built(
+        FeatureWrapper(model, "last_hidden_state"),
+        {"input_features": _float_input(1, mels, 2 * frames)},
+        ["last_hidden_state"],
+        attention_blocks=layers,
+        mlp_blocks=layers,
+        config={**_hf_config_dict(config), "frames": frames},
+    )
+
+
 ZOO: dict[str, ZooEntry] = {
     entry.name: entry
     for entry in [
@@ -828,6 +883,12 @@ ZOO: dict[str, ZooEntry] = {
             uses_transformers=True,
         ),
         ZooEntry(
+            "whisper_encoder",
+            "transformers WhisperEncoder: Conv1d stem (strides 1, 2), 32 frames, GELU MLP",
+            build_whisper_encoder,
+            uses_transformers=True,
+        ),
+        ZooEntry(
             "long_attention",
             "one hand-written attention block, seq 1024, 2 heads of dim 64, no mask",
             build_long_attention,
@@ -879,7 +940,7 @@ def _without_batchnorm_fusion() -> Iterator[bool]:
         rewriter._DEFAULT_REWRITE_RULES = original
 
 
-def _export(built: Built) -> tuple[onnx.ModelProto, str]:
+def _export(built: Built, opset: int = OPSET) -> tuple[onnx.ModelProto, str]:
     """Export with dynamo, falling back to the legacy exporter; returns (model, exporter).
 
     Models with BatchNorm are exported with the BatchNorm fusion rules switched off (see
@@ -889,7 +950,7 @@ def _export(built: Built) -> tuple[onnx.ModelProto, str]:
     common = {
         "input_names": list(built.inputs),
         "output_names": built.output_names,
-        "opset_version": OPSET,
+        "opset_version": opset,
     }
     try:
         with warnings.catch_warnings(), contextlib.ExitStack() as stack:
@@ -972,6 +1033,7 @@ class Result:
     outputs: list[tuple[str, str, list[int]]]
     notes: list[str]
     ok: bool
+    opset: int = OPSET
 
 
 def _value_infos(values) -> list[tuple[str, str, list[int]]]:
@@ -986,11 +1048,52 @@ def _value_infos(values) -> list[tuple[str, str, list[int]]]:
     return out
 
 
+def variant_path(name: str, opset: int, attn_implementation: str) -> Path:
+    """Where a transformers model exported at another opset or attention goes (committed)."""
+    return VARIANTS_DIR / f"{name}_op{opset}_{attn_implementation}.onnx"
+
+
+def strip_for_commit(proto: onnx.ModelProto) -> None:
+    """Drop doc strings and every metadata_props entry (model, graph, nodes): a committed
+    variant carries only the graph; zoo.py records how it was made."""
+    proto.doc_string = ""
+    del proto.metadata_props[:]
+
+    def visit(graph: onnx.GraphProto) -> None:
+        graph.doc_string = ""
+        del graph.metadata_props[:]
+        for node in graph.node:
+            node.doc_string = ""
+            del node.metadata_props[:]
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    visit(attribute.g)
+                for sub in attribute.graphs:
+                    visit(sub)
+
+    visit(proto.graph)
+    for function in proto.functions:
+        function.doc_string = ""
+        for node in function.node:
+            node.doc_string = ""
+            del node.metadata_props[:]
+
+
 def export_model(
-    name: str, large: bool = False, attn_implementation: str = "eager", path: Path | None = None
+    name: str,
+    large: bool = False,
+    attn_implementation: str = "eager",
+    path: Path | None = None,
+    opset: int = OPSET,
+    variant: bool = False,
 ) -> Result:
-    """Build, export, save and check one zoo model; returns what was measured."""
+    """Build, export, save and check one zoo model; returns what was measured.
+
+    `variant`: an HF variant at `opset` with `attn_implementation`, written stripped (no doc
+    strings, no metadata_props) to models/hf/<name>_op<opset>_<attn>.onnx."""
     built = build(name, large, attn_implementation)
+    if path is None and variant:
+        path = variant_path(name, opset, attn_implementation)
     if path is None:
         if large:
             path = CACHE_DIR / f"{name}_large.onnx"
@@ -1001,13 +1104,13 @@ def export_model(
     with torch.no_grad():
         expected = built.module(*built.inputs.values()).numpy()
 
-    proto, exporter = _export(built)
+    proto, exporter = _export(built, opset)
     meta = {
         "name": name,
         "size": "large" if large else "small",
         "exporter": exporter.split(" ")[0],
         "exporter_detail": exporter,
-        "opset": str(OPSET),
+        "opset": str(opset),
         "seed": str(SEED),
         "attention_blocks": str(built.attention_blocks),
         "mlp_blocks": str(built.mlp_blocks),
@@ -1021,6 +1124,8 @@ def export_model(
     _set_metadata(proto, meta)
     strip_exporter_metadata(proto)  # node metadata: the exporter's stack traces and scopes
     proto.doc_string = f"onnx2bir model zoo: {name} ({ZOO[name].summary}); {exporter}"
+    if variant:
+        strip_for_commit(proto)
 
     notes: list[str] = []
     ok = True
@@ -1033,6 +1138,9 @@ def export_model(
     size = len(data)
     if not large and attn_implementation == "eager" and size > MAX_SMALL_BYTES:
         notes.append(f"FAIL: {size} bytes > {MAX_SMALL_BYTES}")
+        ok = False
+    if variant and size > MAX_VARIANT_BYTES:
+        notes.append(f"FAIL: {size} bytes > {MAX_VARIANT_BYTES} for a committed variant")
         ok = False
 
     counts = op_counts(proto)
@@ -1082,6 +1190,7 @@ def export_model(
         outputs=_value_infos(proto.graph.output),
         notes=notes,
         ok=ok,
+        opset=opset,
     )
 
 
@@ -1092,7 +1201,7 @@ def _format_counts(counts: collections.Counter) -> str:
 def _print_result(result: Result, seconds: float) -> None:
     print(f"== {result.name}  ({seconds:.1f} s)")
     print(f"   file: {result.path} ({result.size} bytes = {result.size / 1024:.1f} KiB)")
-    print(f"   exporter: {result.exporter}, opset {OPSET}")
+    print(f"   exporter: {result.exporter}, opset {result.opset}")
     for kind, values in (("inputs", result.inputs), ("outputs", result.outputs)):
         text = ", ".join(f"{n} {d}{dims}" for n, d, dims in values)
         print(f"   {kind}: {text}")
@@ -1113,7 +1222,7 @@ def _print_table(results: list[Result]) -> None:
         (
             r.name,
             r.exporter.split(" ")[0],
-            str(OPSET),
+            str(r.opset),
             f"{r.size / 1024:.1f}",
             str(sum(r.counts.values())),
             str(r.attention_blocks),
@@ -1141,6 +1250,15 @@ def main(argv: Iterable[str] | None = None) -> int:
         action="store_true",
         help='transformers models with attn_implementation="sdpa" into models/.cache/',
     )
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="the transformers models at opset 20 (eager, sdpa) and 23 (sdpa) into models/hf/",
+    )
+    parser.add_argument("--opset", type=int, help="with --variants: only this opset (20 or 23)")
+    parser.add_argument(
+        "--attn", choices=("eager", "sdpa"), help="with --variants: only this attention"
+    )
     parser.add_argument("--list", action="store_true", help="print the model names and exit")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
@@ -1163,9 +1281,19 @@ def main(argv: Iterable[str] | None = None) -> int:
     for logger in ("torch.onnx", "onnxscript.optimizer"):
         logging.getLogger(logger).setLevel(logging.ERROR)
     results = []
-    for name in names:
+    jobs = [(name, attn, OPSET, False) for name in names]
+    if args.variants:
+        jobs = [
+            (name, impl, opset, True)
+            for name in (args.names or HF_VARIANTS)
+            for opset, impl in VARIANT_SETS
+            if (args.opset in (None, opset)) and (args.attn in (None, impl))
+        ]
+    for name, impl, opset, variant in jobs:
         start = time.perf_counter()
-        result = export_model(name, large=args.large, attn_implementation=attn)
+        result = export_model(
+            name, large=args.large, attn_implementation=impl, opset=opset, variant=variant
+        )
         _print_result(result, time.perf_counter() - start)
         results.append(result)
     print()

@@ -32,6 +32,7 @@ from pathlib import Path
 import onnx
 
 from onnx2bir import output_paths
+from onnx2bir.patterns.findings import BlockFinding, Idiom
 from onnx2bir.runtime.prepared import Prepared, conv_findings, lowering_of
 
 PREFIX = "onnx2bir."
@@ -69,24 +70,13 @@ def node_annotations(prepared: Prepared, doc: dict) -> dict[tuple[str, ...], dic
 
 def _idioms(doc: dict) -> dict[str, str]:
     idioms = {}
-    for finding in doc.get("attention", []) or []:
-        if not finding.get("is_attention", True):
-            continue
-        outcome = (
-            f"raised to {finding['target']}"
-            if finding.get("target")
-            else f"not raised: {finding.get('reason')}"
-        )
-        for node in finding.get("nodes", []):
-            idioms[node] = f"attention ({finding.get('variant') or 'plain'}): {outcome}"
-    for finding in doc.get("mlp", []) or []:
-        outcome = (
-            f"raised to {finding['target']}"
-            if finding.get("target")
-            else f"not raised: {finding.get('reason', 'no kernel')}"
-        )
-        for node in finding.get("nodes", []):
-            idioms[node] = f"mlp ({finding.get('activation')}): {outcome}"
+    for idiom in (Idiom.ATTENTION, Idiom.MLP):
+        for entry in doc.get(str(idiom), []) or []:
+            if not entry.get("is_attention", True):
+                continue
+            finding = BlockFinding.from_json(idiom, entry)
+            for node in finding.nodes:
+                idioms[node] = finding.describe()
     return idioms
 
 

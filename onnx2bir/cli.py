@@ -9,11 +9,14 @@ any command: it does not compile, or the machine rejects the program); 2 bad inp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import shlex
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -98,6 +101,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--stats",
         action="store_true",
         help="add the passes' statistic counters to the output (always in --json)",
+    )
+    group.add_argument(
+        "--dynamic-dma-sbuf-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SBUF bytes per partition kept free for dynamic DMA; the attention raise "
+        "counts them against the state buffer (default %(default)s)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="log the passes' decisions on stderr (attention matches, casts, warnings)",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
@@ -276,6 +292,7 @@ def _options(args: argparse.Namespace) -> dict:
         "enable_native_kernel_attention_bf16": args.enable_native_kernel_attention_bf16,
         "experimental_convolution_kernel_match": args.experimental_convolution_kernel_match,
         "target": args.target,
+        "dynamic_dma_sbuf_bytes": args.dynamic_dma_sbuf_bytes,
     }
 
 
@@ -383,6 +400,25 @@ def cmd_report(args: argparse.Namespace) -> int:
 COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
 
 
+@contextlib.contextmanager
+def _log_to_stderr(verbose: bool) -> Iterator[None]:
+    """With --verbose, the passes' log records (INFO and up) go to stderr for this command."""
+    if not verbose:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger = logging.getLogger("onnx2bir")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def _error(args_json: bool, kind: ErrorKind, message: str, debug: bool) -> int:
     if debug:
         traceback.print_exc()
@@ -420,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         return _error(True, ErrorKind.USAGE, str(exc), False)
     finally:
         _Parser.raise_usage_errors = False
+    with _log_to_stderr(args.verbose):
+        return _dispatch(args, argv, debug)
+
+
+def _dispatch(args: argparse.Namespace, argv: list[str], debug: bool) -> int:
     try:
         return COMMANDS[args.command](args)
     except (UserError, MachineError) as exc:

@@ -47,6 +47,9 @@ class CompileOptions:
     enable_native_kernel_attention_bf16: bool = False
     experimental_convolution_kernel_match: bool = False
     target: str = DEFAULT_TARGET
+    # SBUF bytes per partition kept free for dynamic DMA; the attention raise counts them
+    # against the state buffer before it raises a block (reference: dynamic-dma-sbuf-bytes).
+    dynamic_dma_sbuf_bytes: int = 0
 
     def __post_init__(self) -> None:
         parse_cast_type(self.native_kernel_cast_type)
@@ -55,6 +58,11 @@ class CompileOptions:
                 f"--target {self.target!r} is not a known target: expected one of "
                 f"{', '.join(KNOWN_TARGETS)} (the attention raise fires only for "
                 f"{RAISE_TARGET!r})"
+            )
+        if not isinstance(self.dynamic_dma_sbuf_bytes, int) or self.dynamic_dma_sbuf_bytes < 0:
+            raise UserError(
+                f"--dynamic-dma-sbuf-bytes {self.dynamic_dma_sbuf_bytes!r} is not valid: "
+                "expected a byte count >= 0"
             )
 
     @property

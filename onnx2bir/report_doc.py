@@ -9,7 +9,8 @@ DESIGN.md's contract:
                 "model_stride", "closest_refusals"}],
      "statistics": {"total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage",
                     "per_kernel": {name: count}},
-     "attention": [{"nodes", "variant", "target" | null, "reason" | null, ...}],
+     "attention": [{"nodes", "variant", "target" | null, "reason" | null, "status", "source",
+                    "packaging": {op: count}, "sb_bytes", "sb_shape" (raised), ...}],
      "mlp": [{"nodes", "activation", "target", ...}],
      "attention_refused", "mlp_refused": candidates whose check refused them, with the reason,
      "decomposed_attention": DecomposeAttention's findings,
@@ -38,7 +39,10 @@ _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_perc
 
 
 def build_report(model: str, compilation: Compilation) -> dict:
-    findings = {record.name: record.result.findings for record in compilation.passes.records}
+    findings = {
+        record.name: [_as_json(f) for f in record.result.findings]
+        for record in compilation.passes.records
+    }
     attention = findings.get("LowerToCustomNativeKernel", [])
     mlp = findings.get("LowerToNKIKernelCC", [])
     conv_stats = compilation.passes.result_of("TransformConvOp")
@@ -95,6 +99,11 @@ def build_report(model: str, compilation: Compilation) -> dict:
 
 def _backward(conv: dict) -> bool:
     return conv.get("op_type") == "ConvTranspose"
+
+
+def _as_json(finding) -> dict:
+    """A pass's finding as JSON: typed findings (patterns/findings.py) serialise themselves."""
+    return finding.to_json() if hasattr(finding, "to_json") else finding
 
 
 def model_stride(conv: dict) -> list[int]:
@@ -206,6 +215,12 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
             )
             lines.append(f"  {head}: {a['variant'] or '-'}{shape}")
             lines.append(f"      -> {outcome}")
+            if a.get("packaging") is not None:
+                built = ", ".join(f"{op} {n}" for op, n in a["packaging"].items()) or "none"
+                lines.append(
+                    f"      packaging: {built}; SBUF {a['sb_bytes']} bytes/partition "
+                    f"(tiles {a['sb_shape'][0]} x {a['sb_shape'][1]})"
+                )
     if doc["mlp"]:
         raised = sum(1 for m in doc["mlp"] if m["target"])
         lines += [
@@ -216,6 +231,11 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         for m in doc["mlp"]:
             outcome = m["target"] or f"not raised: {m['reason']}"
             lines.append(f"  {m['nodes'][0]}: {m['activation'] or '-'} -> {outcome}")
+    refused = doc.get("mlp_refused") or []
+    if refused:
+        lines += ["", f"MLP: {len(refused)} candidate(s) refused"]
+    for m in refused:
+        lines.append(f"  ending at {m['nodes'][-1]}: not raised: {m['reason']}")
     width = max([len("op type")] + [len(op) for op in doc["ops"]])
     lines += ["", "ops in the model, as imported:", f"  {'op type':<{width}}  count"]
     lines += [f"  {op:<{width}}  {count}" for op, count in doc["ops"].items()]

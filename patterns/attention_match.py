@@ -11,11 +11,12 @@ Pattern. Anchored on Softmax: `QK = MatMul(q, kᵀ)`, then up to four score step
 Div by a scalar (the scale), an Add of any tensor (mask, position bias), a Where with a scalar
 fill (masked_fill) or a Cast, then Softmax, an optional tail (Cast, Dropout/Identity, or the
 NaN guard `Where(IsNaN(P), 0, P)`), then `MatMul(P, v)`. The variants are concrete graphs
-matched by subgraph monomorphism, longest first (most specific first). Q/K/V paths — where a
-scale may also sit (on Q, or √scale on both Q and Kᵀ), how Kᵀ and the heads are formed,
-packed QKV, grouped-query K/V — are classified for the report but stay in the graph: the
-kernel takes q, kᵀ and v exactly as the QK and PV matmuls did, so no reshape is absorbed on a
-guess about its target.
+matched by subgraph monomorphism, longest first (most specific first); they are written as
+the ops they match (`_attention`, with `patterns/pattern_builder.py`), one variant per
+choice. Q/K/V paths — where a scale may also sit (on Q, or √scale on both Q and Kᵀ), how
+Kᵀ and the heads are formed, packed QKV, grouped-query K/V — are classified for the report
+but stay in the graph: the kernel takes q, kᵀ and v exactly as the QK and PV matmuls did, so
+no reshape is absorbed on a guess about its target.
 
 A match counts only if it is valid by the matcher's rules (`patterns/matcher.py`: anchored,
 self-contained, acyclic after fusing, non-overlapping — the first block in topological order
@@ -38,62 +39,37 @@ from onnx2bir.patterns.graph_queries import (
     scalar_const,
     walk_up,
 )
-from onnx2bir.patterns.matcher import ANY_INDEX, Pattern, PNode, find_matches, validity_problem
+from onnx2bir.patterns.matcher import find_matches, validity_problem
+from onnx2bir.patterns.pattern_builder import PatternOps, expand
 
 MAX_SCORE_STEPS = 4
 _SCORE_OPS = ("Mul", "Div", "Add", "Where", "Cast")
 
 
-def _build_patterns() -> list[Pattern]:
-    patterns = []
-    tails = {
-        "none": ([], [("softmax", "pv", 0)]),
-        "cast": (
-            [PNode.of("tail_cast", "Cast")],
-            [("softmax", "tail_cast", 0), ("tail_cast", "pv", 0)],
-        ),
-        "identity": (
-            [PNode.of("tail_identity", "Dropout", "Identity")],
-            [("softmax", "tail_identity", 0), ("tail_identity", "pv", 0)],
-        ),
-        "nan_guard": (
-            [PNode.of("isnan", "IsNaN"), PNode.of("guard", "Where")],
-            [
-                ("softmax", "isnan", 0),
-                ("isnan", "guard", 0),
-                ("softmax", "guard", 2),
-                ("guard", "pv", 0),
-            ],
-        ),
-    }
-    for steps in range(MAX_SCORE_STEPS, -1, -1):
-        for tail, (tail_nodes, tail_edges) in tails.items():
-            nodes = [
-                PNode.of("qk", "MatMul"),
-                PNode.of("softmax", "Softmax"),
-                PNode.of("pv", "MatMul"),
-                *tail_nodes,
-            ]
-            edges = list(tail_edges)
-            previous = "qk"
-            for step in range(steps):
-                key = f"step{step}"
-                nodes.append(PNode.of(key, *_SCORE_OPS))
-                edges.append((previous, key, ANY_INDEX))
-                previous = key
-            edges.append((previous, "softmax", 0))
-            patterns.append(
-                Pattern(
-                    f"attention.mm_softmax_mm[{steps} steps, {tail}]",
-                    tuple(nodes),
-                    tuple(edges),
-                    "softmax",
-                )
-            )
-    return sorted(patterns, key=lambda p: -p.size)
+TAILS = ("none", "cast", "identity", "nan_guard")
 
 
-PATTERNS = _build_patterns()
+def _attention(op: PatternOps) -> str:
+    """MatMul → 0..4 score steps → Softmax → optional tail → MatMul, written as its ops."""
+    s = op.MatMul(None, None, key="qk")
+    steps = MAX_SCORE_STEPS - op.choose(MAX_SCORE_STEPS + 1)  # the longest first
+    for index in range(steps):
+        s = op.any_of(*_SCORE_OPS)(s, key=f"step{index}", commutative=True)
+    p = op.Softmax(s, key="softmax")
+    tail = TAILS[op.choose(len(TAILS))]
+    if tail == "cast":
+        p = op.Cast(p, key="tail_cast")
+    elif tail == "identity":
+        p = op.any_of("Dropout", "Identity")(p, key="tail_identity")
+    elif tail == "nan_guard":
+        p = op.Where(op.IsNaN(p, key="isnan"), None, p, key="guard")
+    op.MatMul(p, None, key="pv")
+    op.tag(f"{steps} steps")
+    op.tag(tail)
+    return "softmax"
+
+
+PATTERNS = expand("attention.mm_softmax_mm", _attention)
 
 
 @dataclass

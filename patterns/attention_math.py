@@ -61,6 +61,8 @@ class Emitter:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     remove: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stage: str = "decomposed"  # node names are "<root>/<stage>/<part>" ("<root>/<part>" if "")
+    expect: tuple[bool, bool] = (False, False)  # the staged core has (a mask, a scale)
 
     # --- queries -------------------------------------------------------------------------
     def info(self, tensor: str) -> TensorInfo:
@@ -81,7 +83,7 @@ class Emitter:
 
     # --- staging -------------------------------------------------------------------------
     def _name(self, part: str) -> str:
-        base = f"{self.root}/decomposed/{part}"
+        base = f"{self.root}/{self.stage}/{part}" if self.stage else f"{self.root}/{part}"
         name, index = base, 1
         while name in self.tensors or name in self.graph.tensors or name in self.graph.nx:
             name, index = f"{base}_{index}", index + 1
@@ -233,6 +235,8 @@ def emit_core(
     ("softcap", value), ("add", tensor), ("fill", condition, value, fill_on_true)."""
     x = em.matmul("qk", q, kt)
     dtype = em.info(x).dtype
+    kinds = {step[0] for step in steps}
+    em.expect = (bool(kinds & {"add", "fill"}), bool(kinds & {"scale", "divide", "softcap"}))
     for index, step in enumerate(steps):
         kind = step[0]
         if kind in ("scale", "divide"):

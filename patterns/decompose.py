@@ -62,6 +62,7 @@ from onnx2bir.patterns.attention_math import (
     split_heads,
 )
 from onnx2bir.patterns.attention_math import lowest as lowest  # re-exported
+from onnx2bir.patterns.decompose_match import NO_SOFTMAX, explore
 
 log = logging.getLogger("onnx2bir.DecomposeAttention")
 
@@ -347,6 +348,41 @@ def _ms_mask_bias(
     return em.binary("Mul", "mask_bias", masked, em.scalar("mask_filter", fill, dtype))
 
 
+# --- the read-back ---------------------------------------------------------------------------
+def read_back(em: Emitter) -> dict:
+    """Explore the staged expansion from its second dot, as the reference pass's matcher does;
+    a diagnostic (the expansion is not the block it replaces) refuses the rewrite."""
+    staged = {out: (name, op, ins) for name, op, ins, outs, _ in em.nodes for out in outs}
+
+    def producer(tensor: str):
+        if tensor in staged:
+            return staged[tensor]
+        node = em.graph.producer(tensor)
+        if node is None or node in em.remove:
+            return None
+        data = em.graph.node(node)
+        return node, data["op_type"], list(data["inputs"])
+
+    def scalar(tensor: str) -> bool:
+        value = em.const_value(tensor) if tensor else None
+        return value is not None and value.size == 1
+
+    dot2 = next((n for n in em.nodes if n[0].endswith("/pv") and n[1] == "MatMul"), None)
+    if dot2 is None:
+        raise Unsupported(NO_SOFTMAX)
+    masked, scaled = em.expect
+    found = explore(producer, scalar, (dot2[0], dot2[1], dot2[2]), masked, scaled)
+    if isinstance(found, str):
+        raise Unsupported(f"internal: the expansion does not read back: {found}")
+    return {
+        "dot1": found.dot1,
+        "softmax": found.softmax,
+        "select": found.select,
+        "scale": found.scale,
+        "guard": found.guard,
+    }
+
+
 # --- the pass --------------------------------------------------------------------------------
 def classify(data: dict, kernels) -> tuple[str | None, str | None]:
     """(planner key, None) for a root to expand, (None, reason) for one to leave, (None, None)
@@ -409,6 +445,7 @@ class DecomposeAttention:
                     missing = em.missing_ops()
                     if missing:
                         raise Unsupported(f"no generic lowering for {', '.join(missing)}")
+                    finding["explored"] = read_back(em)
                 except Unsupported as exc:
                     finding["reason"] = str(exc)
                 else:

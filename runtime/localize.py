@@ -33,6 +33,7 @@ import onnx
 from onnx2bir.bir.enums import MemoryType
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
+from onnx2bir.patterns.findings import describe_blocks
 
 from .alone import diagnose, run_alone, runtime_inputs
 from .compare import ERROR_KEYS, compare_output, tensor_record
@@ -215,6 +216,7 @@ def _node_record(name, data, compared, fused, tensor_results, graph, convs, comp
         "op_type": data["op_type"],
         "outputs": [t for t in data["outputs"] if t],
         "lowering": lowering_of(compilation, name),
+        "idiom": describe_blocks(compilation.passes.records).get(name),
         "status": ("FAIL" if any(not t["passed"] for t in tensors) else "ok")
         if tensors
         else ("fused" if fused else "not compared"),

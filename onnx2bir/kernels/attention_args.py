@@ -6,8 +6,11 @@ In: the code generator and a CustomCall node with inputs [q, kt, v, *extra] and 
 `storage_dtype`. Out: `AttentionArgs` — the DRAM location names; Sq, Sk, D, Dv; the batch dims
 (unit dims dropped, contiguous neighbours merged) with each operand's element strides along
 them, in the order out, q, kt, v, extras; each extra input's strides along a score row and a
-key; the parsed steps; whether the NaN guard is on; the storage and output dtypes. A node that
-breaks the contract fails through `cg.fail` with the reason.
+key; the parsed steps; whether the NaN guard is on; the storage, score and output dtypes; the
+tile sizes from the node's `backend_config` (`sb_shape` = [query rows per group, keys per tile,
+bytes per partition], bounded by `psum_shape`; the defaults of `attention_plan.tile_sizes`
+when absent) and whether everything is cast (`auto_cast` "all": the scores are held in the
+storage dtype too). A node that breaks the contract fails through `cg.fail` with the reason.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import broadcast_strides, merge_broadcast_dims
+from onnx2bir.kernels.attention_plan import MAX_K_TILE, MAX_Q_ROWS, tile_sizes
 
 STORAGE_DTYPES = {"float32": Dtype.FP32, "bfloat16": Dtype.BF16, "float16": Dtype.FP16}
 OUT, Q, KT, V = range(4)  # operand order in offsets and strides; extras follow
@@ -58,6 +62,9 @@ class AttentionArgs:
     guard: bool
     storage: Dtype
     out_dtype: Dtype
+    q_rows: int = 128  # query rows per group (partitions of the score tile)
+    k_tile: int = 512  # keys per online-softmax step
+    score_dtype: Dtype = Dtype.FP32
 
     @property
     def kv_depth(self) -> int:
@@ -106,6 +113,32 @@ def parse_guard(cg: BirCodeGen, attrs: dict) -> bool:
     return bool(ops)
 
 
+def tile_config(cg: BirCodeGen, attrs: dict, sq: int, sk: int) -> tuple[int, int, bool]:
+    """(query rows, keys per tile, cast all) from the backend_config, checked."""
+    raw = attrs.get("backend_config") or "{}"
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise cg.fail(f"backend_config is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise cg.fail(f"backend_config is not a JSON object: {raw!r}")
+    q_rows, k_tile = tile_sizes(sq, sk)
+    psum = config.get("psum_shape") or [MAX_Q_ROWS, MAX_K_TILE]
+    shape = config.get("sb_shape")
+    if shape:
+        if not (
+            isinstance(shape, list) and len(shape) >= 2 and all(isinstance(v, int) for v in shape)
+        ):
+            raise cg.fail(f"sb_shape {shape!r} is not a list of ints")
+        q_rows, k_tile = min(shape[0], sq), min(shape[1], sk)
+    limit_q, limit_k = min(MAX_Q_ROWS, psum[0]), min(MAX_K_TILE, psum[1])
+    if not (1 <= q_rows <= limit_q and 1 <= k_tile <= limit_k):
+        raise cg.fail(
+            f"sb_shape tiles {q_rows} x {k_tile} exceed the PSUM tile {limit_q} x {limit_k}"
+        )
+    return q_rows, k_tile, config.get("auto_cast") == "all"
+
+
 def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
     attrs = node["attrs"]
     q, kt, v, *extra_names = node["inputs"]
@@ -143,6 +176,7 @@ def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
     storage = STORAGE_DTYPES.get(attrs.get("storage_dtype", "float32"))
     if storage is None:
         raise cg.fail(f"unknown storage_dtype {attrs.get('storage_dtype')!r}")
+    q_rows, k_tile, cast_all = tile_config(cg, attrs, sq, sk)
     return AttentionArgs(
         cg.dram(q).name,
         cg.dram(kt).name,
@@ -159,4 +193,7 @@ def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
         parse_guard(cg, attrs),
         storage,
         cg.graph.tensors[out].dtype,
+        q_rows,
+        k_tile,
+        storage if cast_all else Dtype.FP32,
     )

@@ -11,6 +11,12 @@ node's output dtype, with
                                        | swiglu: silu(x·w1 + b1) · (x·w_up + b_up)
     y = h·w2 + b2
 
+or `activation` "program" with attr `program` (JSON, patterns/mlp_region.py): registers 0
+(x·w1 + b1) and 1 (x·w_up + b_up, gated forms) and steps, each writing a new register —
+{"kind": "act", "func"} a ScalarE function, {"kind": "scalar", "func", "value", "reverse"} and
+{"kind": "tensor", "func", "b"} VectorE ALU ops; h is register `out`. Each register is a
+[H-tile, block] fp32 SBUF tile (`program_step`).
+
 All matmuls fp32 (the MLP raise carries no cast policy, docs/attention.md#mlp-raise).
 
 Layout. The first matmul produces hᵀ directly, so h needs no transpose between the two:
@@ -32,6 +38,7 @@ as stationaries, w2 tiles [128, ≤512] as movings (transposed ones flipped on t
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -56,6 +63,7 @@ LUT_ACTIVATIONS = {
     "silu": ActFunc.SILU,
 }
 ACTIVATIONS = (*LUT_ACTIVATIONS, "quick_gelu", "swiglu")
+PROGRAM = "program"  # the activation given as steps (attr `program`)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,11 @@ class MlpArgs:
     y: MatrixView  # [T, N]
     activation: str
     out_dtype: Dtype
+    program: dict | None = None  # activation "program": {"sources", "out", "steps"}
+
+    @property
+    def registers(self) -> int:
+        return self.program["sources"] + len(self.program["steps"]) if self.program else 0
 
     @property
     def tokens(self) -> int:
@@ -98,10 +111,21 @@ def mlp_args(cg: BirCodeGen, node: dict) -> MlpArgs:
     x, w1, b1, w2, b2, w_up, b_up = names
     out = node["outputs"][0]
     activation = attrs.get("activation", "")
-    if activation not in ACTIVATIONS:
-        raise cg.fail(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
-    if not (x and w1 and w2) or (activation == "swiglu") != bool(w_up):
-        raise cg.fail(f"inputs {names}: x, w1, w2 are required, w_up exactly for swiglu")
+    if activation not in (*ACTIVATIONS, PROGRAM):
+        raise cg.fail(
+            f"activation {activation!r} is not one of {', '.join((*ACTIVATIONS, PROGRAM))}"
+        )
+    program = None
+    if activation == PROGRAM:
+        try:
+            program = json.loads(attrs.get("program") or "")
+            gated = program["sources"] == 2
+        except (ValueError, KeyError, TypeError) as exc:
+            raise cg.fail(f"attr program is not a valid program: {exc}") from None
+    else:
+        gated = activation == "swiglu"
+    if not (x and w1 and w2) or gated != bool(w_up):
+        raise cg.fail(f"inputs {names}: x, w1, w2 are required, w_up exactly for gated forms")
     tensors = cg.graph.tensors
     x_shape = tuple(tensors[x].shape)
     k, t = x_shape[-1], math.prod(x_shape[:-1])
@@ -146,6 +170,7 @@ def mlp_args(cg: BirCodeGen, node: dict) -> MlpArgs:
         _row_major(cg.dram(out).name, t, n),
         activation,
         tensors[out].dtype,
+        program,
     )
 
 
@@ -165,6 +190,7 @@ def sbuf_bytes(a: MlpArgs, block: int) -> int:
         + _row_bytes(N_CHUNK) * 3  # w2, b2, y
         + _row_bytes(2)  # bias columns
         + (_row_bytes(block) if gated else 0)  # the gate's second operand
+        + a.registers * _row_bytes(block)  # the program's registers
     )
 
 
@@ -199,6 +225,7 @@ class MlpTiles:
         self.bias = cg.sb_tile("bias", P, 2, fp32)  # b1, b_up columns
         gated = a.activation in ("quick_gelu", "swiglu")
         self.gate = cg.sb_tile("gate", P, block, fp32) if gated else None
+        self.registers = [cg.sb_tile(f"r{i}", P, block, fp32) for i in range(a.registers)]
         self.transposed = cg.psum_tile("transposed", P, P)
         self.h_ps = cg.psum_tile("h", P, block)
         self.up_ps = cg.psum_tile("up", P, block) if a.w_up is not None else None
@@ -280,6 +307,9 @@ class MlpEmitter:
     ) -> None:
         cg, a, t = self.cg, self.a, self.t
         b1 = self.bias_column(a.b1, 0, hc)
+        if a.program is not None:
+            self.run_program(h, acc, up, hc, blk, b1)
+            return
         if a.activation in LUT_ACTIVATIONS:
             cg.activation(h, acc, LUT_ACTIVATIONS[a.activation], bias=b1)
             return
@@ -297,6 +327,21 @@ class MlpEmitter:
             return
         cg.tensor_scalar(gate, up, AluOp.ADD, b_up)
         cg.tensor_tensor(h, h, gate, AluOp.MULTIPLY)
+
+    def run_program(self, h, acc, up, hc: Tile, blk: Tile, b1) -> None:
+        """The activation as the region's program, one instruction per step."""
+        cg, a, program = self.cg, self.a, self.a.program
+        regs = [cg.ap(tile, [(1, blk.size)], partitions=hc.size) for tile in self.t.registers]
+        cg.activation(regs[0], acc, ActFunc.COPY, bias=b1)
+        if program["sources"] == 2:
+            b_up = self.bias_column(a.b_up, 1, hc)
+            if b_up is None:
+                cg.tensor_copy(regs[1], up)
+            else:
+                cg.tensor_scalar(regs[1], up, AluOp.ADD, b_up)
+        for step in program["steps"]:
+            program_step(cg, regs, step)
+        cg.tensor_copy(h, regs[program["out"]])
 
     def output(self, blk: Tile) -> None:
         """y[block, N] = hᵀᵀ·w2 + b2, per 128 tokens into separate PSUM banks."""
@@ -345,3 +390,13 @@ class MlpEmitter:
         return self.cg.ap(
             self.t.y_ps, [(1, nc.size)], tile_index(ts, P) * N_CHUNK, partitions=ts.size
         )
+
+
+def program_step(cg: BirCodeGen, regs: list[AccessPattern], step: dict) -> None:
+    dst, a = regs[step["dst"]], regs[step["a"]]
+    if step["kind"] == "act":
+        cg.activation(dst, a, ActFunc(step["func"]))
+    elif step["kind"] == "scalar":
+        cg.tensor_scalar(dst, a, AluOp(step["func"]), step["value"], reverse0=step["reverse"])
+    else:
+        cg.tensor_tensor(dst, a, regs[step["b"]], AluOp(step["func"]))

@@ -3,12 +3,16 @@ in the seed's order, the target choice, and the cast policy's Casts around the r
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.importer import import_model
+from onnx2bir.kernels.attention_plan import sb_shape
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention import (
     ATTENTION,
@@ -282,9 +286,56 @@ def test_head_dim_and_sbuf_gates():
         assert block["reason"] == "head dim 160 > 128"
     finally:
         D = saved
+    # The flash-style kernel's SBUF does not grow with the keys: 30000 keys are raised ...
     _, model = standard((), seq_q=1008, seq_k=30000)
     _, (block,) = run_pass(model, RAISE)
-    assert block["reason"].startswith("SBUF bytes 240000 > 196608")
+    assert block["target"] == ATTENTION and block["sb_bytes"] < 196608
+    # ... unless the bytes kept for dynamic DMA leave too little of the state buffer.
+    free = 196608 - block["sb_bytes"]
+    tight = CompileOptions(
+        enable_native_kernel_attention=True,
+        enable_native_kernel_attention_bf16=True,
+        dynamic_dma_sbuf_bytes=free + 1,
+    )
+    _, (block,) = run_pass(model, tight)
+    assert block["target"] is None
+    assert block["reason"] == (
+        f"SBUF bytes {196608 + 1} (with {free + 1} for dynamic DMA) > 196608"
+    )
+
+
+def test_sb_shape_matmult_reserves_two_bytes_more_per_key_than_all():
+    """matmult-to-bf16 keeps fp32 scores, all-to-bf16 bf16 ones: +2 bytes per key column."""
+    matmult = sb_shape(4096, 4096, False, Dtype.BF16, True)
+    cast_all = sb_shape(4096, 4096, False, Dtype.BF16, False)
+    assert matmult[:2] == cast_all[:2] == (128, 512)
+    assert matmult[2] - cast_all[2] == 2 * 512
+    # K and V are held one 8192-key section at a time: longer blocks reserve the same.
+    assert sb_shape(32768, 32768, True, Dtype.BF16, True) == sb_shape(
+        8192, 8192, True, Dtype.BF16, True
+    )
+    assert sb_shape(4096, 4096, True, Dtype.BF16, True) < sb_shape(
+        8192, 8192, True, Dtype.BF16, True
+    )
+    assert sb_shape(16, 100, False, Dtype.BF16, True)[:2] == (16, 100)
+
+
+@pytest.mark.parametrize("cast", ["matmult-to-bf16", "all-to-bf16"])
+def test_raised_entry_lists_sb_bytes_and_config(cast):
+    _, model = standard(("mul",), seq_q=1024)
+    options = CompileOptions(
+        native_kernel_cast_type=cast,
+        enable_native_kernel_attention=True,
+        enable_native_kernel_attention_bf16=True,
+    )
+    graph, (block,) = run_pass(model, options)
+    expected = sb_shape(1024, 1024, False, Dtype.BF16, cast.startswith("matmult"))
+    assert block["status"] == "raised" and block["sb_bytes"] == expected[2]
+    assert block["packaging"] == {"Cast": 4}  # q, kᵀ, v to bf16 and the output back
+    (call,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
+    config = json.loads(call["attrs"]["backend_config"])
+    assert config["sb_shape"] == list(expected) and config["auto_cast"] == cast.split("-")[0]
+    assert call["attrs"]["api_version"] == 1
 
 
 @pytest.mark.parametrize(
