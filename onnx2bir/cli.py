@@ -67,11 +67,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     group = parser.add_argument_group("compile options (reference compiler spelling)")
     group.add_argument(
+        "--auto-cast",
+        default=compile_options.DEFAULT_AUTO_CAST,
+        metavar="{" + ",".join(compile_options.AUTO_CAST_CHOICES) + "}",
+        help="general autocast: matmult stores the operands of every MatMul, Gemm, Conv and "
+        "ConvTranspose in --auto-cast-type (PSUM accumulates fp32), all also every fp32 "
+        "intermediate, none keeps the model's dtypes; not applied to the raised attention "
+        "kernel, which follows --native-kernel-cast-type (default %(default)s)",
+    )
+    group.add_argument(
+        "--auto-cast-type",
+        default=compile_options.DEFAULT_AUTO_CAST_TYPE,
+        metavar="{" + ",".join(compile_options.AUTO_CAST_TYPES) + "}",
+        help="dtype --auto-cast stores in; fp8_e4m3 saturates at +-448 (default %(default)s)",
+    )
+    group.add_argument(
         "--native-kernel-cast-type",
         default=compile_options.DEFAULT_CAST_TYPE,
         metavar="WHAT-to-TYPE",
-        help=f"storage dtype of native kernel matmul operands: "
-        f"{compile_options.CAST_TYPE_GRAMMAR}; default %(default)s",
+        help=f"storage dtype of the raised attention kernel's matmul operands, which it "
+        f"follows instead of --auto-cast: {compile_options.CAST_TYPE_GRAMMAR}; default "
+        "%(default)s",
     )
     group.add_argument(
         "--enable-native-kernel-attention",
@@ -242,6 +258,8 @@ def _options(args: argparse.Namespace) -> compile_options.CompileOptions:
         enable_native_kernel_attention_bf16=args.enable_native_kernel_attention_bf16,
         experimental_convolution_kernel_match=args.experimental_convolution_kernel_match,
         target=args.target,
+        auto_cast=args.auto_cast,
+        auto_cast_type=args.auto_cast_type,
     )
 
 

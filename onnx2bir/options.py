@@ -8,6 +8,13 @@ accumulation dtype: PSUM accumulates in fp32 whatever is cast (seed 003, "QUIRK"
 raise (both default off); `experimental_convolution_kernel_match` opens the experimental conv
 kernel registry (seed 000, default off). The target names the device the attention raise is
 allowed for (the reference compiler compares it with "sunda").
+
+`auto_cast` and `auto_cast_type` are the reference compiler's general autocast
+(docs/autocast.md): `matmult` stores the operands of every PE matmul (MatMul, Gemm, Conv,
+ConvTranspose, the MLP kernel) in `auto_cast_type`, PSUM still accumulating in fp32; `all` also
+stores every fp32 intermediate tensor in it; `none` keeps the model's dtypes. The raised
+attention kernel does not follow them: it follows `native_kernel_cast_type`, as the reference
+compiler runs no general autocast over native kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ CAST_WHAT = ("matmult", "all")
 CAST_TYPES = ("bf16", "fp16")
 DEFAULT_CAST_TYPE = "matmult-to-bf16"
 DEFAULT_TARGET = "sunda"
+AUTO_CAST_CHOICES = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+DEFAULT_AUTO_CAST = "none"
+DEFAULT_AUTO_CAST_TYPE = "bf16"
 CAST_TYPE_GRAMMAR = (
     "<what>-to-<type> with <what> one of matmult, all and <type> one of bf16, fp16 "
     "(e.g. matmult-to-bf16)"
@@ -43,9 +54,24 @@ class CompileOptions:
     enable_native_kernel_attention_bf16: bool = False
     experimental_convolution_kernel_match: bool = False
     target: str = DEFAULT_TARGET
+    auto_cast: str = DEFAULT_AUTO_CAST
+    auto_cast_type: str = DEFAULT_AUTO_CAST_TYPE
 
     def __post_init__(self) -> None:
         parse_cast_type(self.native_kernel_cast_type)
+        for flag, value, valid in (
+            ("--auto-cast", self.auto_cast, AUTO_CAST_CHOICES),
+            ("--auto-cast-type", self.auto_cast_type, AUTO_CAST_TYPES),
+        ):
+            if value not in valid:
+                raise UserError(
+                    f"{flag} {value!r} is not valid: expected one of {', '.join(valid)}"
+                )
+
+    @property
+    def autocast_text(self) -> str:
+        """How the report and validate show the general autocast: "matmult -> bf16", "none"."""
+        return "none" if self.auto_cast == "none" else f"{self.auto_cast} -> {self.auto_cast_type}"
 
     @property
     def what_to_cast(self) -> str:

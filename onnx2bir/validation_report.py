@@ -13,8 +13,9 @@ outputs. The document follows DESIGN.md's contract and adds keys (never renames)
        "neginf", "first"}}, "nonfinite_mismatches", "max_ulp", "snr_db", "shape_error"}],
      "timings": {...}, "seed", "inputs": [{"name", "shape", "dtype", "source"}],
      "oracle": {"name", "version", "provider", "graph_optimization_level"},
-     "tolerance": {"rule", "defaults"}, "localize": {...} (with --localize, see
-     onnx2bir.runtime.localize)}
+     "tolerance": {"rule", "defaults"}, "compile_options": {"native_kernel_cast_type",
+     "auto_cast", "auto_cast_type"}, "autocast": "matmult -> bf16" | "none",
+     "localize": {...} (with --localize, see onnx2bir.runtime.localize)}
 
 A float that is not finite (an inf error, a NaN cosine) is written as null by `to_json_text`:
 JSON has no inf.
@@ -41,6 +42,7 @@ from onnx2bir.runtime.tolerance import (
     FP32_RTOL,
     LOW_PRECISION_RTOL,
     TolerancePolicy,
+    cast_depths,
     reduction_length,
     tensor_paths,
 )
@@ -107,6 +109,7 @@ def run_validate(
     expected = oracle.run_onnxruntime(model, feeds, graph.outputs)
     timings["onnxruntime"] = time.perf_counter() - start
     paths = tensor_paths(graph, compilation.module)
+    depths = cast_depths(graph, compilation.module)
     outputs = []
     for name in graph.outputs:
         producer = graph.producer(name)
@@ -118,6 +121,7 @@ def run_validate(
             path,
             expected[name],
             reduction_length(graph, producer) if producer else 1,
+            depths.get(name, 1),
         )
         result = compare_output(name, actual[name], expected[name], tol.atol, tol.rtol, tol.source)
         entry = result.to_json()
@@ -147,14 +151,22 @@ def run_validate(
                     "atol": "max(1e-4, 6*u*sqrt(2/3)*sqrt(K)*rho), u=2^-8",
                     "rtol": LOW_PRECISION_RTOL["bf16"],
                 },
-                "fp16": {
-                    "atol": "max(1e-4, 6*u*sqrt(2/3)*sqrt(K)*rho), u=2^-11",
-                    "rtol": LOW_PRECISION_RTOL["fp16"],
+                **{
+                    path: {
+                        "atol": f"max(1e-4, 6*u*sqrt(2/3)*sqrt(K)*rho), u=2^{exponent}",
+                        "rtol": LOW_PRECISION_RTOL[path],
+                    }
+                    for path, exponent in (("fp16", -11), ("tf32", -11), ("fp8_e4m3", -4))
                 },
                 "exact": {"atol": 0.0, "rtol": 0.0},
             },
         },
-        "compile_options": {"native_kernel_cast_type": options.native_kernel_cast_type},
+        "compile_options": {
+            "native_kernel_cast_type": options.native_kernel_cast_type,
+            "auto_cast": options.auto_cast,
+            "auto_cast_type": options.auto_cast_type,
+        },
+        "autocast": options.autocast_text,
     }
     if localize_nodes:
         start = time.perf_counter()
@@ -257,6 +269,11 @@ def format_text(doc: dict) -> str:
     for entry in doc["inputs"]:
         lines.append(
             f"  input {entry['name']} {entry['dtype']}{entry['shape']}: {entry['source']}{seed}"
+        )
+    if "autocast" in doc:
+        lines.append(
+            f"  autocast: {doc['autocast']} (attention kernel: "
+            f"{doc['compile_options']['native_kernel_cast_type']})"
         )
     lines.append(f"  rule: {doc['tolerance']['rule']}")
     for entry in outputs:

@@ -39,7 +39,7 @@ from .compare import ERROR_KEYS, compare_output, tensor_record
 from .machine import Machine
 from .oracle import run_onnxruntime
 from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of, value_info, value_infos
-from .tolerance import TolerancePolicy, reduction_length, tensor_paths
+from .tolerance import TolerancePolicy, cast_depths, reduction_length, tensor_paths
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 
@@ -104,6 +104,7 @@ def localize(
     graph, compilation = prepared.pristine, prepared.compilation
     locations = machine.locations
     paths = tensor_paths(graph, compilation.module)
+    depths = cast_depths(graph, compilation.module)
     convs = conv_findings(compilation)
     plan: list[tuple[str, dict, list[str], list[str]]] = []
     for name, data in graph.nodes():
@@ -133,6 +134,7 @@ def localize(
                 paths.get(tensor, "fp32"),
                 ref,
                 reduction_length(graph, node),
+                depths.get(tensor, 1),
             )
             result = compare_output(
                 tensor, machine.read(tensor), ref, tol.atol, tol.rtol, tol.source
