@@ -344,7 +344,7 @@ def format_localize(loc: dict) -> list[str]:
         lines += [
             "",
             f"  {'node':<{width}}  {'op':<12} {'max abs':>10} {'max rel':>10} "
-            f"{'in abs':>10}  {'status':<6} lowering",
+            f"{'in abs':>10}  {'status':<6} {'PE dtype':<9} lowering",
         ]
         for n in rows:
             lines.append(
@@ -352,7 +352,7 @@ def format_localize(loc: dict) -> list[str]:
                 f"{_g(n.get('max_abs_err'), '10.3e') if 'max_abs_err' in n else '-':>10} "
                 f"{_g(n.get('max_rel_err'), '10.3e') if 'max_rel_err' in n else '-':>10} "
                 f"{_g(n['input_max_abs_err'], '10.3e'):>10}  {n['status']:<6} "
-                f"{n['lowering']}"
+                f"{n.get('pe_dtype') or '-':<9} {n['lowering']}"
             )
         if len(rows) < len(nodes):
             lines.append(f"  ({len(nodes) - len(rows)} more nodes in --json)")
@@ -362,11 +362,11 @@ def format_localize(loc: dict) -> list[str]:
         )
     if loc["convs"]:
         width = max(len(c["node"]) for c in loc["convs"])
-        lines += ["", "  convolutions: kernel or fallback, and error"]
+        lines += ["", "  convolutions: kernel or fallback, PE operand dtype, and error"]
         for c in loc["convs"]:
             lines.append(
-                f"  {c['node']:<{width}}  {c['status'] or '-':<6} max abs "
-                f"{_g(c['max_abs_err'])}  {_kernel_text(c)}"
+                f"  {c['node']:<{width}}  {c['status'] or '-':<6} {c.get('pe_dtype') or '-':<9} "
+                f"max abs {_g(c['max_abs_err'])}  {_kernel_text(c)}"
             )
     return lines
 
