@@ -122,7 +122,7 @@ def low_precision_tolerance(
     reference: np.ndarray | None = None,
     depth: int = 1,
 ) -> Tolerance:
-    """The low-precision bound for a reduction of length K after `depth` cast reductions on
+    """The low-precision bound for a reduction of length K after `depth` casting nodes on
     the tensor's longest chain (module docstring).
 
     Give `term_rms` (ρ, the RMS of one product term) when it is known; otherwise it is
@@ -173,7 +173,7 @@ class TolerancePolicy:
         depth: int = 1,
     ) -> Tolerance:
         """The tolerance of one tensor, each of atol and rtol from the strongest rule;
-        `depth` is the count of cast reductions on its longest chain (`cast_depths`)."""
+        `depth` is the count of casting nodes on its longest chain (`cast_depths`)."""
         layers = [
             self.tensors.get(name),
             self.file_tensors.get(name),
@@ -326,19 +326,20 @@ def _touched_paths(graph, module) -> dict[str, str]:
 
 
 def cast_depths(graph, module=None) -> dict[str, int]:
-    """Per tensor, D: how many cast reductions lie on its longest chain from the inputs.
+    """Per tensor, D: how many casting nodes lie on its longest chain from the inputs.
 
-    A cast reduction is a node with a reduction (K > 1: MatMul, Gemm, Conv, ConvTranspose,
-    reductions) whose instructions touch storage less precise than fp32 — under the
-    autocast, every PE matmul. Each adds its own rounding error, of relative size
-    u·√(2/3) for random-sign terms, to what its inputs carry (module docstring).
+    A casting node is one whose instructions touch storage less precise than fp32: under
+    `--auto-cast matmult` every MatMul, Gemm, Conv and ConvTranspose, under `all` every
+    node writing an fp32 intermediate. Each adds its own rounding error, of relative RMS
+    u·√(2/3) for a reduction of random-sign terms (u/√3 for one rounding), to what its
+    inputs carry (module docstring).
     """
     touched = _touched_paths(graph, module)
     depths: dict[str, int] = {}
     for name, data in graph.nodes():
         carried = max((depths.get(t, 0) for t in data["inputs"] if t), default=0)
         own = touched.get(name, "exact") not in ("exact", "fp32")
-        depth = carried + (1 if own and reduction_length(graph, name) > 1 else 0)
+        depth = carried + (1 if own else 0)
         for tensor in data["outputs"]:
             if tensor:
                 depths[tensor] = depth
