@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import queue as queue_module
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's onnx2bir, in this process and the workers
 LIGHT = [
     "bvlc_alexnet",
     "densenet121",
@@ -91,7 +93,18 @@ def measure(name: str) -> list[dict]:
     queue = ctx.Queue()
     process = ctx.Process(target=_measure, args=(name, queue))
     process.start()
-    rows = queue.get()
+    while True:
+        try:
+            rows = queue.get(timeout=5)
+            break
+        except queue_module.Empty:
+            if not process.is_alive():
+                error = f"the worker process died (exit code {process.exitcode})"
+                rows = [
+                    {"model": name, "setting": _label(*setting), "error": error}
+                    for setting in SETTINGS
+                ]
+                break
     process.join()
     return rows
 
