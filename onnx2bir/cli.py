@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a numpy model of the hardware, and check the numbers against onnxruntime.",
         epilog="examples:\n"
         "  onnx2bir validate models/small_cnn.onnx\n"
+        "  onnx2bir validate models/small_cnn.onnx --auto-cast none   # fp32, no autocast\n"
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
         "  onnx2bir convert model.onnx -o out/\n\n"
@@ -198,8 +199,10 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
     tol = validate.add_argument_group(
         "tolerance",
         "An element passes when |machine - onnxruntime| <= atol + rtol*|onnxruntime|. "
-        "Defaults: fp32 path atol 1e-4 rtol 1e-3; bf16/fp16 paths atol growing with the "
-        "reduction length, rtol 2^-6 / 1e-3; integers exact. Strongest first: --tolerance, "
+        "Defaults: fp32 path atol 1e-4 rtol 1e-3; bf16/fp16/tf32/fp8_e4m3 paths (the "
+        "autocast, or the model's dtypes) atol growing with the reduction length and the "
+        "number of casts on the path, rtol 2^-6 / 1e-3 / 1e-3 / 2^-2; integers exact. "
+        "Strongest first: --tolerance, "
         "the file's tensors, --op-tolerance, the file's op_types, --atol/--rtol, the file's "
         "default and paths.",
     )

@@ -12,9 +12,10 @@ allowed for (the reference compiler compares it with "sunda").
 `auto_cast` and `auto_cast_type` are the reference compiler's general autocast
 (docs/autocast.md): `matmult` stores the operands of every PE matmul (MatMul, Gemm, Conv,
 ConvTranspose, the MLP kernel) in `auto_cast_type`, PSUM still accumulating in fp32; `all` also
-stores every fp32 intermediate tensor in it; `none` keeps the model's dtypes. The raised
-attention kernel does not follow them: it follows `native_kernel_cast_type`, as the reference
-compiler runs no general autocast over native kernels.
+stores every fp32 intermediate tensor in it; `none` keeps the model's dtypes. The default,
+matmult / bf16, is the reference compiler's documented default: what the device computes.
+The raised attention kernel does not follow them: it follows `native_kernel_cast_type`, as
+the reference compiler runs no general autocast over native kernels.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ DEFAULT_CAST_TYPE = "matmult-to-bf16"
 DEFAULT_TARGET = "sunda"
 AUTO_CAST_CHOICES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
-DEFAULT_AUTO_CAST = "none"
+DEFAULT_AUTO_CAST = "matmult"  # the device's numbers by default (docs/autocast.md)
 DEFAULT_AUTO_CAST_TYPE = "bf16"
 CAST_TYPE_GRAMMAR = (
     "<what>-to-<type> with <what> one of matmult, all and <type> one of bf16, fp16 "

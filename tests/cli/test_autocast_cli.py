@@ -98,3 +98,14 @@ def test_localize_shows_the_cast_dtype_beside_each_conv_and_matmul(capsys):
     assert conv_rows and all("bfloat16" in row for row in conv_rows if row.strip()[:4] == "node")
     gemm = next(line for line in out.splitlines() if " Gemm " in line)
     assert "bfloat16" in gemm
+
+
+def test_the_default_is_the_device_autocast(capsys):
+    """Users ask what the device computes: matmult / bf16 unless told otherwise."""
+    from onnx2bir.options import CompileOptions
+
+    options = CompileOptions()
+    assert (options.auto_cast, options.auto_cast_type) == ("matmult", "bf16")
+    code, out, _ = run(["validate", SMALL_CNN], capsys)
+    assert code == 0 and "autocast: matmult -> bf16" in out
+    assert "bf16 path" in out  # the bound derived from the casts
