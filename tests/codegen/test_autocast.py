@@ -7,6 +7,8 @@ ml_dtypes (bf16, fp16, fp8 e4m3fn after clamping to ±448) or by float64 arithme
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -16,7 +18,7 @@ from onnx import helper
 
 from onnx2bir.bir.enums import Dtype, Opcode
 from onnx2bir.codegen.casting import AUTO_CAST_DTYPES
-from onnx2bir.compiler import compile_graph, import_graph
+from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import AUTO_CAST_TYPES, CompileOptions
 from onnx2bir.runtime import semantics
 from onnx2bir.runtime.alu import round_tf32, store_as
@@ -197,3 +199,54 @@ def test_derived_bound_passes_the_cast_and_fails_three_ulps_in_one_matmul(
     monkeypatch.setitem(SEMANTICS, Opcode.MATMULT, mutant)
     doc, _, _ = run_validate(str(path), options, TolerancePolicy())
     assert not doc["passed"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT_RULES = ("generic.MatMul", "generic.Gemm", "generic.Conv", "generic.ConvTranspose")
+
+
+def _product_matmul_dtypes(module) -> dict[str, set]:
+    function = module.functions[0]
+    locations = function.memory_locations
+    found: dict[str, set] = {}
+    for ins in function.instructions():
+        if ins.opcode is Opcode.MATMULT and ins.srcs["moving"].loc != "identity_fp32":
+            pair = tuple(locations[ins.srcs[r].loc].dtype for r in ("stationary", "moving"))
+            found.setdefault(ins.origin.rule, set()).add(pair)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "models").glob("*.onnx")))
+def test_every_product_matmul_of_the_zoo_takes_bf16_operands_by_default(name):
+    """Generic MatMul/Gemm/Conv/ConvTranspose, the conv kernels and the MLP kernel: bf16
+    operands under the default options; one-hot gathers and Resize matmuls move data and
+    stay fp32."""
+    found = _product_matmul_dtypes(compile_model(ROOT / "models" / f"{name}.onnx").module)
+    assert found
+    for rule, pairs in found.items():
+        if rule in PRODUCT_RULES or rule.startswith("kernel."):
+            assert pairs == {(Dtype.BF16, Dtype.BF16)}, rule
+        else:
+            assert pairs == {(Dtype.FP32, Dtype.FP32)}, rule
+
+
+def test_column_packing_kernel_under_the_autocast(tmp_path):
+    """C_in·kH > 128 sends a dense conv to conv2d_column_packing; its weights and im2col tile
+    are bf16 and the result is within the derived bound."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4, 16, 9, 9)) / 36).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    model = make_model(
+        helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv"),
+        {"x": (1, 16, 12, 12)},
+        {"y": None},
+        initializers={"w": w, "b": bias},
+    )
+    compiled = compile_model(model)
+    assert _product_matmul_dtypes(compiled.module) == {
+        "kernel.conv2d_column_packing": {(Dtype.BF16, Dtype.BF16)}
+    }
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, path)
+    doc, _, _ = run_validate(str(path), CompileOptions(), TolerancePolicy())
+    assert doc["passed"] and doc["outputs"][0]["path"] == "bf16"

@@ -29,7 +29,7 @@ LIGHT = [
     "vgg19",
     "zfnet512",
 ]
-DEVICE = CompileOptions(auto_cast="matmult", auto_cast_type="bf16")
+DEVICE = CompileOptions()  # the default: matmult / bf16, what the device computes
 FP32 = CompileOptions(auto_cast="none")
 
 
@@ -66,4 +66,5 @@ def test_no_autocast_at_fp32_tolerance(name):
 
 def test_resnet18_under_the_device_autocast():
     """One zoo model in the default suite: the deepest chain of casts (D = 18) among them."""
+    assert (DEVICE.auto_cast, DEVICE.auto_cast_type) == ("matmult", "bf16")
     _check("resnet18", DEVICE)
