@@ -5,6 +5,7 @@ Usage:
     python benchmarks/autocast_table.py --light               # also the nine light models
     python benchmarks/autocast_table.py --models models/vit.onnx light:resnet50
     python benchmarks/autocast_table.py --light --write docs/autocast.md
+    python benchmarks/autocast_table.py --from-json zoo.json light.json --write docs/autocast.md
 
 Each model is validated (seed 0, the validator's random inputs) under six settings: none (fp32),
 matmult with bf16 (the default), fp16, tf32 and fp8_e4m3, and all with bf16. Per model and
@@ -132,7 +133,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {model} | {row['setting']} | {_fmt(out['max_abs_err'], '.2e')} | "
             f"{_fmt(out['cosine'], '.6f')} | {_fmt(out['snr_db'], '.1f')} | {verdict} "
-            f"(atol {_fmt(out['atol'], '.2e')}) |"
+            f"(atol {_fmt(out['atol'], '.2e')}, rtol {_fmt(out['rtol'], '.2g')}) |"
         )
     return "\n".join(lines)
 
@@ -152,7 +153,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--light", action="store_true", help="also the nine light models")
     parser.add_argument("--write", metavar="FILE.md", help="replace FILE's table section")
     parser.add_argument("--json", metavar="FILE.json", help="also write every figure as JSON")
+    parser.add_argument(
+        "--from-json",
+        nargs="+",
+        metavar="FILE.json",
+        help="render the table from figures saved by --json instead of validating",
+    )
     args = parser.parse_args(argv)
+    if args.from_json:
+        rows = [row for path in args.from_json for row in json.loads(Path(path).read_text())]
+        table = markdown(rows)
+        if args.write:
+            write_section(Path(args.write), table)
+        print(table)
+        return 0
     names = args.models or [str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("models/*.onnx"))]
     if args.light:
         names += [f"light:{name}" for name in LIGHT]
