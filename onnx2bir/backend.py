@@ -8,6 +8,9 @@ Shapes are static in BIR, so an `Onnx2BirRep` compiles on its first `run`, with 
 input's shape taken from the arrays it is given (this also fixes symbolic dimensions), and
 compiles again for each new combination of input shapes. Only the CPU device is claimed: the
 machine model is plain numpy. See docs/backend_tests.md for the conformance run.
+
+A backend computes ONNX's semantics, fp32 for fp32 models, so it compiles without the general
+autocast (`--auto-cast none`) unless `options` ask for it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class Onnx2BirRep(BackendRep):
 
     def __init__(self, model: onnx.ModelProto, options: CompileOptions | None = None) -> None:
         self.model = model
-        self.options = options or CompileOptions()
+        self.options = options or CompileOptions(auto_cast="none")
         self.input_names = [value.name for value in runtime_inputs(model)]
         self.output_names = [value.name for value in model.graph.output]
         self.output_dtypes = [_declared_dtype(value) for value in model.graph.output]

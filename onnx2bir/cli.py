@@ -64,11 +64,27 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     group = parser.add_argument_group("compile options (reference compiler spelling)")
     group.add_argument(
+        "--auto-cast",
+        default=compile_options.DEFAULT_AUTO_CAST,
+        metavar="{" + ",".join(compile_options.AUTO_CAST_CHOICES) + "}",
+        help="general autocast: matmult stores the operands of every MatMul, Gemm, Conv and "
+        "ConvTranspose in --auto-cast-type (PSUM accumulates fp32), all also every fp32 "
+        "intermediate, none keeps the model's dtypes; not applied to the raised attention "
+        "kernel, which follows --native-kernel-cast-type (default %(default)s)",
+    )
+    group.add_argument(
+        "--auto-cast-type",
+        default=compile_options.DEFAULT_AUTO_CAST_TYPE,
+        metavar="{" + ",".join(compile_options.AUTO_CAST_TYPES) + "}",
+        help="dtype --auto-cast stores in; fp8_e4m3 saturates at +-448 (default %(default)s)",
+    )
+    group.add_argument(
         "--native-kernel-cast-type",
         default=compile_options.DEFAULT_CAST_TYPE,
         metavar="WHAT-to-TYPE",
-        help=f"storage dtype of native kernel matmul operands: "
-        f"{compile_options.CAST_TYPE_GRAMMAR}; default %(default)s",
+        help=f"storage dtype of the raised attention kernel's matmul operands, which it "
+        f"follows instead of --auto-cast: {compile_options.CAST_TYPE_GRAMMAR}; default "
+        "%(default)s",
     )
     group.add_argument(
         "--enable-native-kernel-attention",
@@ -125,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a numpy model of the hardware, and check the numbers against onnxruntime.",
         epilog="examples:\n"
         "  onnx2bir validate models/small_cnn.onnx\n"
+        "  onnx2bir validate models/small_cnn.onnx --auto-cast none   # fp32, no autocast\n"
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
         "  onnx2bir convert model.onnx -o out/\n"
@@ -220,8 +237,10 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
     tol = validate.add_argument_group(
         "tolerance",
         "An element passes when |machine - onnxruntime| <= atol + rtol*|onnxruntime|. "
-        "Defaults: fp32 path atol 1e-4 rtol 1e-3; bf16/fp16 paths atol growing with the "
-        "reduction length, rtol 2^-6 / 1e-3; integers exact. Strongest first: --tolerance, "
+        "Defaults: fp32 path atol 1e-4 rtol 1e-3; bf16/fp16/tf32/fp8_e4m3 paths (the "
+        "autocast, or the model's dtypes) atol growing with the reduction length and the "
+        "number of casts on the path, rtol 2^-6 / 1e-3 / 1e-3 / 2^-2; integers exact. "
+        "Strongest first: --tolerance, "
         "the file's tensors, --op-tolerance, the file's op_types, --atol/--rtol, the file's "
         "default and paths.",
     )
@@ -293,6 +312,8 @@ def _options(args: argparse.Namespace) -> dict:
         "experimental_convolution_kernel_match": args.experimental_convolution_kernel_match,
         "target": args.target,
         "dynamic_dma_sbuf_bytes": args.dynamic_dma_sbuf_bytes,
+        "auto_cast": args.auto_cast,
+        "auto_cast_type": args.auto_cast_type,
     }
 
 

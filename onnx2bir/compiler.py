@@ -49,6 +49,7 @@ class Compilation:
     timings: dict[str, float] = field(default_factory=dict)
     codegen_error: str | None = None
     source_ops: Counter = field(default_factory=Counter)  # op types as imported, before passes
+    options: CompileOptions | None = None  # what it was compiled with
 
 
 def unsupported_ops(graph: Graph) -> Counter:
@@ -102,7 +103,7 @@ def compile_graph(
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
     timings["passes"] = time.perf_counter() - start
-    compilation = Compilation(graph, manager, None, timings, source_ops=source_ops)
+    compilation = Compilation(graph, manager, None, timings, source_ops=source_ops, options=options)
     start = time.perf_counter()
     try:
         if vendor_error:

@@ -8,6 +8,14 @@ accumulation dtype: PSUM accumulates in fp32 whatever is cast (docs/attention.md
 (both default off); `experimental_convolution_kernel_match` opens the experimental conv kernel
 registry (docs/conv_selection.md#registries, default off). The target names the device the attention
 raise is allowed for (the reference compiler compares it with "sunda").
+
+`auto_cast` and `auto_cast_type` are the reference compiler's general autocast
+(docs/autocast.md): `matmult` stores the operands of every PE matmul (MatMul, Gemm, Conv,
+ConvTranspose, the MLP kernel) in `auto_cast_type`, PSUM still accumulating in fp32; `all` also
+stores every fp32 intermediate tensor in it; `none` keeps the model's dtypes. The default,
+matmult / bf16, is the reference compiler's documented default: what the device computes.
+The raised attention kernel does not follow them: it follows `native_kernel_cast_type`, as
+the reference compiler runs no general autocast over native kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +32,10 @@ DEFAULT_TARGET = "sunda"
 # user may give; any other name is a typo, refused with this list.
 RAISE_TARGET = "sunda"
 KNOWN_TARGETS = ("sunda", "inf2", "trn1", "trn1n", "trn2")
+AUTO_CAST_CHOICES = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+DEFAULT_AUTO_CAST = "matmult"  # the device's numbers by default (docs/autocast.md)
+DEFAULT_AUTO_CAST_TYPE = "bf16"
 CAST_TYPE_GRAMMAR = (
     "<what>-to-<type> with <what> one of matmult, all and <type> one of bf16, fp16 "
     "(e.g. matmult-to-bf16)"
@@ -50,6 +62,8 @@ class CompileOptions:
     # SBUF bytes per partition kept free for dynamic DMA; the attention raise counts them
     # against the state buffer before it raises a block (reference: dynamic-dma-sbuf-bytes).
     dynamic_dma_sbuf_bytes: int = 0
+    auto_cast: str = DEFAULT_AUTO_CAST
+    auto_cast_type: str = DEFAULT_AUTO_CAST_TYPE
 
     def __post_init__(self) -> None:
         parse_cast_type(self.native_kernel_cast_type)
@@ -64,6 +78,19 @@ class CompileOptions:
                 f"--dynamic-dma-sbuf-bytes {self.dynamic_dma_sbuf_bytes!r} is not valid: "
                 "expected a byte count >= 0"
             )
+        for flag, value, valid in (
+            ("--auto-cast", self.auto_cast, AUTO_CAST_CHOICES),
+            ("--auto-cast-type", self.auto_cast_type, AUTO_CAST_TYPES),
+        ):
+            if value not in valid:
+                raise UserError(
+                    f"{flag} {value!r} is not valid: expected one of {', '.join(valid)}"
+                )
+
+    @property
+    def autocast_text(self) -> str:
+        """How the report and validate show the general autocast: "matmult -> bf16", "none"."""
+        return "none" if self.auto_cast == "none" else f"{self.auto_cast} -> {self.auto_cast_type}"
 
     @property
     def what_to_cast(self) -> str:

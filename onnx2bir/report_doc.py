@@ -18,6 +18,8 @@ DESIGN.md's contract:
      "instructions": {"total", "per_engine", "dynamic_instances", "dynamic_per_engine",
                       "dynamic_exact"} | null,
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
+     "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type",
+                  "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
@@ -31,8 +33,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from onnx2bir.bir.enums import Opcode
 from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import Compilation
+from onnx2bir.options import CompileOptions
 from onnx2bir.runtime import cost as cost_model
 
 _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
@@ -94,6 +98,30 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "instructions": instructions,
         "cost": cost,
+        "autocast": autocast_summary(compilation),
+    }
+
+
+def autocast_summary(compilation: Compilation) -> dict:
+    """The general autocast the model was compiled with, and the operand dtypes of its PE
+    matmuls (PE transposes against the identity included) as the BIR has them."""
+    options = compilation.options or CompileOptions()
+    pairs = None
+    if compilation.module is not None:
+        function = compilation.module.functions[0]
+        locations = function.memory_locations
+        counts: Counter = Counter()
+        for ins in function.instructions():
+            if ins.opcode is Opcode.MATMULT:
+                stat, mov = (locations[ins.srcs[r].loc].dtype for r in ("stationary", "moving"))
+                counts[f"{stat} x {mov}"] += 1
+        pairs = dict(sorted(counts.items()))
+    return {
+        "auto_cast": options.auto_cast,
+        "auto_cast_type": options.auto_cast_type,
+        "text": options.autocast_text,
+        "native_kernel_cast_type": options.native_kernel_cast_type,
+        "matmul_operand_dtypes": pairs,
     }
 
 
@@ -172,6 +200,15 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         f"model {doc['model']}: "
         + ("compiles" if doc["compiles"] else f"does NOT compile: {doc['codegen_error']}")
     ]
+    cast = doc.get("autocast")
+    if cast:
+        lines.append(
+            f"autocast: {cast['text']} (the attention kernel follows --native-kernel-cast-type "
+            f"{cast['native_kernel_cast_type']})"
+        )
+        if cast["matmul_operand_dtypes"]:
+            listing = ", ".join(f"{k} x{v}" for k, v in cast["matmul_operand_dtypes"].items())
+            lines.append(f"  PE matmul operand dtypes (stationary x moving): {listing}")
     lines += [f"note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     stats = doc["statistics"]
     if stats.get("total_conv_ops"):

@@ -13,8 +13,9 @@ outputs. The document follows DESIGN.md's contract and adds keys (never renames)
        "neginf", "first"}}, "nonfinite_mismatches", "max_ulp", "snr_db", "shape_error"}],
      "timings": {...}, "seed", "inputs": [{"name", "shape", "dtype", "source"}],
      "oracle": {"name", "version", "provider", "graph_optimization_level"},
-     "tolerance": {"rule", "defaults"}, "localize": {...} (with --localize, see
-     onnx2bir.runtime.localize)}
+     "tolerance": {"rule", "defaults"}, "compile_options": {"native_kernel_cast_type",
+     "auto_cast", "auto_cast_type"}, "autocast": "matmult -> bf16" | "none",
+     "localize": {...} (with --localize, see onnx2bir.runtime.localize)}
 
 A float that is not finite (an inf error, a NaN cosine) is written as null by `to_json_text`:
 JSON has no inf.
@@ -43,6 +44,7 @@ from onnx2bir.runtime.tolerance import (
     FP32_RTOL,
     LOW_PRECISION_RTOL,
     TolerancePolicy,
+    cast_depths,
     reduction_length,
     tensor_paths,
 )
@@ -117,6 +119,7 @@ def run_validate(
     expected = oracle.run_onnxruntime(model, feeds, graph.outputs)
     timings["onnxruntime"] = time.perf_counter() - start  # session creation + one run
     paths = tensor_paths(graph, compilation.module)
+    depths = cast_depths(graph, compilation.module)
     outputs = []
     for name in graph.outputs:
         producer = graph.producer(name)
@@ -128,6 +131,7 @@ def run_validate(
             path,
             expected[name],
             reduction_length(graph, producer) if producer else 1,
+            depths.get(name, 1),
         )
         result = compare_output(name, actual[name], expected[name], tol.atol, tol.rtol, tol.source)
         entry = result.to_json()
@@ -157,14 +161,22 @@ def run_validate(
                     "atol": "max(1e-4, 6*u*sqrt(2/3)*sqrt(K)*rho), u=2^-8",
                     "rtol": LOW_PRECISION_RTOL["bf16"],
                 },
-                "fp16": {
-                    "atol": "max(1e-4, 6*u*sqrt(2/3)*sqrt(K)*rho), u=2^-11",
-                    "rtol": LOW_PRECISION_RTOL["fp16"],
+                **{
+                    path: {
+                        "atol": f"max(1e-4, 6*u*sqrt(2/3)*sqrt(K)*rho), u=2^{exponent}",
+                        "rtol": LOW_PRECISION_RTOL[path],
+                    }
+                    for path, exponent in (("fp16", -11), ("tf32", -11), ("fp8_e4m3", -4))
                 },
                 "exact": {"atol": 0.0, "rtol": 0.0},
             },
         },
-        "compile_options": {"native_kernel_cast_type": options.native_kernel_cast_type},
+        "compile_options": {
+            "native_kernel_cast_type": options.native_kernel_cast_type,
+            "auto_cast": options.auto_cast,
+            "auto_cast_type": options.auto_cast_type,
+        },
+        "autocast": options.autocast_text,
     }
     if localize_nodes:
         start = time.perf_counter()
@@ -290,6 +302,11 @@ def format_text(doc: dict, stats: bool = False) -> str:
         lines.append(
             f"  input {entry['name']} {entry['dtype']}{entry['shape']}: {entry['source']}{seed}"
         )
+    if "autocast" in doc:
+        lines.append(
+            f"  autocast: {doc['autocast']} (attention kernel: "
+            f"{doc['compile_options']['native_kernel_cast_type']})"
+        )
     lines.append(f"  rule: {doc['tolerance']['rule']}")
     for entry in outputs:
         lines += [""] + format_output(entry)
@@ -381,9 +398,10 @@ def format_localize(loc: dict) -> list[str]:
         lines += [
             "",
             "  max abs/rel err: this node's output vs onnxruntime; inputs' err: the largest "
-            "abs error already in its inputs (carried in from earlier nodes)",
+            "abs error already in its inputs (carried in from earlier nodes); PE dtype: the "
+            "matmul operand dtype under the autocast",
             f"  {'node':<{width}}  {'op type':<12} {'max abs err':>11} {'max rel err':>11} "
-            f"{'inputs err':>11}  {'status':<6} lowering (kernel or generic op)",
+            f"{'inputs err':>11}  {'status':<6} {'PE dtype':<9} lowering (kernel or generic op)",
         ]
         for n in rows:
             lines.append(
@@ -391,7 +409,7 @@ def format_localize(loc: dict) -> list[str]:
                 f"{_g(n.get('max_abs_err'), '10.3e') if 'max_abs_err' in n else '-':>11} "
                 f"{_g(n.get('max_rel_err'), '10.3e') if 'max_rel_err' in n else '-':>11} "
                 f"{_g(n['input_max_abs_err'], '10.3e'):>11}  {n['status']:<6} "
-                f"{n['lowering']}"
+                f"{n.get('pe_dtype') or '-':<9} {n['lowering']}"
             )
         if len(rows) < len(nodes):
             lines.append(f"  ({len(nodes) - len(rows)} more nodes in --json)")
@@ -401,11 +419,14 @@ def format_localize(loc: dict) -> list[str]:
         )
     if loc["convs"]:
         width = max(len(c["node"]) for c in loc["convs"])
-        lines += ["", "  convolutions: status, max abs error, kernel (or GENERIC and why)"]
+        lines += [
+            "",
+            "  convolutions: status, PE operand dtype, max abs error, kernel (or GENERIC and why)",
+        ]
         for c in loc["convs"]:
             lines.append(
-                f"  {c['node']:<{width}}  {c['status'] or '-':<6} max abs "
-                f"{_g(c['max_abs_err'])}  {_kernel_text(c)}"
+                f"  {c['node']:<{width}}  {c['status'] or '-':<6} {c.get('pe_dtype') or '-':<9} "
+                f"max abs {_g(c['max_abs_err'])}  {_kernel_text(c)}"
             )
     return lines
 

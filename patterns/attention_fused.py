@@ -1,4 +1,4 @@
-"""Fused attention ops as attention blocks (docs/attention_kernel.md#fused-attention-ops).
+"""Fused attention ops as attention blocks (docs/attention_kernel.md#blocks).
 
 In: a Graph node that is already one attention — `onnx.Attention` (opset 23) or the
 com.microsoft `Attention`, `MultiHeadAttention` and `GroupQueryAttention` contrib ops. Out:

@@ -1,4 +1,5 @@
-"""LowerToNKIKernelCC (docs/attention.md#mlp-raise): raise dot2(act(dot1(x))) MLP blocks to AwsNeuronMLPNKI.
+"""LowerToNKIKernelCC: raise dot2(act(dot1(x))) MLP blocks to AwsNeuronMLPNKI
+(docs/attention.md#mlp-raise).
 
 Pure structure: no flag, no dtype gate, no cast config (`backend_config` is empty,
 api_version 1). The match is rooted at the second dot, as the reference's is: every MatMul or

@@ -75,9 +75,7 @@ def _header(archive: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.
     return tuple(shape), dtype
 
 
-def read_npz(
-    path: Path, expected: dict[str, tuple[int, ...] | None]
-) -> dict[str, np.ndarray]:
+def read_npz(path: Path, expected: dict[str, tuple[int, ...] | None]) -> dict[str, np.ndarray]:
     """The arrays of `path` named in `expected` (name: shape); each checked before it is read.
 
     A shape of None (an input with symbolic dims, which the array will fix) is not compared;

@@ -5,6 +5,8 @@ machine after a full run (every ONNX tensor the program materialises is a DRAM l
 after it), the inputs, and the tolerance policy. Out: a JSON-ready dict with one record per
 node in topological order, the first node that exceeds its tolerance, the first node whose
 value is NaN or ±inf on each side, and each conv's kernel or fallback reason next to its error.
+Each node with PE matmuls also carries `pe_dtype`, the dtype its matmul operands are stored in
+(the general autocast's cast dtype, or float32).
 
 Streaming (docs/validation.md#localize-streaming: marking every tensor at once runs out of memory).
 The machine holds its DRAM whatever we do; the oracle side is bounded: intermediates are exposed as
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 
-from onnx2bir.bir.enums import MemoryType
+from onnx2bir.bir.enums import MemoryType, Opcode
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.findings import describe_blocks
@@ -40,7 +42,13 @@ from .compare import ERROR_KEYS, compare_output, tensor_record
 from .machine import Machine
 from .oracle import run_onnxruntime
 from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of, value_info, value_infos
-from .tolerance import TolerancePolicy, reduction_length, tensor_paths
+from .tolerance import (
+    TolerancePolicy,
+    cast_depths,
+    node_of_origin,
+    reduction_length,
+    tensor_paths,
+)
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 
@@ -105,7 +113,9 @@ def localize(
     graph, compilation = prepared.pristine, prepared.compilation
     locations = machine.locations
     paths = tensor_paths(graph, compilation.module)
+    depths = cast_depths(graph, compilation.module)
     convs = conv_findings(compilation)
+    pe_dtypes = pe_operand_dtypes(graph, compilation.module)
     plan: list[tuple[str, dict, list[str], list[str]]] = []
     for name, data in graph.nodes():
         outputs = [t for t in data["outputs"] if t]
@@ -134,6 +144,7 @@ def localize(
                 paths.get(tensor, "fp32"),
                 ref,
                 reduction_length(graph, node),
+                depths.get(tensor, 1),
             )
             result = compare_output(
                 tensor, machine.read(tensor), ref, tol.atol, tol.rtol, tol.source
@@ -142,6 +153,7 @@ def localize(
             del ref
     nodes = [
         _node_record(name, data, compared, fused, tensor_results, graph, convs, compilation)
+        | ({"pe_dtype": pe_dtypes[name]} if name in pe_dtypes else {})
         for name, data, compared, fused in plan
     ]
     doc = {
@@ -204,8 +216,33 @@ def _conv_row(record: dict) -> dict:
         "min_atol",
         "min_rtol",
         "input_max_abs_err",
+        "pe_dtype",
     )
     return {key: record.get(key) for key in keys}
+
+
+def pe_operand_dtypes(graph: Graph, module) -> dict[str, str]:
+    """Per node of `graph`, the operand dtypes of its PE matmuls as the BIR stores them
+    ("bfloat16", or "bfloat16 x float32" when stationary and moving differ); PE transposes
+    against the identity are data movement and left out."""
+    from onnx2bir.codegen.driver import IDENTITY
+
+    found: dict[str, set[str]] = {}
+    if module is None:
+        return {}
+    names = {name for name, _ in graph.nodes()}
+    function = module.functions[0]
+    locations = function.memory_locations
+    for ins in function.instructions():
+        if ins.opcode is not Opcode.MATMULT or ins.srcs["moving"].loc == IDENTITY:
+            continue
+        node = node_of_origin(ins.origin.node, names)
+        if node is None:
+            continue
+        stat = locations[ins.srcs["stationary"].loc].dtype
+        mov = locations[ins.srcs["moving"].loc].dtype
+        found.setdefault(node, set()).add(str(stat) if stat is mov else f"{stat} x {mov}")
+    return {node: ", ".join(sorted(kinds)) for node, kinds in found.items()}
 
 
 def _node_record(name, data, compared, fused, tensor_results, graph, convs, compilation) -> dict:

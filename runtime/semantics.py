@@ -10,9 +10,10 @@ docs/neuroncore.md#pe-array): the engine, operand roles, attributes and memories
 table; POOL never touches PSUM; compute-engine tiles keep the partition-start rule and at most 4
 free dims; elementwise operands share partitions and elements per partition ([P, 1] for scalar and
 bias columns); Matmult K <= 128 on both inputs, M <= 128, N <= 512, dst fp32 in PSUM with M
-partitions and N elements inside one 2 KiB bank, fp32 pairs only with fp32; two TensorTensor inputs
-are never both in PSUM. Static rules are checked the first time an instruction runs; loop-dependent
-bounds (and the Matmult bank) on every run.
+partitions and N elements inside one 2 KiB bank, operand dtypes from `PE_INPUT_DTYPES` paired as
+`pe_operands_pair` allows; two TensorTensor inputs are never both in PSUM. Static rules are
+checked the first time an instruction runs; loop-dependent bounds (and the Matmult bank) on every
+run.
 
 Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except
 that integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
@@ -40,16 +41,31 @@ from onnx2bir.bir.opcodes import (
     partition_start_allowed,
 )
 
-from .alu import ACTIVATIONS, F32, I64, REDUCTIONS, alu, cast, int_like
+from .alu import ACTIVATIONS, F32, I64, REDUCTIONS, alu, int_like, store_as
 from .alu import erf as erf
 from .machine import Machine, Operand, instruction_error
 
 Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
 
 
-def _store(view: np.ndarray, values: np.ndarray) -> None:
-    """Write values into view in row-major element order, rounding to the view's dtype."""
-    view[...] = cast(values, view.dtype).reshape(view.shape)
+def _store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None:
+    """Write values into dst's view in row-major element order, rounding to dst's dtype
+    (TF32 to 10 mantissa bits, FP8 e4m3 saturating at ±448: `alu.store_as`)."""
+    view = dst.view(loop_values)
+    view[...] = store_as(values, dst.loc.dtype).reshape(view.shape)
+
+
+# The PE array's operand dtypes (docs/autocast.md#the-pe-array): any two of these may meet in one
+# Matmult, except that fp32 and tf32 (the 4-byte formats) pair only with each other.
+PE_INPUT_DTYPES = frozenset({Dtype.FP8_E4M3, Dtype.BF16, Dtype.FP16, Dtype.TF32, Dtype.FP32})
+_PE_WIDE = frozenset({Dtype.FP32, Dtype.TF32})
+
+
+def pe_operands_pair(stationary: Dtype, moving: Dtype) -> bool:
+    """Whether the PE array takes a stationary and a moving operand of these dtypes."""
+    if stationary not in PE_INPUT_DTYPES or moving not in PE_INPUT_DTYPES:
+        return False
+    return (stationary in _PE_WIDE) == (moving in _PE_WIDE)
 
 
 # ---- static checks ----------------------------------------------------------------------------
@@ -165,7 +181,7 @@ def _prep_dma(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 def dma_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """DmaCopy: row-major element copy between DRAM/SB, through fp32 when dtypes differ."""
     src, dst = m.prepared.get(ins) or _prepare(m, ins, _prep_dma)
-    _store(dst.view(loop_values), src.view(loop_values))
+    _store(dst, loop_values, src.view(loop_values))
 
 
 def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -181,11 +197,13 @@ def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
         )
     if dst.loc.dtype is not Dtype.FP32:
         raise instruction_error(ins, f"PSUM dst must be float32, is {dst.loc.dtype}")
-    dtypes = (stat.loc.dtype, mov.loc.dtype)
-    if not all(d.is_float for d in dtypes) or (dtypes[0] is Dtype.FP32) != (
-        dtypes[1] is Dtype.FP32
-    ):
-        raise instruction_error(ins, f"input dtypes {dtypes[0]}, {dtypes[1]} cannot pair")
+    if not pe_operands_pair(stat.loc.dtype, mov.loc.dtype):
+        raise instruction_error(
+            ins,
+            f"input dtypes {stat.loc.dtype}, {mov.loc.dtype} cannot pair on the PE array "
+            f"(inputs among {', '.join(sorted(PE_INPUT_DTYPES))}; fp32/tfloat32 pair only "
+            "with fp32/tfloat32)",
+        )
     accumulate = ins.attrs["accumulate"]
     if not isinstance(accumulate, bool | np.bool_):
         raise instruction_error(ins, f"accumulate must be True or False, is {accumulate!r}")
@@ -230,7 +248,7 @@ def activation(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> Non
     x = src.view(loop_values).reshape(src.partitions, -1).astype(F32, copy=False)
     if bias is not None:
         bias_value = bias.view(loop_values).reshape(-1, 1).astype(F32)
-    _store(dst.view(loop_values), func(x * scale + bias_value))
+    _store(dst, loop_values, func(x * scale + bias_value))
 
 
 def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -247,7 +265,7 @@ def tensor_tensor(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> 
     a, b, dst, op, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_tensor)
     x = a.view(loop_values).reshape(a.partitions, -1).astype(dt, copy=False)
     y = b.view(loop_values).reshape(b.partitions, -1).astype(dt, copy=False)
-    _store(dst.view(loop_values), alu(op, x, y, dt))
+    _store(dst, loop_values, alu(op, x, y, dt))
 
 
 def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -286,7 +304,7 @@ def tensor_scalar(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> 
     for op, col, imm, reverse in steps:
         s = imm if col is None else col.view(loop_values).reshape(-1, 1).astype(dt, copy=False)
         x = alu(op, s, x, dt) if reverse else alu(op, x, s, dt)
-    _store(dst.view(loop_values), np.broadcast_to(x, (src.partitions, src.free_size)))
+    _store(dst, loop_values, np.broadcast_to(x, (src.partitions, src.free_size)))
 
 
 def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -311,7 +329,7 @@ def tensor_reduce(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> 
     """TensorReduce: reduce the last `axes` free dims with op; `negate` flips the sign."""
     src, dst, ufunc, axis, negate, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_reduce)
     result = ufunc.reduce(src.view(loop_values).astype(dt, copy=False), axis=axis)
-    _store(dst.view(loop_values), -result if negate else result)
+    _store(dst, loop_values, -result if negate else result)
 
 
 def _prep_tensor_copy(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -322,7 +340,7 @@ def _prep_tensor_copy(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 def tensor_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """TensorCopy: dst = in, bit-exact for equal dtypes, else through fp32."""
     src, dst = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_copy)
-    _store(dst.view(loop_values), src.view(loop_values))
+    _store(dst, loop_values, src.view(loop_values))
 
 
 def _prep_copy_predicated(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -335,7 +353,7 @@ def _prep_copy_predicated(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     if src is None:
         if "imm" not in ins.attrs:
             raise instruction_error(ins, "needs an 'in' operand or an 'imm' value")
-        src = cast(np.asarray(_number(ins, "imm")), dst.dtype)
+        src = store_as(np.asarray(_number(ins, "imm")), dst.loc.dtype)
     return dst, predicate, src, bool(ins.attrs.get("reverse_pred", False))
 
 
@@ -355,7 +373,7 @@ def copy_predicated(m: Machine, ins: Instruction, loop_values: dict[str, int]) -
 def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     value = _number(ins, "value")
     dtype = I64 if isinstance(value, bool | int | np.integer) else F32
-    return ops["dst"], cast(np.asarray(value, dtype), ops["dst"].dtype)
+    return ops["dst"], store_as(np.asarray(value, dtype), ops["dst"].loc.dtype)
 
 
 def memset(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
@@ -377,7 +395,7 @@ def _prep_iota(ins: Instruction, ops: dict[str, Operand]) -> tuple:
         raise instruction_error(ins, f"{len(steps)} steps for {len(dst.ap.counts)} free dims")
     grid = np.indices(dst.ap.shape, dtype=np.int64)
     values = base + grid[0] * mult + sum(g * s for g, s in zip(grid[1:], steps, strict=True))
-    return dst, cast(values, dst.dtype)
+    return dst, store_as(values, dst.loc.dtype)
 
 
 def iota(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:

@@ -123,6 +123,8 @@ class Dtype(enum.StrEnum):
     FP32 = "float32"
     BF16 = "bfloat16"
     FP16 = "float16"
+    TF32 = "tfloat32"  # 1-8-10, held in 4 bytes; the low 13 mantissa bits are always zero
+    FP8_E4M3 = "float8_e4m3"  # 1-4-3, max ±448, no infinities (OCP e4m3fn)
     INT64 = "int64"
     INT32 = "int32"
     INT8 = "int8"
@@ -139,11 +141,23 @@ class Dtype(enum.StrEnum):
 
     @property
     def is_float(self) -> bool:
-        return self in (Dtype.FP32, Dtype.BF16, Dtype.FP16)
+        return self in _FLOAT_DTYPES
+
+    @property
+    def autocast_only(self) -> bool:
+        """A storage format of the autocast (TF32, FP8 e4m3), never a graph tensor's dtype."""
+        return self in _AUTOCAST_ONLY
+
+    @property
+    def mantissa_bits(self) -> int:
+        """Explicit fraction bits of a float dtype (the unit roundoff is 2^-(bits+1))."""
+        return _MANTISSA_BITS[self]
 
     @classmethod
     def from_numpy(cls, dtype: np.dtype) -> Dtype:
         for member, np_dtype in _NUMPY_DTYPES.items():
+            if member in _AUTOCAST_ONLY:
+                continue
             if np_dtype == np.dtype(dtype):
                 return member
         raise ValueError(f"no BIR dtype for numpy dtype {dtype}")
@@ -153,9 +167,16 @@ _NUMPY_DTYPES = {
     Dtype.FP32: np.dtype(np.float32),
     Dtype.BF16: np.dtype(ml_dtypes.bfloat16),
     Dtype.FP16: np.dtype(np.float16),
+    Dtype.TF32: np.dtype(np.float32),  # rounded to 10 mantissa bits on every store
+    Dtype.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
     Dtype.INT64: np.dtype(np.int64),
     Dtype.INT32: np.dtype(np.int32),
     Dtype.INT8: np.dtype(np.int8),
     Dtype.UINT8: np.dtype(np.uint8),
     Dtype.BOOL: np.dtype(np.bool_),
 }
+_FLOAT_DTYPES = frozenset({Dtype.FP32, Dtype.BF16, Dtype.FP16, Dtype.TF32, Dtype.FP8_E4M3})
+_MANTISSA_BITS = {Dtype.FP32: 23, Dtype.TF32: 10, Dtype.FP16: 10, Dtype.BF16: 7, Dtype.FP8_E4M3: 3}
+# Storage formats of the autocast only: never the dtype of a graph tensor (TF32 shares
+# float32's numpy dtype; ONNX float8 tensors stay unsupported).
+_AUTOCAST_ONLY = frozenset({Dtype.TF32, Dtype.FP8_E4M3})

@@ -58,6 +58,7 @@ from onnx2bir.bir.opcodes import (
     PSUM_NUM_BANKS,
     SBUF_BYTES_PER_PARTITION,
 )
+from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.tiling import Affine
@@ -327,7 +328,8 @@ class BirCodeGen(InstructionBuilders):
             return fn.memory_locations[tensor]
         info = self.graph.tensors[tensor]
         kind = self._dram_kind(tensor)
-        loc = MemoryLocation(tensor, MemoryType.DRAM, kind, info.dtype, tuple(info.shape))
+        dtype = storage_dtype(self.options, kind, info.dtype)  # `--auto-cast all` casts
+        loc = MemoryLocation(tensor, MemoryType.DRAM, kind, dtype, tuple(info.shape))
         if kind in PAYLOAD_KINDS:
             # ascontiguousarray turns a 0-d array into shape (1,); keep the tensor's shape.
             self.module.constants[tensor] = np.ascontiguousarray(info.const).reshape(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
@@ -133,6 +134,7 @@ def emit_conv(
     m_tile_size = min(m_extent, NUM_PARTITIONS)
     cols = min(geo.out_w, MATMUL_MAX_MOVING_FREE)
     rows = max(1, min(geo.out_h, MATMUL_MAX_MOVING_FREE // cols))
+    operand = pe_operand_dtype(cg)  # the band and weight DMAs cast under the autocast
     plan = _Plan(
         geo,
         source,
@@ -141,9 +143,9 @@ def emit_conv(
         rows,
         cols,
         x_sb=cg.sb_tile(
-            "band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols), Dtype.FP32
+            "band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols), operand
         ),
-        w_sb=cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, Dtype.FP32),
+        w_sb=cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, operand),
         bias_sb=cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32),
         out_sb=cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32),
         acc=cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE),

@@ -159,9 +159,11 @@ def emit_elementwise(
     if math.prod(out_shape) == 0:
         return
     locations = [cg.dram(out)] + [cg.dram(t) for t in inputs]
+    # Tiles in the tensors' own dtypes: under `--auto-cast all` the DMAs cast to and from
+    # the DRAM storage dtype.
     sb = [
-        cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, loc.dtype)
-        for index, loc in enumerate(locations)
+        cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, cg.graph.tensors[name].dtype)
+        for index, name in enumerate([out, *inputs])
     ]
     for piece in _pieces(shape, merged):
         _emit_piece(cg, piece, locations, sb, compute, 0, [Affine()] * len(locations))

@@ -110,7 +110,7 @@ def gather_rows(
 
     Each pick has len(dims) index components (1 for Gather), which fold to a row number.
     """
-    dtype = cg.dram(data).dtype
+    dtype = cg.graph.tensors[data].dtype
     if dtype.is_float:
         _gather_rows_pe(cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out)
     else:

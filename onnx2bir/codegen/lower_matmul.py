@@ -10,6 +10,10 @@ An operand tile is loaded with one DMA when its rows are contiguous in DRAM. Whe
 columns are (the tile is the transpose of a contiguous block, e.g. Aᵀ for a row-major A), the
 contiguous block is loaded and transposed on the PE array against the resident identity
 matrix: `matmul(psum[r, c], stationary=block[c, r], moving=I[c, c])` gives blockᵀ.
+
+Under the general autocast the operand tiles are in the cast dtype (`codegen/casting.py`): the
+loading DMA or the TensorCopy out of the transpose's PSUM tile is the cast. The transposes
+themselves stay fp32 (exact), PSUM accumulates fp32, the eviction writes fp32.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, broadcast_strides, tiles
@@ -58,15 +63,16 @@ class MatrixView:
 class MatmulTiles:
     """The SBUF/PSUM tiles one matmul lowering reuses across all its loop iterations.
 
-    Operand tiles are fp32 whatever the tensors' dtype: the loading DMA converts, and the PE
-    transposes then pair them with the resident fp32 identity (fp32 pairs only with fp32).
+    Operand tiles are fp32 whatever the tensors' dtype (the loading DMA converts), or the
+    autocast dtype for an fp32 matmul under `--auto-cast matmult/all`. The staging tile of the
+    PE transposes stays fp32: it pairs with the resident fp32 identity.
     """
 
-    def __init__(self, cg: BirCodeGen) -> None:
-        p, dtype = NUM_PARTITIONS, Dtype.FP32
+    def __init__(self, cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32) -> None:
+        p, dtype = NUM_PARTITIONS, pe_operand_dtype(cg, model_dtype)
         self.stationary = cg.sb_tile("stationary", p, p, dtype)
         self.moving = cg.sb_tile("moving", p, MATMUL_MAX_MOVING_FREE, dtype)
-        self.staging = cg.sb_tile("staging", p, p, dtype)
+        self.staging = cg.sb_tile("staging", p, p, Dtype.FP32)
         self.transposed = cg.psum_tile("transposed", p, p)
         self.acc = cg.psum_tile("acc", p, MATMUL_MAX_MOVING_FREE)
         self.result = cg.sb_tile("result", p, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
@@ -148,7 +154,7 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     b_batch = broadcast_strides(b_shape[:-2], batch) if batch else ()
     a_batch = tuple(s * m * k for s in a_batch)
     b_batch = tuple(s * k * n for s in b_batch)
-    mm = MatmulTiles(cg)
+    mm = MatmulTiles(cg, cg.graph.tensors[out].dtype)
     a_loc, b_loc, y_loc = cg.dram(a_name).name, cg.dram(b_name).name, cg.dram(out).name
 
     def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine) -> None:
@@ -197,5 +203,5 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
             tuple(cg.graph.tensors[c_name].shape), (a.rows, b.cols)
         )
         c = MatrixView(cg.dram(c_name).name, Affine(), a.rows, b.cols, row_stride, col_stride)
-    mm = MatmulTiles(cg)
+    mm = MatmulTiles(cg, cg.graph.tensors[out].dtype)
     emit_gemm(cg, a, b, y, mm, float(attrs.get("alpha", 1.0)), c, float(attrs.get("beta", 1.0)))

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.tiling import Affine, tiles
@@ -242,7 +243,8 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
     ws_o, ws_i = args.w_strides[:2]
 
     # Stationary of group g: w_sb[(tap, c), g·C_out + o] = W[o, c, tap].
-    w_sb = cg.sb_tile("weights", k_max, len(groups) * c_out, dtype)
+    operand = pe_operand_dtype(cg, dtype, otherwise=dtype)  # the autocast: DMAs cast
+    w_sb = cg.sb_tile("weights", k_max, len(groups) * c_out, operand)
     for index, group in enumerate(groups):
         for block in group:
             first, taps = weight_taps(args, block)
@@ -258,7 +260,7 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
             )
     bias_sb = load_bias(cg, args.bias, c_out, m_tile) if args.bias else None
     src = staged_input(cg, args, c_in, dtype)
-    mov = cg.sb_tile("im2col", k_max, len(groups) * tile_pixels, dtype)
+    mov = cg.sb_tile("im2col", k_max, len(groups) * tile_pixels, operand)
     out_sb = cg.sb_tile("out", m_tile, tile_pixels, cg.graph.tensors[node["outputs"][0]].dtype)
     acc = cg.psum_tile("acc", m_tile, tile_pixels)
 
@@ -333,8 +335,9 @@ def depthwise_column_packing(cg: BirCodeGen, node: dict) -> None:
     # + c] = W[ct·per_tile + c, flipped tap t]. Row-major, that element is at c·(taps_g·width
     # + 1) + t·width + column, one strided DMA per (channel tile, block).
     width = channel_tiles * len(groups) * per_tile
-    w_sb = cg.sb_tile("weights", k_max, width, dtype)
-    diag = cg.dram_scratch("block_diagonal", (k_max, width), dtype)
+    operand = pe_operand_dtype(cg, dtype, otherwise=dtype)  # the autocast: DMAs cast
+    w_sb = cg.sb_tile("weights", k_max, width, operand)
+    diag = cg.dram_scratch("block_diagonal", (k_max, width), operand)
     whole = [(width, k_max), (1, width)]
     cg.memset(cg.ap(w_sb), 0.0)
     cg.dma(cg.dram_ap(diag.name, Affine(), whole), cg.ap(w_sb))
@@ -362,7 +365,7 @@ def depthwise_column_packing(cg: BirCodeGen, node: dict) -> None:
 
     bias_sb = load_bias(cg, args.bias, channels, per_tile) if args.bias else None
     src = staged_input(cg, args, channels, dtype)
-    mov = cg.sb_tile("im2col", k_max, len(groups) * tile_pixels, dtype)
+    mov = cg.sb_tile("im2col", k_max, len(groups) * tile_pixels, operand)
     out_sb = cg.sb_tile("out", per_tile, tile_pixels, cg.graph.tensors[node["outputs"][0]].dtype)
     acc = cg.psum_tile("acc", per_tile, tile_pixels)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input
@@ -110,6 +111,7 @@ def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
     cols = min(args.out_w, MATMUL_MAX_MOVING_FREE)
     rows = max(1, min(args.out_h, MATMUL_MAX_MOVING_FREE // cols))
     w_slot = args.k_w * min(args.c_out, NUM_PARTITIONS)
+    operand = pe_operand_dtype(cg)
     return _Plan(
         args,
         geo,
@@ -125,8 +127,9 @@ def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
         cols,
         w_slot,
         # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
-        weights=cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, Dtype.FP32),
-        band=cg.sb_tile("band", NUM_PARTITIONS, rows * geo.cols_needed(cols), Dtype.FP32),
+        # Both PE operands in the autocast dtype: the weight and band DMAs are the casts.
+        weights=cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, operand),
+        band=cg.sb_tile("band", NUM_PARTITIONS, rows * geo.cols_needed(cols), operand),
         bias=cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32),
         out=cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32),
         acc=cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE),

@@ -17,7 +17,12 @@ or `activation` "program" with attr `program` (JSON, patterns/mlp_region.py): re
 {"kind": "tensor", "func", "b"} VectorE ALU ops; h is register `out`. Each register is a
 [H-tile, block] fp32 SBUF tile (`program_step`).
 
-All matmuls fp32 (the MLP raise carries no cast policy, docs/attention.md#mlp-raise).
+The MLP raise carries no cast policy of its own (docs/attention.md#mlp-raise): its matmuls
+follow the general autocast like any MatMul (docs/autocast.md). Under `--auto-cast matmult/all`
+the PE operands xᵀ, hᵀ, w1, w_up and w2 are stored in the cast dtype — the TensorCopy out of the
+transpose's PSUM tile, the weight DMAs and the activation that writes hᵀ are the casts — while
+x (the transposes' stationary, paired with the fp32 identity) and every other tile stay fp32.
+The gated activations compute z in place in its PSUM tile, so hᵀ is rounded once, at the end.
 
 Layout. The first matmul produces hᵀ directly, so h needs no transpose between the two:
 hᵀ[H, tokens] = Σ_K w1[K, H]ᵀ · xᵀ[K, tokens] puts H on partitions, where b1 is a
@@ -45,6 +50,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_matmul import MatrixView, load_tile
@@ -213,13 +219,14 @@ class MlpTiles:
 
     def __init__(self, cg: BirCodeGen, a: MlpArgs, block: int) -> None:
         fp32 = Dtype.FP32
+        pe = pe_operand_dtype(cg, a.out_dtype)  # the PE operands' dtype under the autocast
         self.x = cg.sb_tile("x", P, a.k, fp32)
-        self.xt = cg.sb_tile("xT", P, -(-a.k // P) * block, fp32)
-        self.h = cg.sb_tile("hT", P, -(-a.h // P) * block, fp32)
-        self.w1 = cg.sb_tile("w1", P, P, fp32)
-        self.w_up = cg.sb_tile("w_up", P, P, fp32) if a.w_up is not None else None
+        self.xt = cg.sb_tile("xT", P, -(-a.k // P) * block, pe)
+        self.h = cg.sb_tile("hT", P, -(-a.h // P) * block, pe)
+        self.w1 = cg.sb_tile("w1", P, P, pe)
+        self.w_up = cg.sb_tile("w_up", P, P, pe) if a.w_up is not None else None
         self.staging = cg.sb_tile("staging", P, P, fp32)
-        self.w2 = cg.sb_tile("w2", P, N_CHUNK, fp32)
+        self.w2 = cg.sb_tile("w2", P, N_CHUNK, pe)
         self.b2 = cg.sb_tile("b2", P, N_CHUNK, fp32)
         self.y = cg.sb_tile("y", P, N_CHUNK, a.out_dtype)
         self.bias = cg.sb_tile("bias", P, 2, fp32)  # b1, b_up columns
@@ -313,20 +320,21 @@ class MlpEmitter:
         if a.activation in LUT_ACTIVATIONS:
             cg.activation(h, acc, LUT_ACTIVATIONS[a.activation], bias=b1)
             return
+        # The first factor is computed in place in PSUM (fp32), so h is written once.
         gate = cg.ap(t.gate, [(1, blk.size)], partitions=hc.size)
         if a.activation == "quick_gelu":  # z = x·w1 + b1; h = z · sigmoid(1.702·z)
-            cg.activation(h, acc, ActFunc.COPY, bias=b1)
-            cg.activation(gate, h, ActFunc.SIGMOID, scale=QUICK_GELU_ALPHA)
-            cg.tensor_tensor(h, h, gate, AluOp.MULTIPLY)
+            cg.activation(acc, acc, ActFunc.COPY, bias=b1)
+            cg.activation(gate, acc, ActFunc.SIGMOID, scale=QUICK_GELU_ALPHA)
+            cg.tensor_tensor(h, acc, gate, AluOp.MULTIPLY)
             return
         # swiglu: h = silu(x·w1 + b1) · (x·w_up + b_up)
-        cg.activation(h, acc, ActFunc.SILU, bias=b1)
+        cg.activation(acc, acc, ActFunc.SILU, bias=b1)
         b_up = self.bias_column(a.b_up, 1, hc)
         if b_up is None:
-            cg.tensor_tensor(h, h, up, AluOp.MULTIPLY)
-            return
-        cg.tensor_scalar(gate, up, AluOp.ADD, b_up)
-        cg.tensor_tensor(h, h, gate, AluOp.MULTIPLY)
+            cg.activation(gate, up, ActFunc.COPY)  # two TensorTensor inputs never both in PSUM
+        else:
+            cg.tensor_scalar(gate, up, AluOp.ADD, b_up)
+        cg.tensor_tensor(h, acc, gate, AluOp.MULTIPLY)
 
     def run_program(self, h, acc, up, hc: Tile, blk: Tile, b1) -> None:
         """The activation as the region's program, one instruction per step."""

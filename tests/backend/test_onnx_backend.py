@@ -45,7 +45,9 @@ EXPECTED_FAILURES = Path(__file__).with_name("expected_failures.toml")
 # The importer folds every Constant, and every Shape and Size (all shapes are static there).
 FOLDED_OPS = frozenset({"Constant", "Shape", "Size"})
 SUPPORTED_OPS = frozenset(GENERIC_LOWERINGS) | FOLDED_OPS
-MACHINE_ELEM_TYPES = frozenset(helper.np_dtype_to_tensor_dtype(dtype.numpy) for dtype in Dtype)
+MACHINE_ELEM_TYPES = frozenset(
+    helper.np_dtype_to_tensor_dtype(dtype.numpy) for dtype in Dtype if not dtype.autocast_only
+)
 OUT_OF_SCOPE = {"Real": "light real model: constant 0.02 weights, ReferenceEvaluator output"}
 RAISES = {
     "UserError": UserError,

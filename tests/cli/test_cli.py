@@ -280,7 +280,7 @@ def test_a_converted_bir_file_runs_to_the_same_outputs(tmp_path, capsys):
     model = ROOT / "models" / "llama.onnx"
     assert run(["convert", model, "-o", tmp_path], capsys)[0] == 0
     loaded = read_module(tmp_path / "llama.bir.json")
-    compilation = compile_model(model)
+    compilation = compile_model(model)  # the default options, as convert used
     assert module_to_json(loaded) == module_to_json(compilation.module)
     feeds = synthesize_inputs(compilation.graph, 3)
     direct = run_function(compilation.module, feeds)

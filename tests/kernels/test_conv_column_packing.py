@@ -38,6 +38,8 @@ from onnx2bir.runtime.compare import compare_output
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 
+FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
+
 ATOL, RTOL = 1e-4, 1e-3
 
 
@@ -68,7 +70,7 @@ def run_and_compare(model, compilation, kernel: str, seed: int = 0):
 
 
 def check(model, kernel: str, seed: int = 0):
-    compilation = compile_model(model)
+    compilation = compile_model(model, FP32)
     findings = compilation.passes.result_of("TransformConvOp").findings
     assert [f["kernel"] for f in findings] == [kernel], findings
     return run_and_compare(model, compilation, kernel, seed)

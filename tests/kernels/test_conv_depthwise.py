@@ -25,6 +25,8 @@ from onnx2bir.runtime.compare import compare_output
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 
+FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
+
 ATOL, RTOL = 1e-4, 1e-3
 IR_VERSION = 10  # onnxruntime reads IR 10 (opsets up to 21)
 
@@ -59,7 +61,7 @@ def finding(compilation) -> dict:
 
 def check(model: onnx.ModelProto, kernel: str, entry: str, seed: int = 0) -> dict:
     """Compile, check the selection and the emitted BIR, run, compare; returns the finding."""
-    compilation = compile_model(model)
+    compilation = compile_model(model, FP32)
     found = finding(compilation)
     assert (found["kernel"], found["registry_entry"]) == (kernel, entry), found["walk"]
     rule = f"kernel.{kernel}"
@@ -152,7 +154,7 @@ def test_stride3_depthwise_takes_row_5_never_the_shadowed_row() -> None:
 def test_filter_too_big_for_one_pixel_fails_with_reason() -> None:
     model = depthwise_model((1, 8, 130, 130), (130, 130), False, 0)
     with pytest.raises(CodegenError, match="does not fit the 65536-byte product tile"):
-        compile_model(model)
+        compile_model(model, FP32)
 
 
 # --- 1-D: Conv1d_depthwise_bf01_oi01_bf01 (registry priority 3) --------------------------------

@@ -22,6 +22,8 @@ from onnx2bir.runtime.compare import compare_output
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 
+FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
+
 
 def conv_model(x_shape, c_out, kernel, bias, seed, **attrs) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
@@ -74,7 +76,7 @@ CASES = [
 @pytest.mark.parametrize("x_shape, c_out, kernel, bias, attrs, row", CASES)
 def test_rep_nhwc_matches_onnxruntime(x_shape, c_out, kernel, bias, attrs, row):
     model = conv_model(x_shape, c_out, kernel, bias, seed=sum(x_shape), **attrs)
-    compilation = compile_model(model)
+    compilation = compile_model(model, FP32)
     (finding,) = compilation.passes.result_of("TransformConvOp").findings
     assert (finding["kernel"], finding["registry_entry"]) == (REP_NHWC, row), finding["walk"]
     matmuls = run_and_compare(compilation, model)
@@ -86,7 +88,7 @@ def test_rep_nhwc_matches_onnxruntime(x_shape, c_out, kernel, bias, attrs, row):
 
 def test_one_matmul_per_column_tap_when_all_rows_fit():
     model = conv_model((1, 3, 16, 16), 8, (3, 5), False, seed=1, pads=[1, 2, 1, 2])
-    compilation = compile_model(model)
+    compilation = compile_model(model, FP32)
     matmuls = run_and_compare(compilation, model)
     # 16x16 output = 256 pixels, one PSUM tile: kW = 5 matmuls in all (the generic path: 15).
     assert len(matmuls) == 5
@@ -98,6 +100,6 @@ def test_wide_channels_take_channel_tiles():
     graph = import_graph(model)
     op = conv_op_from_node(graph, "conv")
     lower_to_conv_kernel(graph, op, FUNCTIONAL_KERNEL_REGISTRY[0])
-    compilation = compile_graph(graph, CompileOptions(), passes=[])
+    compilation = compile_graph(graph, FP32, passes=[])
     matmuls = run_and_compare(compilation, model)
     assert {m.srcs["moving"].num_partitions for m in matmuls} == {128, 72}

@@ -30,6 +30,8 @@ from onnx2bir.runtime.compare import FP32_ATOL, FP32_RTOL, compare_output
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 
+FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
+
 IR_VERSION = 10  # onnxruntime reads IR 10 (opsets up to 21)
 
 
@@ -162,7 +164,7 @@ class Mlp:
 
 def run(model: onnx.ModelProto, graph: Graph, seed: int = 0):
     """Compile, verify, run on the machine and compare; returns the module."""
-    compiled = compile_graph(graph, CompileOptions(), passes=[])
+    compiled = compile_graph(graph, FP32, passes=[])
     problems = verify_module(compiled.module)
     assert not problems, "\n".join(problems[:10])
     feeds = synthesize_inputs(graph, seed)
@@ -244,10 +246,10 @@ def test_large_hidden_shrinks_the_token_block(h, block):
 def test_hidden_too_large_fails_clearly():
     model, graph = Mlp((200, 8), 60000, 8, "relu").fused()
     with pytest.raises(CodegenError, match="hᵀ and xᵀ for even 128 tokens"):
-        compile_graph(graph, CompileOptions(), passes=[])
+        compile_graph(graph, FP32, passes=[])
 
 
 def test_unsupported_activation_fails():
     model, graph = Mlp((4, 8), 16, 8, "relu").fused(activation="sigmoid_mul")
     with pytest.raises(CodegenError, match="activation 'sigmoid_mul'"):
-        compile_graph(graph, CompileOptions(), passes=[])
+        compile_graph(graph, FP32, passes=[])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from onnx2bir.compiler import compile_model
+from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.compare import compare_output
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
@@ -17,9 +18,11 @@ sys.path.insert(0, str(ROOT / "models"))
 
 from light import light_model_path  # noqa: E402
 
+FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
+
 
 def validate(model_path: Path, seed: int = 0):
-    compilation = compile_model(model_path)
+    compilation = compile_model(model_path, FP32)
     feeds = synthesize_inputs(compilation.graph, seed)
     actual = run_function(compilation.module, feeds)
     expected = run_onnxruntime(model_path, feeds)

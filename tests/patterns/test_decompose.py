@@ -38,6 +38,8 @@ from onnx2bir.runtime.compare import compare_output
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 
+FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
+
 F, B, I32 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT32
 ATOL, RTOL = 1e-4, 1e-3
 SOFTMAX_OPS = {"ReduceMax", "Sub", "Exp", "ReduceSum", "Div"}
@@ -141,7 +143,7 @@ def check(model, seed=0, feeds=None, extra_ops=()):
     expected = run_onnxruntime(model, feeds)
     available = frozenset(GENERIC_LOWERINGS) | frozenset(extra_ops)
     compiled = compile_graph(
-        graph, CompileOptions(), passes=[DecomposeAttention(lowerings=available)], keep_going=True
+        graph, FP32, passes=[DecomposeAttention(lowerings=available)], keep_going=True
     )
     (finding,) = compiled.passes.result_of("DecomposeAttention").findings
     assert finding["decomposed"], finding["reason"]
@@ -255,7 +257,7 @@ def test_match_onnx_attention_key_padding_mask_against_the_spec_reference():
     feeds["m"][:, ..., 0] = True
     feeds["m"][1, ..., :] = False  # batch 1: every key padded, so every row is zero
     (expected,) = ReferenceEvaluator(model).run(None, feeds)
-    compiled = compile_graph(graph, CompileOptions(), passes=[DecomposeAttention()])
+    compiled = compile_graph(graph, FP32, passes=[DecomposeAttention()])
     assert_close(run_function(compiled.module, feeds), {"y": expected})
     assert not expected[1].any()
 
@@ -506,7 +508,7 @@ def raised_block(
 def check_custom_call(model, graph, seed=0):
     feeds = synthesize_inputs(graph, seed)
     expected = run_onnxruntime(model, feeds)
-    compiled = compile_graph(graph, CompileOptions(), passes=[DecomposeAttention()])
+    compiled = compile_graph(graph, FP32, passes=[DecomposeAttention()])
     (finding,) = compiled.passes.result_of("DecomposeAttention").findings
     assert finding["decomposed"] and finding["source"] == "CustomCall"
     assert "CustomCall" not in graph.op_counts() and "Cast" not in graph.op_counts()

@@ -44,7 +44,8 @@ def test_clean_model_has_no_failing_node(capsys):
 
 def test_localize_names_the_corrupted_kernel_not_its_successors(capsys, monkeypatch):
     corrupt_node(monkeypatch, "node_conv2d_2")  # a conv on the rep_nhwc kernel
-    code, doc = run_json(["validate", SMALL_CNN, "--localize"], capsys)
+    fp32 = ["--auto-cast", "none"]  # every other node exact to fp32 tolerance
+    code, doc = run_json(["validate", SMALL_CNN, "--localize", *fp32], capsys)
     assert code == 1 and not doc["passed"]
     first = doc["localize"]["first_failing"]
     assert first["node"] == "node_conv2d_2"
@@ -60,7 +61,7 @@ def test_localize_names_the_corrupted_kernel_not_its_successors(capsys, monkeypa
     conv = {c["node"]: c for c in doc["localize"]["convs"]}
     assert conv["node_conv2d_2"]["status"] == "FAIL" and conv["node_conv2d_2"]["kernel"] == REP_NHWC
     assert conv["node_conv2d_1"]["status"] == "ok"
-    code, out, _ = run(["validate", SMALL_CNN, "--localize"], capsys)
+    code, out, _ = run(["validate", SMALL_CNN, "--localize", *fp32], capsys)
     assert "first node over tolerance: node_conv2d_2 (Conv, " + REP_NHWC in out
     assert "verdict: own error" in out
 
@@ -206,6 +207,8 @@ def test_error_inside_a_fused_attention_kernel_is_its_own(capsys):
             "1e-4",
             "--enable-native-kernel-attention",
             "--enable-native-kernel-attention-bf16",
+            "--auto-cast",
+            "none",  # the kernel follows --native-kernel-cast-type all the same
         ],
         capsys,
     )

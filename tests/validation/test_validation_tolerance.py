@@ -44,11 +44,19 @@ def _logits(doc):
 
 
 def test_default_fp32_tolerance_catches_the_offset(off_by_a_bit, capsys):
-    code, doc = run_json(["validate", SMALL_CNN], capsys)
+    code, doc = run_json(["validate", SMALL_CNN, "--auto-cast", "none"], capsys)
     logits = _logits(doc)
     assert code == 1 and not logits["passed"]
     assert (logits["atol"], logits["rtol"]) == (FP32_ATOL, FP32_RTOL)
     assert logits["tolerance_source"] == "fp32 path default" and logits["path"] == "fp32"
+
+
+def test_the_bound_derived_from_the_default_autocast_catches_the_offset_too(off_by_a_bit, capsys):
+    code, doc = run_json(["validate", SMALL_CNN], capsys)
+    logits = _logits(doc)
+    assert code == 1 and not logits["passed"] and logits["path"] == "bf16"
+    assert FP32_ATOL < logits["atol"] < OFFSET
+    assert "D=" in logits["tolerance_source"]
 
 
 @pytest.mark.parametrize(
@@ -80,7 +88,8 @@ def test_command_line_overrides(off_by_a_bit, capsys, flags, source):
 def test_tolerance_file(off_by_a_bit, capsys, tmp_path, section):
     path = tmp_path / "tol.json"
     path.write_text(json.dumps(section))
-    code, doc = run_json(["validate", SMALL_CNN, "--tolerance-file", path], capsys)
+    argv = ["validate", SMALL_CNN, "--tolerance-file", path, "--auto-cast", "none"]
+    code, doc = run_json(argv, capsys)
     logits = _logits(doc)
     assert code == 0 and (logits["atol"], logits["rtol"]) == (0.02, 0.0)
     assert "tol.json" in logits["tolerance_source"]
@@ -119,7 +128,8 @@ def test_a_tensor_rule_beats_an_op_rule_and_the_command_line_beats_the_file(
 
 
 def test_partial_override_keeps_the_default_for_the_other_number(off_by_a_bit, capsys):
-    code, doc = run_json(["validate", SMALL_CNN, "--tolerance", "logits=,0.9"], capsys)
+    argv = ["validate", SMALL_CNN, "--tolerance", "logits=,0.9", "--auto-cast", "none"]
+    code, doc = run_json(argv, capsys)
     logits = _logits(doc)
     assert (logits["atol"], logits["rtol"]) == (FP32_ATOL, 0.9)
 

@@ -1,0 +1,70 @@
+"""Whole models under the general autocast: the device's default within the derived bound, and
+`--auto-cast none` at fp32 tolerance (docs/autocast.md). Slow: every zoo and light model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnx2bir.options import CompileOptions
+from onnx2bir.runtime.tolerance import FP32_ATOL, FP32_RTOL, TolerancePolicy
+from onnx2bir.validation_report import run_validate
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "models"))
+
+from light import light_model_path  # noqa: E402
+
+ZOO = sorted(p.stem for p in (ROOT / "models").glob("*.onnx"))
+LIGHT = [
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+]
+DEVICE = CompileOptions()  # the default: matmult / bf16, what the device computes
+FP32 = CompileOptions(auto_cast="none")
+
+
+def _path(name: str) -> Path:
+    return ROOT / "models" / f"{name}.onnx" if name in ZOO else light_model_path(name)
+
+
+def _check(name: str, options: CompileOptions) -> None:
+    doc, _, _ = run_validate(str(_path(name)), options, TolerancePolicy())
+    outputs = doc["outputs"]
+    assert doc["passed"], [
+        (o["name"], o["max_abs_err"], o["atol"], o["tolerance_source"]) for o in outputs
+    ]
+    for entry in outputs:
+        if options.auto_cast == "none":
+            assert entry["path"] in ("fp32", "exact")
+            if entry["path"] == "fp32":
+                assert (entry["atol"], entry["rtol"]) == (FP32_ATOL, FP32_RTOL)
+        elif entry["path"] != "exact":  # every zoo and light model has a matmul or conv
+            assert entry["path"] == "bf16", entry["tolerance_source"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO + LIGHT)
+def test_device_autocast_within_the_derived_bound(name):
+    _check(name, DEVICE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO + LIGHT)
+def test_no_autocast_at_fp32_tolerance(name):
+    _check(name, FP32)
+
+
+def test_resnet18_under_the_device_autocast():
+    """One zoo model in the default suite: the deepest chain of casts (D = 18) among them."""
+    assert (DEVICE.auto_cast, DEVICE.auto_cast_type) == ("matmult", "bf16")
+    _check("resnet18", DEVICE)
