@@ -178,7 +178,7 @@ def test_swiglu():
 
 # --- no-match ------------------------------------------------------------------------------------
 def validates(model, seed=1):
-    compilation = compile_model(model)
+    compilation = compile_model(model, FP32)
     feeds = synthesize_inputs(compilation.graph, seed)
     (name,) = compilation.graph.outputs
     result = compare_output(
