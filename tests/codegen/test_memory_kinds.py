@@ -25,6 +25,8 @@ from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime
 
+FP32 = CompileOptions(auto_cast="none")  # values compared exactly: no autocast
+
 W = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
 
 
@@ -47,7 +49,7 @@ def kinds(module) -> dict[str, MemoryKind]:
 
 def test_weights_are_parameters_and_folded_constants_const():
     model = weight_model()
-    module = compile_model(model).module
+    module = compile_model(model, FP32).module
     found = kinds(module)
     assert found["x"] is MemoryKind.EXTERNAL_INPUT
     # w is read by MatMul and published as a graph output: an ExternalOutputParameter.
@@ -67,7 +69,7 @@ def test_a_weight_read_only_is_an_external_input_parameter():
         {"y": (2, 4)},
         initializers={"w": W},
     )
-    module = compile_model(model).module
+    module = compile_model(model, FP32).module
     assert kinds(module)["w"] is MemoryKind.EXTERNAL_INPUT_PARAMETER
     np.testing.assert_array_equal(module.constants["w"], W)
     assert_matches_onnxruntime(model)
@@ -81,7 +83,7 @@ def test_parameters_are_supplied_at_load_time(tmp_path):
         {"y": (2, 4)},
         initializers={"w": W},
     )
-    module = compile_model(model).module
+    module = compile_model(model, FP32).module
     json_path, _ = write_module(module, tmp_path, "mm")
     loaded = read_module(json_path)
     assert kinds(loaded)["w"] is MemoryKind.EXTERNAL_INPUT_PARAMETER
@@ -104,7 +106,7 @@ def test_tensor_memkind_overrides_the_predicates():
     graph = import_graph(model)
     override = {"w": MemoryKind.CONST}
     module = BirCodeGen(
-        graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels(), tensor_memkind=override
+        graph, FP32, GENERIC_LOWERINGS, load_kernels(), tensor_memkind=override
     ).run()
     assert kinds(module)["w"] is MemoryKind.CONST
     assert not verify_module(module)
