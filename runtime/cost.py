@@ -30,7 +30,7 @@ class CostTable:
     """Every constant of the model, with its source in docs/device_time.md."""
 
     clock_hz: tuple[tuple[Engine, float], ...] = (
-        (Engine.PE, 2.8e9),  # docs/device_time.md#figures: TensorE clock
+        (Engine.PE, 2.8e9),  # docs/device_time.md#figures-and-their-sources: TensorE clock
         (Engine.ACT, 1.4e9),  # ScalarE clock
         (Engine.POOL, 1.4e9),  # GpSimd clock
         (Engine.DVE, 1.12e9),  # VectorE clock

@@ -16,8 +16,8 @@ Loops: the first `table.loop_warmup` trips are simulated one by one (a dependenc
 instruction later in program order reads the previous trip: a loop-carried edge); the remaining
 trips follow in steady state, each one iteration interval later (the last simulated trip's end
 minus the one before, at least the busiest stream's work per trip and at most all streams'
-work). The last simulated trip stands for the others: its slices and the state they leave are moved to the last trip's time,
-and its totals are weighted by the number of trips it stands for.
+work). The last simulated trip stands for the others: its slices and the state they leave are
+moved to the last trip's time, and its totals are weighted by the number of trips it stands for.
 """
 
 from __future__ import annotations
