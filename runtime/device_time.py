@@ -50,6 +50,7 @@ class Slice:
     weight: int  # how many dynamic instances this slice stands for
     dma_bytes: int
     flops: int
+    sources: tuple[int, ...] = ()  # the slices of the dependencies it waited for
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +125,13 @@ class _Simulator:
         table, stream = self.table, stream_of(ins)
         free, cause = self.free.get(stream, (0.0, -1))
         wait_from, ready = free, free
+        sources = []
         for dep in ins.deps:
             done = self.finish.get(dep.source)
             if done is None:  # a later instruction never run yet: nothing to wait for
                 continue
             end, source_slice, source_stream = done
+            sources.append(source_slice)
             latency = 0.0 if source_stream == stream else table.semaphore_seconds(ins.engine)
             if end > wait_from:
                 wait_from, cause = end, source_slice
@@ -149,7 +152,17 @@ class _Simulator:
             self.shared = (drained, len(self.sim.slices))
         index = len(self.sim.slices)
         self.sim.slices.append(
-            Slice(ins, stream, start, end, cause, weight, moved * weight, flops * weight)
+            Slice(
+                ins,
+                stream,
+                start,
+                end,
+                cause,
+                weight,
+                moved * weight,
+                flops * weight,
+                tuple(sources),
+            )
         )
         self.free[stream] = (end, index)
         self.finish[ins.id] = (end, index, stream)
