@@ -74,7 +74,8 @@ def cost_text(cost: dict) -> list[str]:
         f"{cost['pe_peak_fraction']:.1%} of the PE peak "
         f"{cost['pe_peak_flops_per_second'] / 1e12:.2f} TFLOP/s",
         f"  DMA bytes: {cost['dma_bytes_compulsory']} compulsory (weights, constants, graph "
-        f"inputs and outputs), {cost['dma_bytes_other']} other",
+        f"inputs and outputs, each once), {cost['dma_bytes_other']} other "
+        f"({cost['dma_bytes'] / max(cost['dma_bytes_compulsory'], 1):.2f}x compulsory in all)",
         "  most expensive ONNX nodes (busy time on all streams):",
     ]
     lines += [

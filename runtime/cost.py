@@ -77,7 +77,9 @@ class CostReport:
     dma_bytes: int
     total_seconds: float  # simulated device time
     stream_busy_seconds: dict[str, float] = field(default_factory=dict)  # each engine, queue
-    compulsory_dma_bytes: int = 0  # to or from weights, constants, graph inputs and outputs
+    # the sizes of the weights, constants, graph inputs and outputs that DMAs touch: the
+    # traffic no program can avoid (capped by dma_bytes)
+    compulsory_dma_bytes: int = 0
     flops: int = 0  # matmul FLOPs (2 x K x M x N per Matmult)
     pe_peak_flops: float = DEFAULT_TABLE.pe_peak_flops
     critical_path: list[dict] = field(default_factory=list)

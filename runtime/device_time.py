@@ -22,6 +22,7 @@ moved to the last trip's time, and its totals are weighted by the number of trip
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from onnx2bir.bir.enums import Engine
@@ -73,7 +74,8 @@ class Simulation:
     cycles: dict[Engine, float] = field(default_factory=dict)
     node_seconds: dict[str, float] = field(default_factory=dict)  # busy seconds per ONNX node
     dma_bytes: int = 0
-    compulsory_bytes: int = 0
+    compulsory_bytes: int = 0  # sizes of the weights, constants, inputs, outputs DMAs touch
+    compulsory_locations: set[str] = field(default_factory=set)
     flops: int = 0
     total_seconds: float = 0.0
 
@@ -94,19 +96,21 @@ class _Simulator:
         self.free: dict[str, tuple[float, int]] = {}  # stream -> (free at, last slice)
         self.shared: tuple[float, int] = (0.0, -1)  # shared DMA bandwidth
         self.finish: dict[int, tuple[float, int, str]] = {}  # ins id -> (end, slice, stream)
-        self.cost_cache: dict[int, tuple[float, float, int, int, bool]] = {}
+        self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
 
-    def _cost(self, ins: Instruction) -> tuple[float, float, int, int, bool]:
+    def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...]]:
         cached = self.cost_cache.get(id(ins))
         if cached is None:
             cycles, seconds, moved = instruction_cost(ins, self.function, self.table)
-            compulsory = False
+            compulsory: tuple[str, ...] = ()
             if ins.engine is Engine.DMA:
                 locations = self.function.memory_locations
-                compulsory = any(
-                    locations[ap.loc].kind.value in _COMPULSORY_KINDS
+                compulsory = tuple(
+                    ap.loc
                     for ap in [*ins.srcs.values(), ins.dst]
-                    if ap is not None and ap.loc in locations
+                    if ap is not None
+                    and ap.loc in locations
+                    and locations[ap.loc].kind.value in _COMPULSORY_KINDS
                 )
             flops = matmul_flops(ins) if ins.engine is Engine.PE else 0
             cached = (cycles, seconds, moved, flops, compulsory)
@@ -174,7 +178,11 @@ class _Simulator:
         node = ins.origin.node or "(no node)"
         sim.node_seconds[node] = sim.node_seconds.get(node, 0.0) + busy
         sim.dma_bytes += moved * weight
-        sim.compulsory_bytes += moved * weight if compulsory else 0
+        for name in compulsory:
+            if name not in sim.compulsory_locations:
+                sim.compulsory_locations.add(name)
+                location = self.function.memory_locations[name]
+                sim.compulsory_bytes += math.prod(location.shape) * location.dtype.itemsize
         sim.flops += flops * weight
         sim.total_seconds = max(sim.total_seconds, end)
 
