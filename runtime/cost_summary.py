@@ -3,7 +3,8 @@
 In: the Function, its `Simulation` (runtime/device_time.py) and the `CostTable`. Out: the
 `CostReport` of runtime/cost.py. The critical path follows each slice back to the slice whose
 end let it start (its stream's previous slice, a dependency, or the shared DMA bandwidth's
-previous user); consecutive steps on the same ONNX node and stream are merged into one run.
+previous user), each step counted from the end of the one it waited for; consecutive steps on
+the same ONNX node and stream are merged into one run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def critical_path(sim: Simulation) -> list[dict]:
     runs: list[dict] = []
     for step in reversed(steps):
         node = step.ins.origin.node or "(no node)"
+        # On the path, a step begins where the step it waited for ends (a DMA stalled on the
+        # shared bandwidth began its own transfer earlier).
+        begin = max(step.start, sim.slices[step.cause].end) if step.cause >= 0 else step.start
         if runs and runs[-1]["node"] == node and runs[-1]["stream"] == step.stream:
             run = runs[-1]
             run["instructions"] += 1
@@ -41,7 +45,7 @@ def critical_path(sim: Simulation) -> list[dict]:
                 "stream": step.stream,
                 "opcode": step.ins.opcode.value,
                 "instructions": 1,
-                "start": step.start,
+                "start": begin,
                 "end": step.end,
             }
             runs.append(run)
