@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 
 from onnx2bir import api
-from onnx2bir.runtime.cost import estimate
+from onnx2bir.runtime.cost import DEFAULT_TABLE, estimate
 
 MODELS = sorted((Path(__file__).resolve().parents[2] / "models").glob("*.onnx"))
 
@@ -35,6 +36,11 @@ def test_estimate_lies_between_the_busiest_stream_and_all_busy_time(path):
         for name in [*function.inputs, *function.outputs]
     )
     assert graph_io <= report.compulsory_dma_bytes <= report.dma_bytes
+    # The steady-state loops agree with simulating every trip one by one.
+    every_trip = dataclasses.replace(DEFAULT_TABLE, loop_warmup=10**9)
+    exact = estimate(compilation.module, table=every_trip)
+    assert report.total_seconds == pytest.approx(exact.total_seconds, rel=0.01)
+    assert report.busy_seconds == pytest.approx(exact.busy_seconds, rel=1e-6)
 
 
 def test_report_json_carries_the_device_time_breakdown():
