@@ -53,9 +53,10 @@ def _stream_key(name: str) -> tuple[int, int]:
 def cost_text(cost: dict) -> list[str]:
     us = 1e6
     busy = ", ".join(f"{e} {t * us:.0f} us" for e, t in cost["busy_seconds"].items() if t)
+    bound = " (at least: loops with a run-time trip count costed as one trip)"
     lines = [
         f"estimated device time (cost model, runtime/cost.py): "
-        f"{cost['estimated_seconds'] * us:.0f} us",
+        f"{cost['estimated_seconds'] * us:.0f} us{bound if cost.get('lower_bound') else ''}",
         f"  busy time per engine kind: {busy} (DMA is the sum over its 16 queues, so it can "
         f"exceed the total); DMA bytes {cost['dma_bytes']}",
     ]

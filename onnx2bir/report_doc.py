@@ -65,6 +65,8 @@ def build_report(model: str, compilation: Compilation) -> dict:
         }
         estimate = cost_model.estimate(compilation.module)
         cost = cost_json(estimate)
+        # A loop whose trip count is known only at run time is costed as one trip.
+        cost["lower_bound"] = not instances.exact
     convs = [
         {**conv, "model_stride": model_stride(conv), "closest_refusals": rank_refusals(conv)}
         for conv in findings.get("TransformConvOp", [])
