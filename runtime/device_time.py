@@ -13,7 +13,8 @@ transfer that finds it taken stalls its queue. Every slice therefore begins wher
 estimate never exceeds the sum of all busy time.
 
 Loops: the first `table.loop_warmup` trips are simulated one by one (a dependency on a body
-instruction later in program order reads the previous trip: a loop-carried edge); the remaining
+instruction later in program order reads the previous trip, as does an edge that carries a
+nonzero `distance`, a loop-carried edge); the remaining
 trips follow in steady state, each one iteration interval later (the last simulated trip's end
 minus the one before, at least the busiest stream's work per trip and at most all streams'
 work). The last simulated trip stands for the others: its slices and the state they leave are
@@ -96,6 +97,7 @@ class _Simulator:
         self.free: dict[str, tuple[float, int]] = {}  # stream -> (free at, last slice)
         self.shared: tuple[float, int] = (0.0, -1)  # shared DMA bandwidth
         self.finish: dict[int, tuple[float, int, str]] = {}  # ins id -> (end, slice, stream)
+        self.before: dict[int, tuple[float, int, str]] = {}  # the instance before that one
         self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
 
     def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...]]:
@@ -132,6 +134,10 @@ class _Simulator:
         sources = []
         for dep in ins.deps:
             done = self.finish.get(dep.source)
+            if getattr(dep, "distance", 0) and dep.source <= ins.id:
+                # A loop-carried edge to an instruction this trip already ran: the previous
+                # trip's instance (every distance is read as one trip).
+                done = self.before.get(dep.source)
             if done is None:  # a later instruction never run yet: nothing to wait for
                 continue
             end, source_slice, source_stream = done
@@ -169,6 +175,8 @@ class _Simulator:
             )
         )
         self.free[stream] = (end, index)
+        if ins.id in self.finish:
+            self.before[ins.id] = self.finish[ins.id]
         self.finish[ins.id] = (end, index, stream)
         sim = self.sim
         busy = (end - start) * weight
@@ -224,9 +232,10 @@ class _Simulator:
         for stream, (free, index) in list(self.free.items()):
             if index >= first:
                 self.free[stream] = (free + by, index)
-        for ins_id, (end, index, stream) in list(self.finish.items()):
-            if index >= first:
-                self.finish[ins_id] = (end + by, index, stream)
+        for table in (self.finish, self.before):
+            for ins_id, (end, index, stream) in list(table.items()):
+                if index >= first:
+                    table[ins_id] = (end + by, index, stream)
         if self.shared[1] >= first:
             self.shared = (self.shared[0] + by, self.shared[1])
         ends = [s.end for s in slices[first:]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
@@ -204,3 +206,36 @@ def test_critical_path_and_top_nodes():
     ]
     assert [n["node"] for n in report.top_nodes] == ["slow", "fast"]
     assert report.top_nodes[0]["rule"] == "rule_a"
+
+
+@dataclasses.dataclass(frozen=True)
+class CarriedDependency:
+    """A dependency with the fields a loop-carried edge adds (carrying loop, distance)."""
+
+    source: int
+    kind: DepKind
+    loop: str = "i"
+    distance: int = 1
+
+
+def test_a_carried_edge_to_an_earlier_instruction_waits_for_the_previous_trip():
+    """matmul (2) waits for act (1) of the previous trip; act never waits: ACT runs ahead."""
+    first = matmul(128, 512, Dtype.BF16, 2)
+    first.deps = [CarriedDependency(1, DepKind.FLOW)]
+    body = BasicBlock("block0", [act(1000, 1), first])
+    report = estimate(_module([Loop("i", 0, 6, body=body)]))
+    # Trip 0's matmul has no previous act; trip k's waits for act k-1, which ended at k x t_act.
+    assert report.total_seconds == pytest.approx(6 * T_ACT)
+    plain = estimate(
+        _module(
+            [
+                Loop(
+                    "i",
+                    0,
+                    6,
+                    body=BasicBlock("b", [act(1000, 1), matmul(128, 512, Dtype.BF16, 2, deps=[1])]),
+                )
+            ]
+        )
+    )
+    assert plain.total_seconds == pytest.approx(6 * T_ACT + SEM_PE + T_MM)
