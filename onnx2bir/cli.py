@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
         "  onnx2bir convert model.onnx -o out/\n"
-        "  onnx2bir report model.onnx --html report.html\n\n"
+        "  onnx2bir report model.onnx --html report.html\n"
+        "  onnx2bir profile model.onnx --trace trace.json --svg timeline.svg\n\n"
         "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
         "mismatch;\n  any command: it does not compile, or the machine rejects the program); "
         "2 bad input\n  or usage (one line; docs/input_contracts.md lists what is checked); 3 a "
@@ -204,6 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the model with each node's kernel, fallback reason, "
         "idiom and lowering as node metadata (shown by Netron)",
     )
+    profile = commands.add_parser(
+        "profile",
+        help="write MODEL's estimated device timeline as a Perfetto trace (and an SVG)",
+        description="Compile MODEL and simulate it on the device-time model "
+        "(docs/device_time.md): write a Chrome/Perfetto trace with one track per engine and "
+        "DMA queue and one slice per instruction (open it at ui.perfetto.dev), and with --svg "
+        "the same timeline as a picture. Exit 0: written; 1: the model does not compile.",
+    )
+    _common(profile)
+    profile.add_argument(
+        "--trace", required=True, metavar="OUT.json", help="the Chrome trace-event file to write"
+    )
+    profile.add_argument("--svg", metavar="OUT.svg", help="also draw the timeline as SVG")
     return parser
 
 
@@ -418,7 +432,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK if result.compiles else EXIT_MISMATCH
 
 
-COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
+def cmd_profile(args: argparse.Namespace) -> int:
+    from onnx2bir import profile as profiler
+
+    compilation = api.compile(args.model, **_options(args))
+    profile = profiler.build_profile(args.model, compilation.module)
+    written = profiler.write_profile(profile, args.trace, args.svg)
+    doc = profiler.summary_json(profile, written)
+    _emit(args, doc, profiler.summary_text(doc))
+    return EXIT_OK
+
+
+COMMANDS = {
+    "convert": cmd_convert,
+    "validate": cmd_validate,
+    "report": cmd_report,
+    "profile": cmd_profile,
+}
 
 
 @contextlib.contextmanager

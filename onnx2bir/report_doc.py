@@ -37,6 +37,7 @@ from onnx2bir.bir.enums import Opcode
 from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import Compilation
 from onnx2bir.options import CompileOptions
+from onnx2bir.report_cost import cost_json, cost_text
 from onnx2bir.runtime import cost as cost_model
 
 _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
@@ -71,12 +72,9 @@ def build_report(model: str, compilation: Compilation) -> dict:
             "dynamic_exact": instances.exact,
         }
         estimate = cost_model.estimate(compilation.module)
-        cost = {
-            "estimated_seconds": estimate.total_seconds,
-            "busy_seconds": {e.value: t for e, t in sorted(estimate.busy_seconds.items())},
-            "dma_bytes": estimate.dma_bytes,
-            "model": "runtime/cost.py (NeuronCore-v2 clocks and instruction costs)",
-        }
+        cost = cost_json(estimate)
+        # A loop whose trip count is known only at run time is costed as one trip.
+        cost["lower_bound"] = not instances.exact
     convs = [
         {**conv, "model_stride": model_stride(conv), "closest_refusals": rank_refusals(conv)}
         for conv in findings.get("TransformConvOp", [])
@@ -288,16 +286,7 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
                 f"({dynamic})"
             )
     if doc.get("cost"):
-        cost = doc["cost"]
-        busy = ", ".join(f"{e} {t * 1e6:.0f} us" for e, t in cost["busy_seconds"].items() if t)
-        lines.append(
-            f"estimated device time (cost model, runtime/cost.py): "
-            f"{cost['estimated_seconds'] * 1e6:.0f} us"
-        )
-        lines.append(
-            f"  busy time per engine: {busy} (DMA summed over its 16 queues, so it can exceed "
-            f"the total); DMA bytes {cost['dma_bytes']}"
-        )
+        lines += cost_text(doc["cost"])
     return "\n".join(lines)
 
 

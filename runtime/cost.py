@@ -1,25 +1,19 @@
-"""A cost model for BIR: per-engine busy time and a list-schedule estimate of total time.
+"""A cost model for BIR: per-instruction cost and the estimated device time.
 
-In: a Module (one function of it). Out: a `CostReport` with per-engine busy cycles and seconds,
-instruction counts per engine, DMA bytes, and the makespan of a simple list schedule.
+In: a Module (one function of it). Out: a `CostReport`: estimated device time from the
+event-driven simulation of every engine and DMA queue (runtime/device_time.py), busy time per
+engine kind and per stream, instruction counts, DMA bytes (compulsory and the rest), matmul FLOPs,
+the critical path and the most expensive ONNX nodes (runtime/cost_summary.py).
 
-Per-instruction cost (docs/neuroncore.md#cost-model, NeuronCore-v2), N = elements per partition:
-- PE Matmult: max(N_moving, min(64, M_stationary)) cycles, x4 when the operands are fp32.
+Per-instruction cost (docs/device_time.md#instruction-costs, NeuronCore-v2), N = elements per
+partition, the largest free size among the instruction's operands:
+- PE Matmult: max(N_moving, min(64, M_stationary)) cycles, x4 when an operand is fp32 (the
+  table's `pe_dtype`, when set, stands for the dtype fp32 operands would be cast to).
 - ACT (any opcode): max(64, N). DVE: max(64, N) with one input, max(64, 2N) for TensorTensor with
   both inputs in SBUF (max(64, N) when one is in PSUM). POOL: 150 + N.
-- DMA: 1.3 us fixed + bytes / 27 GB/s; each DMA queue is its own resource.
-N is the largest free size among the instruction's operands.
-
-Schedule: items are taken in program order; an instruction starts when its engine (DMA: its
-queue) is free and every `deps` source has finished. Approximation: a Loop's body is simulated
-once and its iterations are assumed to run back to back without overlapping, so the loop takes
-trip_count x (span of one iteration); busy time and counts scale by the trip count exactly.
-The span of an iteration is capped by its instructions' durations one after another: the one
-simulated iteration may start an instruction early (its engine free, no dependency) and then
-wait for work scheduled before the loop, a wait the later iterations do not repeat; without
-the cap, each loop would multiply the time before it by its trip count.
-Dependencies on instructions not yet scheduled (loop-carried, or later in program order) are
-ignored. The ~100-cycle overhead of dependent tiny instructions and port conflicts are not modelled.
+- DMA: 1.3 us fixed + bytes / (engines x 27 GB/s), a transfer spreading over one DMA engine per
+  8 partitions (16 engines for 128 partitions or DRAM to DRAM); the core's DMA engines share
+  272 GB/s (the simulation's shared resource).
 """
 
 from __future__ import annotations
@@ -28,29 +22,45 @@ import math
 from dataclasses import dataclass, field
 
 from onnx2bir.bir.enums import Dtype, Engine, MemoryType, Opcode
-from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop, Module
+from onnx2bir.bir.ir import Function, Instruction, Module
 
 
 @dataclass(frozen=True)
 class CostTable:
-    """Every constant of the model, with its source in docs/neuroncore.md."""
+    """Every constant of the model, with its source in docs/device_time.md."""
 
     clock_hz: tuple[tuple[Engine, float], ...] = (
-        (Engine.PE, 2.8e9),  # docs/neuroncore.md#engines: TensorE clock
+        (Engine.PE, 2.8e9),  # docs/device_time.md#figures-and-their-sources: TensorE clock
         (Engine.ACT, 1.4e9),  # ScalarE clock
         (Engine.POOL, 1.4e9),  # GpSimd clock
         (Engine.DVE, 1.12e9),  # VectorE clock
     )
-    # docs/neuroncore.md#cost-model: MIN_II, the minimum initiation interval of ACT/DVE
+    # docs/device_time.md#instruction-costs: MIN_II, the minimum initiation interval of ACT/DVE
     min_ii: int = 64
     matmul_min_stationary: int = 64  # max(min(64, N_stationary), N_moving)
     matmul_fp32_factor: int = 4  # fp32 matmul runs at 1/4 rate
     pool_startup: int = 150  # GpSimd start-up cycles
-    dma_fixed_s: float = 1.3e-6  # docs/neuroncore.md#dma: ~1300 ns semaphore-to-start latency
-    dma_bytes_per_s: float = 27e9  # DMA per-engine bandwidth (27 GB/s)
+    dma_fixed_s: float = 1.3e-6  # docs/device_time.md#dma: ~1300 ns semaphore-to-start latency
+    dma_bytes_per_s: float = 27e9  # one DMA engine's bandwidth (27 GB/s)
+    dma_partitions_per_engine: int = 8  # 128 partitions over 16 DMA engines
+    dma_engines: int = 16  # DMA engines (and queues) per NeuronCore
+    dma_core_bytes_per_s: float = 272e9  # 16 engines x 17 B/ns: the core's shared DMA bandwidth
+    # docs/device_time.md#semaphores: an engine waiting on another stream's semaphore
+    semaphore_cycles: int = 100
+    loop_warmup: int = 3  # loop trips simulated one by one before the steady state
+    pe_peak_flops: float = 128 * 128 * 2 * 2.8e9  # bf16/fp16/tf32/fp8 peak, 91.75 TFLOP/s
+    # The dtype fp32 matmul operands are costed as (None: as fp32, the BIR's own dtypes)
+    pe_dtype: Dtype | None = None
 
     def clock(self, engine: Engine) -> float:
         return dict(self.clock_hz)[engine]
+
+    def semaphore_seconds(self, engine: Engine) -> float:
+        """Latency of a cross-stream dependency, charged to the waiting engine. A DMA's fixed
+        cost already holds its semaphore-to-start latency."""
+        if engine is Engine.DMA:
+            return 0.0
+        return self.semaphore_cycles / self.clock(engine)
 
 
 DEFAULT_TABLE = CostTable()
@@ -65,7 +75,19 @@ class CostReport:
     busy_seconds: dict[Engine, float]  # DMA: summed over queues, so it may exceed total_seconds
     instruction_counts: dict[Engine, int]
     dma_bytes: int
-    total_seconds: float  # list-schedule makespan
+    total_seconds: float  # simulated device time
+    stream_busy_seconds: dict[str, float] = field(default_factory=dict)  # each engine, queue
+    # the sizes of the weights, constants, graph inputs and outputs that DMAs touch: the
+    # traffic no program can avoid (capped by dma_bytes)
+    compulsory_dma_bytes: int = 0
+    flops: int = 0  # matmul FLOPs (2 x K x M x N per Matmult)
+    pe_peak_flops: float = DEFAULT_TABLE.pe_peak_flops
+    critical_path: list[dict] = field(default_factory=list)
+    top_nodes: list[dict] = field(default_factory=list)
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops / self.total_seconds if self.total_seconds else 0.0
 
     def summary(self) -> str:
         """A small text table: engine, instructions, busy time, share of the total."""
@@ -77,25 +99,48 @@ class CostReport:
                 f"  {engine:<5} {self.instruction_counts.get(engine, 0):>8} instr "
                 f"{busy * 1e6:>10.2f} us busy {share:>7.1%}"
             )
-        lines.append(f"  DMA bytes {self.dma_bytes}")
+        lines.append(f"  DMA bytes {self.dma_bytes} (DMA busy summed over its queues)")
         return "\n".join(lines)
+
+
+def _pe_factor(stationary, moving, function: Function, table: CostTable) -> int:
+    locations = function.memory_locations
+    dtypes = [locations[ap.loc].dtype for ap in (stationary, moving)]
+    if table.pe_dtype is not None:
+        dtypes = [table.pe_dtype if d is Dtype.FP32 else d for d in dtypes]
+    return table.matmul_fp32_factor if Dtype.FP32 in dtypes else 1
+
+
+def matmul_flops(ins: Instruction) -> int:
+    """2 x K x M x N of a Matmult (K partitions, M stationary columns, N moving columns)."""
+    if ins.opcode is not Opcode.MATMULT:
+        return 0
+    stationary, moving = ins.srcs["stationary"], ins.srcs["moving"]
+    k = moving.num_partitions or 1
+    return 2 * k * stationary.free_size * moving.free_size
 
 
 def instruction_cost(
     ins: Instruction, function: Function, table: CostTable = DEFAULT_TABLE
 ) -> tuple[float, float, int]:
-    """(engine cycles, seconds, DMA bytes) of one execution of ins; DMA cycles are 0."""
+    """(engine cycles, seconds, DMA bytes) of one execution of ins; DMA cycles are 0.
+
+    A DMA's seconds are its own queue's time with the bandwidth to itself; the simulation adds
+    the wait for the core's shared bandwidth."""
     locations = function.memory_locations
     operands = list(ins.srcs.values()) + ([ins.dst] if ins.dst is not None else [])
     if ins.engine is Engine.DMA:
         moved = max(ap.num_elements * locations[ap.loc].dtype.itemsize for ap in operands)
-        return 0.0, table.dma_fixed_s + moved / table.dma_bytes_per_s, moved
+        partitions = max((ap.num_partitions for ap in operands), default=0)
+        engines = table.dma_engines
+        if partitions:
+            engines = min(engines, math.ceil(partitions / table.dma_partitions_per_engine))
+        return 0.0, table.dma_fixed_s + moved / (engines * table.dma_bytes_per_s), moved
     n = max((ap.free_size for ap in operands), default=1)
     if ins.engine is Engine.PE:
         stationary, moving = ins.srcs["stationary"], ins.srcs["moving"]
-        fp32 = any(locations[ap.loc].dtype is Dtype.FP32 for ap in (stationary, moving))
         m_size = min(table.matmul_min_stationary, stationary.free_size)
-        cycles = max(moving.free_size, m_size) * (table.matmul_fp32_factor if fp32 else 1)
+        cycles = max(moving.free_size, m_size) * _pe_factor(stationary, moving, function, table)
     elif ins.engine is Engine.POOL:
         cycles = table.pool_startup + n
     elif ins.engine is Engine.DVE and ins.opcode is Opcode.TENSOR_TENSOR:
@@ -106,89 +151,17 @@ def instruction_cost(
     return float(cycles), cycles / table.clock(ins.engine), 0
 
 
-@dataclass
-class _Frame:
-    """What one pass over a block touched, so a loop can scale it."""
-
-    ids: set[int] = field(default_factory=set)
-    resources: set = field(default_factory=set)
-    start: float = math.inf
-    end: float = -math.inf
-    serial: float = 0.0  # one pass's instructions run one after another, in seconds
-
-
-class _Schedule:
-    def __init__(self, function: Function, table: CostTable):
-        self.function, self.table = function, table
-        self.free: dict[object, float] = {}
-        self.finish: dict[int, float] = {}
-        self.cycles: dict[Engine, float] = {}
-        self.seconds: dict[Engine, float] = {}
-        self.counts: dict[Engine, int] = {}
-        self.dma_bytes = 0
-
-    def block(self, block: BasicBlock, frame: _Frame, repeat: int) -> None:
-        for item in block.items:
-            if isinstance(item, Loop):
-                self.loop(item, frame, repeat)
-            else:
-                self.instruction(item, frame, repeat)
-
-    def instruction(self, ins: Instruction, frame: _Frame, repeat: int) -> None:
-        cycles, seconds, moved = instruction_cost(ins, self.function, self.table)
-        resource = (ins.engine, ins.attrs.get("queue")) if ins.engine is Engine.DMA else ins.engine
-        ready = max((self.finish.get(dep.source, 0.0) for dep in ins.deps), default=0.0)
-        start = max(self.free.get(resource, 0.0), ready)
-        self.free[resource] = self.finish[ins.id] = start + seconds
-        engine = ins.engine
-        self.cycles[engine] = self.cycles.get(engine, 0.0) + cycles * repeat
-        self.seconds[engine] = self.seconds.get(engine, 0.0) + seconds * repeat
-        self.counts[engine] = self.counts.get(engine, 0) + repeat
-        self.dma_bytes += moved * repeat
-        frame.ids.add(ins.id)
-        frame.resources.add(resource)
-        frame.serial += seconds
-        frame.start, frame.end = min(frame.start, start), max(frame.end, start + seconds)
-
-    def loop(self, loop: Loop, outer: _Frame, repeat: int) -> None:
-        trips = loop.trip_count
-        if trips == 0:
-            return
-        body = _Frame()
-        self.block(loop.body, body, repeat * trips)
-        if not body.ids:
-            return
-        # One iteration simulated; the other trips - 1 follow it back to back, each at most
-        # as long as its instructions one after another (module docstring).
-        shift = (trips - 1) * min(body.end - body.start, body.serial)
-        for ins_id in body.ids:
-            self.finish[ins_id] += shift
-        for resource in body.resources:
-            self.free[resource] += shift
-        outer.ids |= body.ids
-        outer.resources |= body.resources
-        outer.serial += trips * body.serial
-        outer.start, outer.end = min(outer.start, body.start), max(outer.end, body.end + shift)
-
-
 def estimate(
     module: Module, function_name: str | None = None, table: CostTable = DEFAULT_TABLE
 ) -> CostReport:
     """Cost report of one function of module (the first if unnamed)."""
+    from onnx2bir.runtime.cost_summary import cost_report
+    from onnx2bir.runtime.device_time import simulate
+
     if function_name is not None:
         function = module.function(function_name)
     elif module.functions:
         function = module.functions[0]
     else:
         raise ValueError(f"module {module.name!r} has no function")
-    schedule = _Schedule(function, table)
-    top = _Frame()
-    schedule.block(function.entry, top, 1)
-    return CostReport(
-        function=function.name,
-        busy_cycles={e: c for e, c in schedule.cycles.items() if e is not Engine.DMA},
-        busy_seconds=schedule.seconds,
-        instruction_counts=schedule.counts,
-        dma_bytes=schedule.dma_bytes,
-        total_seconds=max(top.end, 0.0),
-    )
+    return cost_report(function, simulate(function, table), table)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
@@ -16,7 +18,7 @@ from onnx2bir.bir.ir import (
     Module,
     Origin,
 )
-from onnx2bir.runtime.cost import DEFAULT_TABLE, estimate, instruction_cost
+from onnx2bir.runtime.cost import DEFAULT_TABLE, CostTable, estimate, instruction_cost
 
 ORIGIN = Origin("n", "test")
 
@@ -63,6 +65,11 @@ def dma(n, queue, ins_id=0, deps=()):
     return ins(Opcode.DMA_COPY, Engine.DMA, ap("s32", 128, n), src, ins_id, deps, queue=queue)
 
 
+def dma4(n, queue, ins_id=0, deps=()):
+    src = {"in": AccessPattern("d", ((1, 4 * n),))}
+    return ins(Opcode.DMA_COPY, Engine.DMA, ap("s32", 4, n), src, ins_id, deps, queue=queue)
+
+
 def cycles(instruction):
     return instruction_cost(instruction, FUNCTION)[0]
 
@@ -86,7 +93,10 @@ def test_engine_formulas():
     assert cycles(ins(Opcode.IOTA, Engine.POOL, ap("s32", 128, 10), {})) == 160
     _, seconds, moved = instruction_cost(dma(512, 0), FUNCTION)
     assert moved == 128 * 512 * 4
-    assert seconds == pytest.approx(1.3e-6 + moved / 27e9)
+    # 128 partitions spread over 16 DMA engines of 27 GB/s each.
+    assert seconds == pytest.approx(1.3e-6 + moved / (16 * 27e9))
+    small = instruction_cost(dma4(512, 0), FUNCTION)
+    assert small[1] == pytest.approx(1.3e-6 + 4 * 512 * 4 / 27e9)  # 4 partitions: 1 engine
     # Seconds follow each engine's clock.
     assert instruction_cost(act(1400), FUNCTION)[1] == pytest.approx(1400 / 1.4e9)
     assert DEFAULT_TABLE.clock(Engine.DVE) == 1.12e9
@@ -97,41 +107,74 @@ def _module(items):
     return Module("m", [fn])
 
 
-def test_schedule_overlaps_engines_and_respects_dependencies():
-    t_act, t_mm = 1000 / 1.4e9, 512 / 2.8e9
+T_ACT, T_MM = 1000 / 1.4e9, 512 / 2.8e9  # act(1000) and a 128x512 bf16 matmul
+SEM_PE, SEM_ACT = 100 / 2.8e9, 100 / 1.4e9  # semaphore wait, in the waiting engine's clock
+
+
+def test_pe_dtype_option_costs_fp32_operands_as_the_cast_dtype():
+    fp32 = matmul(128, 512, Dtype.FP32)
+    assert instruction_cost(fp32, FUNCTION)[0] == 2048
+    assert instruction_cost(fp32, FUNCTION, CostTable(pe_dtype=Dtype.BF16))[0] == 512
+
+
+def test_schedule_overlaps_engines_and_dependencies_pay_the_semaphore():
     independent = estimate(_module([act(1000, 1), matmul(128, 512, Dtype.BF16, 2)]))
-    assert independent.total_seconds == pytest.approx(max(t_act, t_mm))
+    assert independent.total_seconds == pytest.approx(max(T_ACT, T_MM))
     dependent = estimate(_module([act(1000, 1), matmul(128, 512, Dtype.BF16, 2, deps=[1])]))
-    assert dependent.total_seconds == pytest.approx(t_act + t_mm)
-    same_engine = estimate(_module([act(1000, 1), act(1000, 2)]))
-    assert same_engine.total_seconds == pytest.approx(2 * t_act)
+    assert dependent.total_seconds == pytest.approx(T_ACT + SEM_PE + T_MM)
+    same_engine = estimate(_module([act(1000, 1), act(1000, 2, deps=[1])]))
+    assert same_engine.total_seconds == pytest.approx(2 * T_ACT)  # no semaphore in one stream
     assert same_engine.instruction_counts == {Engine.ACT: 2}
     assert same_engine.busy_cycles == {Engine.ACT: 2000}
+    assert dependent.flops == 2 * 128 * 128 * 512
 
 
-def test_dma_queues_run_in_parallel():
-    t_dma = instruction_cost(dma(512, 0), FUNCTION)[1]
-    two_queues = estimate(_module([dma(512, 0, 1), dma(512, 1, 2)]))
-    one_queue = estimate(_module([dma(512, 0, 1), dma(512, 0, 2)]))
+def test_dma_queues_run_in_parallel_until_the_shared_bandwidth_binds():
+    t_dma = instruction_cost(dma4(512, 0), FUNCTION)[1]
+    two_queues = estimate(_module([dma4(512, 0, 1), dma4(512, 1, 2)]))
+    one_queue = estimate(_module([dma4(512, 0, 1), dma4(512, 0, 2)]))
     assert two_queues.total_seconds == pytest.approx(t_dma)
     assert one_queue.total_seconds == pytest.approx(2 * t_dma)
     assert two_queues.busy_seconds[Engine.DMA] == pytest.approx(2 * t_dma)
-    assert two_queues.dma_bytes == 2 * 128 * 512 * 4
+    assert two_queues.stream_busy_seconds == pytest.approx({"DMA q0": t_dma, "DMA q1": t_dma})
+    assert two_queues.dma_bytes == 2 * 4 * 512 * 4
     assert Engine.DMA not in two_queues.busy_cycles
+    # 16 queues of 256 KiB: the core's 272 GB/s, not 16 x 432 GB/s, drains all the bytes.
+    many = estimate(_module([dma(512, q, q + 1) for q in range(16)]))
+    nbytes = 128 * 512 * 4
+    assert many.total_seconds == pytest.approx(1.3e-6 + 16 * nbytes / 272e9)
+    # Sixteen reads of one graph input: its size once is compulsory, the rest is not.
+    assert many.compulsory_dma_bytes == nbytes
 
 
-def test_loops_scale_by_trip_count():
-    t_act, t_mm = 1000 / 1.4e9, 512 / 2.8e9
+def test_loop_iterations_pipeline_across_engines():
+    """act then a dependent matmul per trip: the ACT stream runs the trips back to back and
+    the matmuls trail behind, so the loop costs trips x t_act, not trips x (t_act + t_mm)."""
+    for trips in (3, 10):  # all simulated; and 3 simulated + a steady state of 7
+        body = BasicBlock("block0", [act(1000, 1), matmul(128, 512, Dtype.BF16, 2, deps=[1])])
+        after = act(1000, 3, deps=[2])
+        report = estimate(_module([Loop("i", 0, trips, body=body), after]))
+        assert report.instruction_counts == {Engine.ACT: trips + 1, Engine.PE: trips}
+        assert report.busy_cycles[Engine.PE] == trips * 512
+        expected = trips * T_ACT + SEM_PE + T_MM + SEM_ACT + T_ACT
+        assert report.total_seconds == pytest.approx(expected)
+
+
+def test_nested_loops_scale_by_trip_count():
     body = BasicBlock("block0", [act(1000, 1), matmul(128, 512, Dtype.BF16, 2, deps=[1])])
-    inner = Loop("j", 0, 3, body=body)
-    outer = Loop("i", 0, 4, step=2, body=BasicBlock("block0", [inner]))  # 2 trips
-    after = act(1000, 3, deps=[2])
-    report = estimate(_module([outer, after]))
-    assert report.instruction_counts == {Engine.ACT: 7, Engine.PE: 6}
-    assert report.busy_cycles[Engine.PE] == 6 * 512
-    # Iterations run back to back: 6 x (act then dependent matmul), then the last act.
-    assert report.total_seconds == pytest.approx(6 * (t_act + t_mm) + t_act)
+    inner = Loop("j", 0, 5, body=body)
+    outer = Loop("i", 0, 8, step=2, body=BasicBlock("block0", [inner]))  # 4 trips
+    report = estimate(_module([outer]))
+    assert report.instruction_counts == {Engine.ACT: 20, Engine.PE: 20}
+    assert report.total_seconds == pytest.approx(20 * T_ACT + SEM_PE + T_MM)
     assert "ACT" in report.summary() and "us" in report.summary()
+
+
+def test_loop_carried_dependency_serialises_the_trips():
+    """act waits for the previous trip's matmul (an edge to a later body instruction)."""
+    body = BasicBlock("block0", [act(1000, 1, deps=[2]), matmul(128, 512, Dtype.BF16, 2, deps=[1])])
+    report = estimate(_module([Loop("i", 0, 6, body=body)]))
+    assert report.total_seconds == pytest.approx(6 * (T_ACT + SEM_PE + T_MM) + 5 * SEM_ACT)
 
 
 def test_empty_loop_and_function():
@@ -142,12 +185,57 @@ def test_empty_loop_and_function():
 def test_an_iteration_that_waits_for_earlier_work_does_not_repeat_the_wait():
     """A loop body whose first instruction starts early (free engine, no dependency) and whose
     second waits for a long instruction before the loop: only the first iteration waits."""
-    t_act, t_mm = 1000 / 1.4e9, 512 / 2.8e9
     long_before = act(1000, 1)
     body = BasicBlock(
         "block0", [matmul(128, 512, Dtype.BF16, 2), matmul(128, 512, Dtype.BF16, 3, deps=[1])]
     )
     report = estimate(_module([long_before, Loop("i", 0, 8, body=body)]))
-    # First iteration ends at t_act + t_mm; the 7 others each take the two matmuls in a row.
-    assert report.total_seconds == pytest.approx(t_act + t_mm + 7 * 2 * t_mm)
-    assert report.total_seconds < t_act + 8 * 2 * t_mm + 1e-12
+    # First iteration ends at t_act + semaphore + t_mm; the 7 others take two matmuls each.
+    assert report.total_seconds == pytest.approx(T_ACT + SEM_PE + T_MM + 7 * 2 * T_MM)
+
+
+def test_critical_path_and_top_nodes():
+    a = act(1000, 1)
+    a.origin = Origin("slow", "rule_a")
+    m = matmul(128, 512, Dtype.BF16, 2, deps=[1])
+    m.origin = Origin("fast", "rule_m")
+    report = estimate(_module([a, m]))
+    assert [(r["node"], r["stream"]) for r in report.critical_path] == [
+        ("slow", "ACT"),
+        ("fast", "PE"),
+    ]
+    assert [n["node"] for n in report.top_nodes] == ["slow", "fast"]
+    assert report.top_nodes[0]["rule"] == "rule_a"
+
+
+@dataclasses.dataclass(frozen=True)
+class CarriedDependency:
+    """A dependency with the fields a loop-carried edge adds (carrying loop, distance)."""
+
+    source: int
+    kind: DepKind
+    loop: str = "i"
+    distance: int = 1
+
+
+def test_a_carried_edge_to_an_earlier_instruction_waits_for_the_previous_trip():
+    """matmul (2) waits for act (1) of the previous trip; act never waits: ACT runs ahead."""
+    first = matmul(128, 512, Dtype.BF16, 2)
+    first.deps = [CarriedDependency(1, DepKind.FLOW)]
+    body = BasicBlock("block0", [act(1000, 1), first])
+    report = estimate(_module([Loop("i", 0, 6, body=body)]))
+    # Trip 0's matmul has no previous act; trip k's waits for act k-1, which ended at k x t_act.
+    assert report.total_seconds == pytest.approx(6 * T_ACT)
+    plain = estimate(
+        _module(
+            [
+                Loop(
+                    "i",
+                    0,
+                    6,
+                    body=BasicBlock("b", [act(1000, 1), matmul(128, 512, Dtype.BF16, 2, deps=[1])]),
+                )
+            ]
+        )
+    )
+    assert plain.total_seconds == pytest.approx(6 * T_ACT + SEM_PE + T_MM)
