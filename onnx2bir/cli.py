@@ -435,6 +435,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from onnx2bir import profile as profiler
 
+    profiler.check_outputs(args.trace, args.svg)
     compilation = api.compile(args.model, **_options(args))
     profile = profiler.build_profile(args.model, compilation.module)
     written = profiler.write_profile(profile, args.trace, args.svg)

@@ -17,13 +17,12 @@ import dataclasses
 import html
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnx2bir import output_paths
 from onnx2bir.bir.ir import Module
 from onnx2bir.codegen.instances import estimate_instances
-from onnx2bir.errors import UserError
 from onnx2bir.runtime.cost import DEFAULT_TABLE, CostTable
 from onnx2bir.runtime.device_time import Simulation, Slice, simulate
 
@@ -223,36 +222,24 @@ def _merged(row: list[Placed], scale: float) -> list[tuple[float, float, str]]:
 
 
 def write_file(path: str | os.PathLike, text: str, flag: str) -> Path:
-    """Write text to path through a temporary file in the same folder and os.replace, so a
-    failure leaves nothing half-written; only a regular file is ever replaced."""
-    path = Path(path)
-    if path.exists() and not path.is_file():
-        raise UserError(f"{path}: exists and is not a regular file; {flag} wants a file name")
-    if not path.parent.is_dir():
-        raise UserError(f"{path.parent}: no such folder")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write text to path through `onnx2bir.output_paths`: staged beside it and moved over it,
+    so a failure leaves nothing half-written; only a regular file is ever replaced."""
+    path = output_paths.check_file(path, flag)
+    return output_paths.replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def check_outputs(trace: str | os.PathLike, svg: str | os.PathLike | None = None) -> None:
+    """Both outputs are checked before any work (`onnx2bir.output_paths`)."""
+    for path, flag in ((trace, "--trace"), (svg, "--svg")):
+        if path is not None:
+            output_paths.check_file(path, flag)
 
 
 def write_profile(
     profile: Profile, trace: str | os.PathLike, svg: str | os.PathLike | None = None
 ) -> list[Path]:
     """Write the trace (and the SVG); both outputs are checked before either is written."""
-    for path, flag in ((trace, "--trace"), (svg, "--svg")):
-        if path is not None and Path(path).exists() and not Path(path).is_file():
-            raise UserError(f"{path}: exists and is not a regular file; {flag} wants a file name")
-        if path is not None and not Path(path).parent.is_dir():
-            raise UserError(f"{Path(path).parent}: no such folder")
+    check_outputs(trace, svg)
     written = [write_file(trace, json.dumps(trace_document(profile)), "--trace")]
     if svg is not None:
         written.append(write_file(svg, svg_document(profile), "--svg"))

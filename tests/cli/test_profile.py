@@ -143,10 +143,16 @@ def test_profile_json_and_bad_outputs(tmp_path, capsys):
     folder = tmp_path / "a_folder"
     folder.mkdir()
     code, _, err = run(["profile", MODELS / "small_cnn.onnx", "--trace", folder], capsys)
-    assert code == 2 and err.count("\n") == 1 and "not a regular file" in err
-    svg_missing = tmp_path / "no" / "t.svg"
+    assert code == 2 and err.count("\n") == 1 and "is a folder" in err
+    # An existing folder where the SVG should go: refused before either file is written.
     fresh = tmp_path / "fresh.json"
     code, _, err = run(
-        ["profile", MODELS / "small_cnn.onnx", "--trace", fresh, "--svg", svg_missing], capsys
+        ["profile", MODELS / "small_cnn.onnx", "--trace", fresh, "--svg", folder], capsys
     )
-    assert code == 2 and "no such folder" in err and not fresh.exists()
+    assert code == 2 and "--svg" in err and not fresh.exists()
+    # A new folder for the SVG is created (a creatable folder is a valid place for an output).
+    svg_new = tmp_path / "new" / "t.svg"
+    code, _, _ = run(
+        ["profile", MODELS / "small_cnn.onnx", "--trace", fresh, "--svg", svg_new], capsys
+    )
+    assert code == 0 and svg_new.read_text(encoding="utf-8").startswith("<svg")
