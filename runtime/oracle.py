@@ -240,14 +240,28 @@ def _numbered(folder: Path, stem: str) -> list[Path]:
     return sorted(folder.glob(f"{stem}_*.pb"), key=lambda p: _index(p.name))
 
 
+_TEST_DATA_FILE = re.compile(r"(input|output)_\d+\.pb")
+
+
 def check_arrays_target(path: str | Path, stem: str) -> Path:
     """Refuse, before any work, a `save_arrays` target that cannot be written."""
     flag = f"--save-{stem}s"
     if str(path).endswith(".npz"):
         return output_paths.check_file(path, flag)
     folder = output_paths.check_folder(path, flag)
-    if folder.is_dir():  # the files it would replace must be regular files too
-        for old in folder.glob(f"{stem}_*.pb"):
+    if folder.is_dir():
+        # A test_data_set folder holds only input_K.pb / output_K.pb: writing arrays into any
+        # other folder (one of models, say) would scatter them among unrelated files.
+        others = sorted(
+            item.name for item in folder.iterdir() if not _TEST_DATA_FILE.fullmatch(item.name)
+        )
+        if others:
+            raise UserError(
+                f"{flag} {folder}: the folder holds other files ({', '.join(others[:3])}"
+                f"{', ...' if len(others) > 3 else ''}), not a test_data_set; name a new "
+                "folder or a .npz file"
+            )
+        for old in folder.glob(f"{stem}_*.pb"):  # the files it replaces must be regular
             output_paths.check_file(old, flag)
     return folder
 

@@ -20,8 +20,11 @@ OK = Path(__file__).resolve().parent / "corpus" / "ok.onnx"
 OUTPUT_FLAGS = [
     ("convert", "-o"),
     ("report", "--annotate"),
+    ("report", "--html"),
     ("validate", "--save-inputs"),
     ("validate", "--save-outputs"),
+    ("validate", "--html"),
+    ("profile", "--trace"),
 ]
 
 
@@ -142,3 +145,21 @@ def test_save_outputs_refuses_a_fifo_among_the_files_it_would_replace(tmp_path, 
     assert main(["validate", str(OK), "--save-outputs", str(out)]) == 2
     assert "is a FIFO" in capsys.readouterr().err
     assert stat.S_ISFIFO(os.lstat(out / "output_0.pb").st_mode)
+
+
+@pytest.mark.parametrize("flag", ["--save-inputs", "--save-outputs"])
+def test_arrays_are_not_scattered_into_a_folder_of_other_files(flag, tmp_path, capsys):
+    """A folder that is not a test_data_set (a folder of models, say) is refused before any
+    work; a test_data_set folder is rewritten."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "keep.onnx").write_bytes(b"a model")
+    assert main(["validate", str(OK), flag, str(models)]) == 2
+    err = capsys.readouterr().err
+    assert "holds other files (keep.onnx)" in err and "not a test_data_set" in err
+    assert sorted(p.name for p in models.iterdir()) == ["keep.onnx"]
+    data_set = tmp_path / "test_data_set_0"
+    assert main(["validate", str(OK), flag, str(data_set)]) == 0
+    assert main(["validate", str(OK), flag, str(data_set)]) == 0  # its own files are replaced
+    stem = "input" if flag == "--save-inputs" else "output"
+    assert sorted(p.name for p in data_set.iterdir()) == [f"{stem}_0.pb"]
