@@ -26,17 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's onnx2bir, in this process and the workers
-LIGHT = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-]
+sys.path.insert(0, str(ROOT / "models"))
+from light import LIGHT_MODELS  # noqa: E402
+
+LIGHT = sorted(LIGHT_MODELS.values())
 SETTINGS = [
     ("none", "bf16"),
     ("matmult", "bf16"),

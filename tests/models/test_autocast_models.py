@@ -15,20 +15,10 @@ from onnx2bir.validation_report import run_validate
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))
 
-from light import light_model_path  # noqa: E402
+from light import LIGHT_MODELS, light_model_path  # noqa: E402
 
 ZOO = sorted(p.stem for p in (ROOT / "models").glob("*.onnx"))
-LIGHT = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-]
+LIGHT = sorted(LIGHT_MODELS.values())
 DEVICE = CompileOptions()  # the default: matmult / bf16, what the device computes
 FP32 = CompileOptions(auto_cast="none")
 
