@@ -8,6 +8,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_conv_transpose,
     lower_data,
     lower_elementwise,
+    lower_fill,
     lower_gather,
     lower_gather_elements,
     lower_index,

@@ -115,6 +115,27 @@ def test_matmult_accumulate_adds_and_overwrite_replaces():
     np.testing.assert_allclose(get(mach, out), a.T @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_matmult_equal_columns_give_equal_results():
+    """An output element depends on its operands only, not on its column in the tile.
+
+    The onnx light inception_v1 (every weight 0.02) ends in a Gemm whose 1000 columns are
+    equal, then a softmax over logits near 8e20: one ULP between columns is a probability of 0
+    instead of 0.001. fp32 BLAS sums the first 8 of these 488 columns in another order.
+    """
+    mach, out, srcs, _, _ = _matmul_setup(128, 1, 488)
+    a = np.full((128, 1), 8.750478e19, np.float32)
+    b = np.full((128, 488), 0.02, np.float32)
+    put(mach, tile("st", 128, 1), a)
+    put(mach, tile("mv", 128, 488, address=4096), b)
+    run(mach, instr(Opcode.MATMULT, Engine.PE, ap(out), srcs, accumulate=False))
+    result = get(mach, out)
+    assert np.unique(result).size == 1, np.unique(result)
+    # And it is the fp32 rounding of the exact dot product.
+    assert result[0, 0] == np.float32(
+        128 * float(np.float32(8.750478e19)) * float(np.float32(0.02))
+    )
+
+
 @pytest.mark.parametrize(
     "k, m_size, n, dt_stat, dt_mov, address, words",
     [
