@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir validate models/small_cnn.onnx\n"
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
-        "  onnx2bir convert model.onnx -o out/\n\n"
+        "  onnx2bir convert model.onnx -o out/\n"
+        "  onnx2bir sweep models/ --jobs 2 --json sweep.json --md sweep.md\n\n"
         "exit status: 0 ok, 1 validate found a mismatch, 2 bad input or usage, 3 internal "
         "error",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the model with each node's kernel, fallback reason, "
         "idiom and lowering as node metadata (shown by Netron)",
     )
+    from onnx2bir import sweep
+
+    sweep.add_parser(commands)
     return parser
 
 
@@ -377,7 +381,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from onnx2bir import sweep
+
+    return sweep.cmd_sweep(args)
+
+
+COMMANDS = {
+    "convert": cmd_convert,
+    "validate": cmd_validate,
+    "report": cmd_report,
+    "sweep": cmd_sweep,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
