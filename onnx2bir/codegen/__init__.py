@@ -4,9 +4,11 @@ Importing this package registers every generic lowering in `GENERIC_LOWERINGS`.
 """
 
 from onnx2bir.codegen import (  # noqa: F401  (imported to register their lowerings)
+    lower_arg,
     lower_conv,
     lower_conv_transpose,
     lower_data,
+    lower_depth_space,
     lower_elementwise,
     lower_fill,
     lower_gather,
@@ -14,6 +16,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_index,
     lower_layout,
     lower_logic,
+    lower_math,
     lower_matmul,
     lower_nonlinear,
     lower_norm,
