@@ -9,6 +9,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_conv_transpose,
     lower_data,
     lower_depth_space,
+    lower_einsum,
     lower_elementwise,
     lower_fill,
     lower_gather,
