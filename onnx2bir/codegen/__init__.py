@@ -22,6 +22,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_nonlinear,
     lower_norm,
     lower_pool,
+    lower_recurrent,
     lower_reduce,
     lower_resize,
     lower_softmax,
