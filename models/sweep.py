@@ -87,7 +87,7 @@ def _timm(name: str, size: int = 64, **kwargs) -> Callable:
         import timm
 
         model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
-        return model, _image(size)
+        return model, _image(kwargs.get("img_size", size))
 
     return build
 
@@ -152,8 +152,10 @@ def _hf_features(model_cls: str, config_cls: str, frames: int = 32, **config) ->
         import torch
         import transformers
 
+        from transformers.models.whisper import modeling_whisper
+
         cfg = getattr(transformers, config_cls)(**config)
-        model = getattr(transformers, model_cls)(cfg)
+        model = getattr(modeling_whisper, model_cls)(cfg)
         return _Features(model), (torch.randn(1, cfg.num_mel_bins, frames),)
 
     return build
@@ -787,6 +789,16 @@ def export(arch: Arch, opset: int, folder: Path) -> str:
     return how
 
 
+def _reason(exc: Exception) -> str:
+    """One line: the exporter's own exception summary when it gives one, else the first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("<class '"):  # torch.onnx's "## Exception summary" entry
+            kind, _, message = line.partition(">: ")
+            return f"{kind.removeprefix('<class ').strip(chr(39))}: {message}"
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
 def export_missing(names: list[str], folder: Path, force: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     order = list(ARCHS)
@@ -803,8 +815,7 @@ def export_missing(names: list[str], folder: Path, force: bool = False) -> None:
             error_path.unlink(missing_ok=True)
             print(f"{name}: {how} opset {opset} {time.perf_counter() - start:.1f}s", flush=True)
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0]
-            reason = f"{type(exc).__name__}: {first}"
+            reason = _reason(exc)
             error_path.write_text(reason[:300] + "\n")
             onnx_path.unlink(missing_ok=True)
             print(f"{name}: export failed: {reason[:200]}", flush=True)
