@@ -151,7 +151,6 @@ def _hf_features(model_cls: str, config_cls: str, frames: int = 32, **config) ->
     def build():
         import torch
         import transformers
-
         from transformers.models.whisper import modeling_whisper
 
         cfg = getattr(transformers, config_cls)(**config)
