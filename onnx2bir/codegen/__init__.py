@@ -23,6 +23,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_norm,
     lower_norm_groups,
     lower_pool,
+    lower_quant,
     lower_recurrent,
     lower_reduce,
     lower_resize,
