@@ -21,6 +21,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_matmul,
     lower_nonlinear,
     lower_norm,
+    lower_onehot,
     lower_norm_groups,
     lower_pool,
     lower_quant,
