@@ -29,6 +29,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_reduce,
     lower_resize,
     lower_softmax,
+    lower_topk,
 )
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.codegen.registry import GENERIC_LOWERINGS
