@@ -28,6 +28,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_recurrent,
     lower_reduce,
     lower_resize,
+    lower_scan,
     lower_softmax,
     lower_topk,
 )
