@@ -25,7 +25,6 @@ after every model, so an interrupted sweep continues where it stopped.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -35,12 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from onnx2bir.errors import MachineError, UserError
+from onnx2bir.errors import UserError
+from onnx2bir.sweep_model import (
+    DEFAULT_TIMEOUT,
+    blank_record,
+    memory_estimate,
+    model_name,
+    one_line,
+    run_guarded,
+    run_one,
+)
 
 CATEGORIES = ("export", "unsupported op", "codegen refusal", "mismatch", "timeout", "crash")
-DEFAULT_TIMEOUT = 1800.0
-META_PREFIX = "onnx2bir.sweep."
-_MB = 1 << 20
+__all__ = ["CATEGORIES", "collect", "memory_estimate", "run_guarded", "run_one", "sweep"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +68,7 @@ def collect(paths: Iterable[str | Path]) -> list[Job]:
         else:
             raise UserError(f"{path}: no such file or folder")
         for item in found:
-            job = Job(
-                item.name.removesuffix(".onnx").removesuffix(".export-error"),
-                item,
-                item.suffix == ".export-error",
-            )
+            job = Job(model_name(item), item, item.suffix == ".export-error")
             other = jobs.get(job.name)
             if other is not None and other.path != item:
                 if other.export_error != job.export_error:  # a model beats a stale error file
@@ -76,210 +78,6 @@ def collect(paths: Iterable[str | Path]) -> list[Job]:
                     raise UserError(f"two models named {job.name!r}: {other.path} and {item}")
             jobs[job.name] = job
     return sorted(jobs.values(), key=lambda job: job.name)
-
-
-def memory_estimate(path: Path) -> int:
-    """Bytes a validation of the model needs, roughly: the weights are held by onnxruntime, the
-    import and the machine's DRAM (about 5 copies), plus 400 MB for the interpreter and
-    onnxruntime themselves."""
-    size = path.stat().st_size if path.exists() else 0
-    return 400 * _MB + 5 * size
-
-
-def _one_line(text: str, limit: int = 240) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _metadata(path: Path) -> dict[str, str]:
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:
-        return {}
-    return {
-        p.key.removeprefix(META_PREFIX): p.value
-        for p in model.metadata_props
-        if p.key.startswith(META_PREFIX)
-    }
-
-
-def _summary_of(doc: dict) -> dict:
-    convs = doc.get("convs") or []
-    ops = doc.get("ops") or {}
-    return {
-        "ops": sum(ops.values()),
-        "op_types": len(ops),
-        "convs": {"matched": sum(1 for c in convs if c.get("kernel")), "total": len(convs)},
-        "attention": len(doc.get("attention") or []),
-        "mlp": len(doc.get("mlp") or []),
-    }
-
-
-def run_one(path: str, report_only: bool = False) -> dict:
-    """Validate (or report) one model; never raises: the record says what happened."""
-    job_path = Path(path)
-    name = job_path.name.removesuffix(".onnx").removesuffix(".export-error")
-    record: dict = {
-        "model": name,
-        "path": str(job_path),
-        "source": None,
-        "family": None,
-        "passed": False,
-        "verdict": "fail",
-        "category": None,
-        "reason": "",
-        "ops": None,
-        "op_types": None,
-        "convs": None,
-        "attention": None,
-        "mlp": None,
-        "max_abs_err": None,
-        "times": {},
-    }
-    start = time.perf_counter()
-    if job_path.suffix == ".export-error":
-        record.update(category="export", reason=_one_line(job_path.read_text() or "no reason"))
-        return record
-    record.update({k: v for k, v in _metadata(job_path).items() if k in ("source", "family")})
-    try:
-        _run(job_path, report_only, record)
-    except MachineError as exc:
-        record.update(category="crash", reason=_one_line(f"machine rejected: {exc}"))
-    except UserError as exc:
-        message = str(exc)
-        category = "unsupported op" if message.startswith("unsupported ops") else "codegen refusal"
-        record.update(category=category, reason=_one_line(message))
-    except Exception as exc:  # an onnx2bir bug: recorded, the sweep goes on
-        record.update(category="crash", reason=_one_line(f"{type(exc).__name__}: {exc}"))
-    record["times"]["total"] = round(time.perf_counter() - start, 3)
-    if record["category"] is None:
-        record.update(passed=True, verdict="pass")
-    return record
-
-
-def _run(path: Path, report_only: bool, record: dict) -> None:
-    from onnx2bir import report
-    from onnx2bir.compiler import compile_model
-    from onnx2bir.options import CompileOptions
-    from onnx2bir.runtime.tolerance import TolerancePolicy
-    from onnx2bir.validation_report import run_validate
-
-    options = CompileOptions()
-    if report_only:
-        compilation = compile_model(path, options, keep_going=True)
-        record.update(_summary_of(report.build_report(str(path), compilation)))
-        record["times"]["compile"] = round(sum(compilation.timings.values()), 3)
-        if compilation.codegen_error:
-            raise UserError(compilation.codegen_error)
-        return
-    seen: dict = {}
-
-    def on_compiled(compilation) -> None:
-        seen["compilation"] = compilation
-        record.update(_summary_of(report.build_report(str(path), compilation)))
-
-    try:
-        doc, _, _ = run_validate(
-            str(path), options, TolerancePolicy(), on_compiled=on_compiled, progress=False
-        )
-    except UserError:
-        if "compilation" not in seen:  # refused before code generation: report what it found
-            compilation = compile_model(path, options, keep_going=True)
-            record.update(_summary_of(report.build_report(str(path), compilation)))
-        raise
-    timings = doc["timings"]
-    record["times"].update(
-        compile=round(sum(timings.get(k, 0.0) for k in ("import", "passes", "codegen")), 3),
-        simulate=timings.get("simulate"),
-        onnxruntime=timings.get("onnxruntime"),
-    )
-    errors = [o["max_abs_err"] for o in doc["outputs"] if o["max_abs_err"] is not None]
-    record["max_abs_err"] = max(errors) if errors else None
-    failed = [o for o in doc["outputs"] if not o["passed"]]
-    if failed:
-        worst = failed[0]
-        record.update(
-            category="mismatch",
-            reason=_one_line(
-                f"output {worst['name']}: {worst.get('mismatches')} of {worst.get('size')} "
-                f"elements outside atol {worst['atol']:.3g} + rtol {worst['rtol']:.3g}, "
-                f"max abs err {worst['max_abs_err']:.3g}"
-                + (f" ({len(failed)} outputs fail)" if len(failed) > 1 else "")
-            ),
-        )
-
-
-def _timeout_record(job: Job, seconds: float) -> dict:
-    record = run_stub(job)
-    record.update(category="timeout", reason=f"stopped after {seconds:g} s")
-    record["times"] = {"total": round(seconds, 3)}
-    return record
-
-
-def run_stub(job: Job) -> dict:
-    return {
-        "model": job.name,
-        "path": str(job.path),
-        "source": None,
-        "family": None,
-        "passed": False,
-        "verdict": "fail",
-        "category": "crash",
-        "reason": "",
-        "ops": None,
-        "op_types": None,
-        "convs": None,
-        "attention": None,
-        "mlp": None,
-        "max_abs_err": None,
-        "times": {},
-    }
-
-
-# --- local processes ---------------------------------------------------------------------------
-
-
-def _child(path: str, report_only: bool, conn) -> None:
-    try:
-        conn.send(run_one(path, report_only))
-    finally:
-        conn.close()
-
-
-def run_guarded(path: str, report_only: bool = False, timeout: float = DEFAULT_TIMEOUT) -> dict:
-    """`run_one` in a child process: a crash or a hang of the model costs only its record."""
-    name = Path(path).name.removesuffix(".onnx").removesuffix(".export-error")
-    job = Job(name, Path(path), False)
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(path, report_only, send), daemon=True)
-    process.start()
-    send.close()
-    try:
-        if not receive.poll(timeout):
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-                return _timeout_record(job, timeout)
-        try:
-            return receive.recv()
-        except EOFError:
-            record = run_stub(job)
-            record["reason"] = _died(process)
-            return record
-    finally:
-        receive.close()
-        process.join(5)
-
-
-def _died(process) -> str:
-    process.join(5)
-    code = process.exitcode
-    if code is not None and code < 0:
-        return f"the worker died of signal {-code} (out of memory?)"
-    return f"the worker exited with status {code} without a result"
 
 
 def run_local(
@@ -320,7 +118,7 @@ def run_ray(
         try:
             ray.init(address=address or None, log_to_driver=False)
         except Exception as exc:
-            raise UserError(f"--ray: cannot start or reach Ray ({_one_line(str(exc))})") from exc
+            raise UserError(f"--ray: cannot start or reach Ray ({one_line(str(exc))})") from exc
     task = ray.remote(run_guarded)
     refs = {
         task.options(num_cpus=1, memory=memory_estimate(job.path), max_retries=0).remote(
@@ -335,8 +133,8 @@ def run_ray(
             try:
                 record = ray.get(ref)
             except Exception as exc:  # the task's worker died
-                record = run_stub(job)
-                record["reason"] = _one_line(f"Ray task failed: {type(exc).__name__}: {exc}")
+                record = blank_record(job.path)
+                record["reason"] = one_line(f"Ray task failed: {type(exc).__name__}: {exc}")
             done(record)
 
 
