@@ -18,7 +18,8 @@ Run with the export interpreter (it has torch, torchvision, timm, transformers):
     /work/venv-export/bin/python models/sweep.py --list
     python -m onnx2bir sweep models/.cache/sweep --md docs/zoo.md   # the table alone
 
-The list is `models/sweep_archs.py`, the builders `models/sweep_builders.py`. The table step runs ``python -m onnx2bir sweep`` with the interpreter named by
+The list is `models/sweep_archs.py`, the builders `models/sweep_builders.py`. The table step
+runs ``python -m onnx2bir sweep`` with the interpreter named by
 ``$ONNX2BIR_PYTHON`` (default ``python3``), which needs onnx2bir's own dependencies only.
 Exports run one at a time (``--nice`` lowers their priority): a 2-core machine is shared.
 """
