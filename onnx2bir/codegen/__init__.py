@@ -30,6 +30,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_resize,
     lower_scan,
     lower_scatter,
+    lower_scatter_nd,
     lower_softmax,
     lower_topk,
 )
