@@ -57,7 +57,7 @@ def _archs() -> list[Arch]:
         ),
         Arch("tv_vit_b_32", "torchvision", "vit", _tv("vit_b_32", 64, image_size=64)),
         Arch("tv_swin_t", "torchvision", "vit", _tv("swin_t", 64)),
-        Arch("tv_maxvit_t", "torchvision", "vit", _tv("maxvit_t", 64)),
+        Arch("tv_maxvit_t", "torchvision", "vit", _tv("maxvit_t", 224)),  # 7x7 windows at stride 32
     ]
     archs += [
         Arch(f"tv_{n}", "torchvision", "video", _tv_video(n))
