@@ -32,7 +32,7 @@ def markdown(records: list[dict], summary: dict) -> str:
         + (f" ({100 * rate:.1f}%)" if rate is not None else "")
         + "**"
         + (
-            f"; sweep wall time {summary['wall_seconds']:.0f} s."
+            f"; the last run (models not already recorded) took {summary['wall_seconds']:.0f} s."
             if summary.get("wall_seconds")
             else "."
         ),
