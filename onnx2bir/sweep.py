@@ -18,8 +18,9 @@ op without a lowering), codegen refusal (onnx2bir refuses the model: import or c
 generation), mismatch (an output outside the tolerance), timeout, crash (the machine rejected
 the program, an internal error, or the worker died).
 
-Resumable: with `--json OUT`, models already recorded in OUT are skipped and OUT is rewritten
-after every model, so an interrupted sweep continues where it stopped.
+Resumable: with `--json OUT`, models already recorded in OUT are skipped (except an export
+failure whose model file now exists) and OUT is rewritten after every model, so an interrupted
+sweep continues where it stopped.
 """
 
 from __future__ import annotations
@@ -228,8 +229,14 @@ def sweep(
         if out is not None and not out.parent.is_dir():
             raise UserError(f"{out}: the folder {out.parent} does not exist")
     previous = read_json(json_out) if json_out else []
-    names = {job.name for job in todo}
-    records = {r["model"]: r for r in previous if r.get("model") in names}
+    by_name = {job.name: job for job in todo}
+    # A recorded export failure is stale once the model file exists: run that model.
+    records = {
+        r["model"]: r
+        for r in previous
+        if r.get("model") in by_name
+        and not (r.get("category") == "export" and not by_name[r["model"]].export_error)
+    }
     todo = [job for job in todo if job.name not in records]
     bar = Progress(len(todo), enabled=progress)
     start = time.monotonic()

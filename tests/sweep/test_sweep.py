@@ -148,3 +148,13 @@ def test_models_on_a_local_ray_instance(tmp_path):
     assert [r["model"] for r in records] == committed
     assert summary["failed"] == 0, [r for r in records if not r["passed"]]
     assert all(r["max_abs_err"] is not None and r["max_abs_err"] < 1e-3 for r in records)
+
+
+def test_a_recorded_export_failure_is_run_again_once_the_model_exists(zoo, tmp_path):
+    out_json = tmp_path / "sweep.json"
+    error = zoo / "broken_export.export-error"
+    sweep.sweep([str(error)], json_out=out_json, progress=False)
+    error.unlink()
+    _tiny_add(zoo / "broken_export.onnx")
+    records, _ = sweep.sweep([str(zoo / "broken_export.onnx")], json_out=out_json, progress=False)
+    assert records[0]["passed"] and records[0]["category"] is None
