@@ -57,6 +57,10 @@ def export(arch: Arch, opset: int, folder: Path) -> str:
     torch.manual_seed(0)
     module, args = arch.build()
     module.eval()
+    with torch.no_grad():  # zero-initialised heads would make every output 0: uninformative
+        for param in module.parameters():
+            if param.dtype.is_floating_point and param.numel() > 1 and not param.any():
+                param.normal_(0.0, 0.02)
     path = folder / f"{arch.name}.onnx"
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
