@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir report model.onnx --explain conv_3\n"
         "  onnx2bir convert model.onnx -o out/\n"
         "  onnx2bir report model.onnx --html report.html\n"
-        "  onnx2bir profile model.onnx --trace trace.json --svg timeline.svg\n\n"
+        "  onnx2bir profile model.onnx --trace trace.json --svg timeline.svg\n"
+        "  onnx2bir sweep models/ --jobs 2 --json sweep.json --md sweep.md\n\n"
         "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
         "mismatch;\n  any command: it does not compile, or the machine rejects the program); "
         "2 bad input\n  or usage (one line; docs/input_contracts.md lists what is checked); 3 a "
@@ -218,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", required=True, metavar="OUT.json", help="the Chrome trace-event file to write"
     )
     profile.add_argument("--svg", metavar="OUT.svg", help="also draw the timeline as SVG")
+    from onnx2bir import sweep
+
+    sweep.add_parser(commands)
     return parser
 
 
@@ -444,6 +448,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from onnx2bir import sweep
+
+    return sweep.cmd_sweep(args)
+
+
 COMMANDS = {
     "convert": cmd_convert,
     "validate": cmd_validate,
@@ -495,6 +505,8 @@ def internal_error_message(exc: BaseException, args: argparse.Namespace, argv) -
         f"{getattr(args, 'model', '?')!s}, the command `{command}` and the output of "
         f"--debug: {detail}"
     )
+    "sweep": cmd_sweep,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -508,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         return _error(True, ErrorKind.USAGE, str(exc), False)
     finally:
         _Parser.raise_usage_errors = False
-    with _log_to_stderr(args.verbose):
+    with _log_to_stderr(getattr(args, "verbose", False)):
         return _dispatch(args, argv, debug)
 
 

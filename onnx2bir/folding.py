@@ -5,7 +5,9 @@ held aside (`importer.split_weights`). Out, from `fold_constants`: a copy in whi
 whose inputs are known at compile time (constants, Shape and Size of static shapes, Gather on
 shapes, ConstantOfShape, Range, Concat of shapes, …) is evaluated and dropped, its value an
 initializer, or a weight held aside when large. Shape nodes fold from the inferred static
-shape; any other node is run, one at a time, by onnx's reference evaluator.
+shape; any other node is run, one at a time, by onnx's reference evaluator. A large
+ConstantOfShape is never materialised: its consumers fold against a zero-stride view of its one
+value, and the node stays for the code generator (a Memset) if anything reads it at run time.
 `normalize_pool_ceil_mode` rewrites ceil_mode pools so that onnx's shape inference agrees with
 PyTorch and onnxruntime; `static_shapes` reads every fully static shape of a model;
 `drop_dead_nodes` removes nodes whose outputs nothing reads. A failure of
@@ -14,6 +16,7 @@ shape inference becomes a `UserError` with its first line.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -155,7 +158,16 @@ def _fold_once(
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     constants.update(weights)
     kept = []
+    fills: set[str] = set()
     for node in graph.node:
+        fill = _large_fill(node, constants)
+        if fill is not None:
+            # Consumers fold against a zero-stride view; the node itself stays (a Memset on
+            # the machine) unless nothing at run time reads its output.
+            constants[node.output[0]] = fill
+            fills.add(node.output[0])
+            kept.append(node)
+            continue
         values = _fold_node(node, constants, shapes, opsets)
         if values is None:
             kept.append(node)
@@ -163,9 +175,12 @@ def _fold_once(
         for name, value in zip(node.output, values, strict=False):
             if name:
                 constants[name] = value
+    outputs = {out.name for out in graph.output}
+    readers = {name for node in kept if node.output[0] not in fills for name in node.input}
+    kept = [n for n in kept if n.output[0] not in fills or n.output[0] in readers | outputs]
     if len(kept) == len(graph.node):
         return model, False
-    used = {name for node in kept for name in node.input} | {out.name for out in graph.output}
+    used = {name for node in kept for name in node.input} | outputs
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
     # IR < 4 ignores initializers that are not also graph inputs; folded values are not inputs.
@@ -178,7 +193,7 @@ def _fold_once(
     del folded.graph.input[:]
     folded.graph.input.extend(runtime)
     for name, value in constants.items():
-        if name not in used:
+        if name not in used or name in fills:
             continue
         value = np.asarray(value)
         if value.size >= WEIGHT_ELEMENTS:  # a large folded value joins the weights held aside
@@ -191,6 +206,23 @@ def _fold_once(
         else:
             folded.graph.initializer.append(numpy_helper.from_array(value, name))
     return _infer(folded), True
+
+
+def _large_fill(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> np.ndarray | None:
+    """A ConstantOfShape of constant shape and at least WEIGHT_ELEMENTS elements, as a
+    read-only zero-stride view of its one value (never materialised); else None."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+        return None
+    if not node.input or node.input[0] not in constants:
+        return None
+    shape = tuple(int(d) for d in np.asarray(constants[node.input[0]]).reshape(-1))
+    if math.prod(shape) < WEIGHT_ELEMENTS:
+        return None
+    value = np.zeros(1, np.float32)
+    for attr in node.attribute:
+        if attr.name == "value":
+            value = numpy_helper.to_array(attr.t).reshape(-1)[:1]
+    return np.broadcast_to(value.reshape(()), shape)
 
 
 def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:

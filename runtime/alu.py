@@ -95,6 +95,7 @@ _ALU: dict[AluOp, Callable] = {
     AluOp.LOGICAL_AND: np.logical_and,  # nonzero (and NaN) is true
     AluOp.LOGICAL_OR: np.logical_or,
     AluOp.BYPASS: lambda a, b: a,
+    AluOp.MOD: np.fmod,  # exact for integers and floats; x mod 0 is NaN (0 for integers)
 }
 _INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow}
 
@@ -147,6 +148,8 @@ ACTIVATIONS: dict[ActFunc, Callable[[np.ndarray], np.ndarray]] = {
     ),
     ActFunc.SILU: lambda x: x * _sigmoid(x),
     ActFunc.SOFTPLUS: lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, np.float32(0.0)),
+    ActFunc.SIN: np.sin,
+    ActFunc.COS: np.cos,
 }
 
 REDUCTIONS = {

@@ -45,6 +45,7 @@ from .alu import ACTIVATIONS, F32, I64, REDUCTIONS, alu, int_like, store_as
 from .alu import erf as erf
 from .machine import Machine, Operand, instruction_error
 
+F64 = np.dtype(np.float64)
 Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
 
 
@@ -213,16 +214,23 @@ def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 
 
 def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
-    """Matmult: dst[M, N] (+)= stationary[K, M]ᵀ · moving[K, N], fp32 accumulation."""
+    """Matmult: dst[M, N] (+)= stationary[K, M]ᵀ · moving[K, N], fp32 accumulation.
+
+    Every PE column computes its dot product the same way, so an output element depends on its
+    operands alone, never on where it sits in the tile: the K products are summed in float64
+    and rounded once to fp32. fp32 BLAS does not promise this:
+    its kernels block columns unevenly, and equal columns can come out a few ULP apart, which
+    a softmax over huge equal logits turns into wrong probabilities.
+    """
     stat, mov, dst, k, m_size, n_size, accumulate = m.prepared.get(ins) or _prepare(
         m, ins, _prep_matmult
     )
     if dst.terms:
         _check_bank(ins, dst, dst.element_offset(loop_values))
-    a = stat.view(loop_values).reshape(k, m_size).astype(F32)
-    b = mov.view(loop_values).reshape(k, n_size).astype(F32)
+    a = stat.view(loop_values).reshape(k, m_size).astype(F64)
+    b = mov.view(loop_values).reshape(k, n_size).astype(F64)
     out = dst.view(loop_values)
-    result = np.matmul(a.T, b)
+    result = np.matmul(a.T, b).astype(F32)
     if accumulate:
         result += out.reshape(m_size, n_size)
     out[...] = result.reshape(out.shape)

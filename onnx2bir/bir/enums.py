@@ -97,6 +97,8 @@ class ActFunc(enum.StrEnum):
     GELU_TANH = "gelu_tanh"
     SILU = "silu"
     SOFTPLUS = "softplus"
+    SIN = "sin"
+    COS = "cos"
 
 
 class AluOp(enum.StrEnum):
@@ -117,6 +119,7 @@ class AluOp(enum.StrEnum):
     LOGICAL_AND = "logical_and"
     LOGICAL_OR = "logical_or"
     BYPASS = "bypass"  # pass the first operand through unchanged
+    MOD = "mod"  # remainder of truncated division (C fmod): the sign of the first operand
 
 
 class Dtype(enum.StrEnum):

@@ -9,6 +9,7 @@ Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
   (≤ 128), M = stationary free size (≤ 128), N = moving free size (≤ 512). Inputs in SB, dst in
   PSUM (fp32, M partitions, N elements inside one 2 KiB bank). Accumulation is fp32 whatever
   the operand dtype; fp32 operands pair only with fp32. `accumulate` False overwrites, True adds.
+  Each element's K products are summed in float64 and rounded once, whatever its column.
 - Activation: `dst = func(in · scale + bias)` in fp32, cast to dst's dtype. `bias` is a [P, 1]
   operand broadcast along the free dims, or the immediate `bias_value`; `scale` an immediate.
 - TensorTensor: `dst = in0 <op> in1` elementwise, fp32 math. Not both inputs in PSUM.

@@ -1,4 +1,5 @@
-"""Generic lowering of Conv (1-D and 2-D, any stride, padding, dilation, group, bias).
+"""Generic lowering of Conv (1-D and 2-D, any stride, padding, dilation, group, bias; 3-D in
+`lower_conv3d`, which folds the depth taps into channels and comes back here).
 
 Shifted-window matmuls accumulating in PSUM (implicit GEMM, no im2col): for each output tile
 of `rows x cols` pixels (≤ 512, one PSUM bank) and each filter tap (i, j),
@@ -93,6 +94,11 @@ def lower_conv(cg: BirCodeGen, node: dict) -> None:
     b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
     w_shape = tuple(cg.graph.tensors[w_name].shape)
     x_shape = tuple(cg.graph.tensors[x_name].shape)
+    if len(x_shape) == 5:  # 3-D: the depth taps become channels of a 2-D conv
+        from onnx2bir.codegen.lower_conv3d import lower_conv3d
+
+        lower_conv3d(cg, node)
+        return
     geo = window_geometry(cg, node, w_shape[2:])
     batch, channels = x_shape[:2]
     dtype = cg.graph.tensors[x_name].dtype

@@ -27,7 +27,7 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
-from onnx2bir.codegen.lower_elementwise import iota, scalar_op
+from onnx2bir.codegen.lower_elementwise import fill_exact, iota, scalar_op
 from onnx2bir.codegen.lower_logic import INF
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, tiles
@@ -184,14 +184,26 @@ def _cumsum_pe(cg, x_loc, y_loc, layout, exclusive: bool, reverse: bool) -> None
                 cg.dma(cg.dram_ap(y_loc, start, pattern), res)
 
 
-def _cumsum_dve(cg, x_loc, y_loc, layout, exclusive: bool, reverse: bool) -> None:
+def _cumsum_dve(
+    cg,
+    x_loc,
+    y_loc,
+    layout,
+    exclusive: bool,
+    reverse: bool,
+    op: AluOp = AluOp.ADD,
+    dtype: Dtype = Dtype.INT64,
+) -> None:
+    """The scan one column at a time on VectorE (a BIR loop along the axis): exact for integers;
+    `op` MULTIPLY makes it CumProd's."""
     loops, loop_stride, length, axis_stride, columns, col_stride = layout
     base, step = _axis_walk(length, axis_stride, reverse)
-    p, i64 = NUM_PARTITIONS, Dtype.INT64
+    p, i64 = NUM_PARTITIONS, dtype
     chunk = min(length, SCAN_CHUNK)
     data = cg.sb_tile("data", p, chunk, i64)
     scan = cg.sb_tile("scan", p, chunk, i64)
     running = cg.sb_tile("running", p, 1, i64)
+    start_value = 1 if op is AluOp.MULTIPLY else 0
     for o in tiles(cg, loops, 1, "o"):
         for r in tiles(cg, columns, p, "r"):
             run = cg.ap(running, partitions=r.size)
@@ -208,11 +220,11 @@ def _cumsum_dve(cg, x_loc, y_loc, layout, exclusive: bool, reverse: bool) -> Non
                     cg.dram_ap(x_loc, start, pattern),
                 )
                 if piece.first:
-                    cg.memset(run, 0.0)
+                    fill_exact(cg, run, start_value, not dtype.is_float)
                 if exclusive:
                     cg.tensor_copy(col(scan, 0), run)
                 else:
-                    cg.tensor_tensor(col(scan, 0), run, col(data, 0), AluOp.ADD)
+                    cg.tensor_tensor(col(scan, 0), run, col(data, 0), op)
                 if piece.size > 1:
                     with cg.loop("t", 1, piece.size) as t:
                         at = Affine.axis(t)
@@ -220,11 +232,11 @@ def _cumsum_dve(cg, x_loc, y_loc, layout, exclusive: bool, reverse: bool) -> Non
                             col(scan, at),
                             col(scan, at + -1),
                             col(data, at + -1 if exclusive else at),
-                            AluOp.ADD,
+                            op,
                         )
                 last = piece.size - 1
                 if exclusive:
-                    cg.tensor_tensor(run, col(scan, last), col(data, last), AluOp.ADD)
+                    cg.tensor_tensor(run, col(scan, last), col(data, last), op)
                 else:
                     cg.tensor_copy(run, col(scan, last))
                 cg.dma(

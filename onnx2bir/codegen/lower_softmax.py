@@ -1,4 +1,5 @@
-"""Generic lowering of Softmax: the numerically stable exp(x − rowmax) / Σ exp(x − rowmax).
+"""Generic lowering of Softmax: the numerically stable exp(x − rowmax) / Σ exp(x − rowmax), and
+of LogSoftmax: x − rowmax − log Σ exp(x − rowmax).
 
 Opset < 13 flattens the input to 2-D at `axis` and normalises each row of the flattened view;
 opset ≥ 13 normalises along `axis` alone. Either way the tensor becomes
@@ -26,6 +27,16 @@ ROW_CHUNK = 8192
 
 @lowering("Softmax")
 def lower_softmax(cg: BirCodeGen, node: dict) -> None:
+    _emit_softmax(cg, node, log=False)
+
+
+@lowering("LogSoftmax")
+def lower_log_softmax(cg: BirCodeGen, node: dict) -> None:
+    """x − max − log Σ exp(x − max): the same passes; the last subtracts instead of dividing."""
+    _emit_softmax(cg, node, log=True)
+
+
+def _emit_softmax(cg: BirCodeGen, node: dict, log: bool) -> None:
     x_name, out_name = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x_name].shape)
     rank = max(1, len(shape))
@@ -44,6 +55,8 @@ def lower_softmax(cg: BirCodeGen, node: dict) -> None:
     partial = cg.sb_tile("partial", NUM_PARTITIONS, chunks, dtype)
     neg_max = cg.sb_tile("neg_max", NUM_PARTITIONS, 1, dtype)
     total = cg.sb_tile("sum", NUM_PARTITIONS, 1, dtype)
+    # LogSoftmax keeps x for the last pass: the exponentials go to a tile of their own.
+    exps = cg.sb_tile("exp", NUM_PARTITIONS, chunk, dtype) if log else data
     x_loc, y_loc = cg.dram(x_name).name, cg.dram(out_name).name
     # Rows on partitions: the outer rows when the softmax runs along the last dim, else the
     # inner positions of one outer row at a time.
@@ -82,14 +95,25 @@ def lower_softmax(cg: BirCodeGen, node: dict) -> None:
                 dram, sb = chunk_aps(piece, x_loc)
                 if chunks > 1:
                     cg.dma(sb, dram)
-                cg.activation(sb, sb, ActFunc.EXP, bias=column(neg_max))
-                cg.tensor_reduce(partial_ap(piece), sb, AluOp.ADD, axes=1)
+                ex = cg.ap(exps, [(1, piece.size)], partitions=r.size)
+                cg.activation(ex, sb, ActFunc.EXP, bias=column(neg_max))
+                cg.tensor_reduce(partial_ap(piece), ex, AluOp.ADD, axes=1)
             cg.tensor_reduce(column(total), cg.ap(partial, partitions=r.size), AluOp.ADD, axes=1)
+            if log:
+                cg.activation(column(total), column(total), ActFunc.LOG)
             # Pass 3: normalise and store.
             for piece in tiles(cg, length, chunk, "l"):
                 dram_in, sb = chunk_aps(piece, x_loc)
                 if chunks > 1:
                     cg.dma(sb, dram_in)
+                if log:  # x + (−max) − log Σ
+                    cg.tensor_scalar(
+                        sb, sb, AluOp.ADD, column(neg_max), AluOp.SUBTRACT, column(total)
+                    )
+                    dram_out, _ = chunk_aps(piece, y_loc)
+                    cg.dma(dram_out, sb)
+                    continue
+                if chunks > 1:
                     cg.activation(sb, sb, ActFunc.EXP, bias=column(neg_max))
                 cg.tensor_scalar(sb, sb, AluOp.DIVIDE, column(total))
                 dram_out, _ = chunk_aps(piece, y_loc)

@@ -115,6 +115,27 @@ def test_matmult_accumulate_adds_and_overwrite_replaces():
     np.testing.assert_allclose(get(mach, out), a.T @ b, rtol=1e-5, atol=1e-5)
 
 
+def test_matmult_equal_columns_give_equal_results():
+    """An output element depends on its operands only, not on its column in the tile.
+
+    The onnx light inception_v1 (every weight 0.02) ends in a Gemm whose 1000 columns are
+    equal, then a softmax over logits near 8e20: one ULP between columns is a probability of 0
+    instead of 0.001. fp32 BLAS sums the first 8 of these 488 columns in another order.
+    """
+    mach, out, srcs, _, _ = _matmul_setup(128, 1, 488)
+    a = np.full((128, 1), 8.750478e19, np.float32)
+    b = np.full((128, 488), 0.02, np.float32)
+    put(mach, tile("st", 128, 1), a)
+    put(mach, tile("mv", 128, 488, address=4096), b)
+    run(mach, instr(Opcode.MATMULT, Engine.PE, ap(out), srcs, accumulate=False))
+    result = get(mach, out)
+    assert np.unique(result).size == 1, np.unique(result)
+    # And it is the fp32 rounding of the exact dot product.
+    assert result[0, 0] == np.float32(
+        128 * float(np.float32(8.750478e19)) * float(np.float32(0.02))
+    )
+
+
 @pytest.mark.parametrize(
     "k, m_size, n, dt_stat, dt_mov, address, words",
     [
@@ -162,6 +183,8 @@ REFERENCE = {
     ActFunc.GELU_TANH: lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3))),
     ActFunc.SILU: lambda x: x / (1 + np.exp(-x)),
     ActFunc.SOFTPLUS: lambda x: np.log(1 + np.exp(x)),
+    ActFunc.SIN: np.vectorize(math.sin),
+    ActFunc.COS: np.vectorize(math.cos),
 }
 
 
@@ -193,7 +216,10 @@ def test_activation_matches_reference(func):
     ins.attrs.update(func=func, scale=0.75)
     run(mach, ins)
     expected = REFERENCE[func](x.astype(np.float64) * 0.75 + b)
-    np.testing.assert_allclose(get(mach, dst), expected, rtol=2e-6, atol=2e-7)
+    # sin and cos have slope ±1 at their zeros: the fp32 rounding of the argument (up to 4.5,
+    # one ULP 4.8e-7) is their error there
+    atol = 5e-7 if func in (ActFunc.SIN, ActFunc.COS) else 2e-7
+    np.testing.assert_allclose(get(mach, dst), expected, rtol=2e-6, atol=atol)
 
 
 def test_activation_bias_value_and_bf16_rounding():
@@ -248,6 +274,7 @@ FLOAT_REFERENCE = {
     AluOp.LOGICAL_AND: lambda a, b: ((a != 0) & (b != 0)) * 1.0,
     AluOp.LOGICAL_OR: lambda a, b: ((a != 0) | (b != 0)) * 1.0,
     AluOp.BYPASS: lambda a, b: a,
+    AluOp.MOD: lambda a, b: np.vectorize(math.fmod)(a, b),
 }
 
 
@@ -282,6 +309,17 @@ def test_tensor_tensor_integers_are_exact_and_divide_truncates():
     assert get(mach, out).tolist() == [[16777219, -5, 5], [2**30 + 1, -5, 5]]
     run(mach, instr(Opcode.TENSOR_TENSOR, Engine.POOL, ap(out), srcs, op="divide"))
     assert get(mach, out).tolist() == [[8388608, -3, -3], [2**30, -2, 0]]
+
+
+def test_mod_takes_the_sign_of_the_dividend_and_is_exact_on_integers():
+    in0, in1 = tile("a", 1, 4, Dtype.INT64), tile("b", 1, 4, Dtype.INT64, address=64)
+    out = tile("c", 1, 4, Dtype.INT64, address=128)
+    mach = machine(in0, in1, out)
+    put(mach, in0, [[2**40 + 7, -7, 7, -7]])
+    put(mach, in1, [[3, 3, -3, -3]])
+    srcs = {"in0": ap(in0), "in1": ap(in1)}
+    run(mach, instr(Opcode.TENSOR_TENSOR, Engine.DVE, ap(out), srcs, op="mod"))
+    assert get(mach, out).tolist() == [[(2**40 + 7) % 3, -1, 1, -1]]
 
 
 def test_tensor_tensor_rules():

@@ -1,0 +1,92 @@
+"""Generic lowering of GroupNormalization and RMSNormalization.
+
+- GroupNormalization: per image, the G groups on partitions and each group's C/G channels ×
+  pixels on the free dim; the statistics are LayerNormalization's row normalisation
+  (`lower_norm._RowNorm`: −mean, centred squares, rsqrt on ScalarE). The per-channel scale and
+  bias are loaded once as [G, C/G · pixels] tiles by a DMA that repeats each channel's value over
+  its pixels (stride 0); opset 18's per-group scale and bias repeat over the whole group. A
+  group longer than one row chunk is refused.
+- RMSNormalization: rows (every position before `axis`) on partitions, the normalised elements
+  on the free dim; Σx² by ScalarE square and a VectorE reduce, rsqrt(Σ/D + ε) on ScalarE,
+  then x · rstd · scale (the scale broadcast to every partition by a stride-0 DMA).
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower_norm import ROW_CHUNK, _dense_vector, _RowNorm
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.tiling import Affine, tiles
+
+FP32 = Dtype.FP32
+
+
+@lowering("GroupNormalization")
+def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
+    x, scale, bias = node["inputs"][:3]
+    shape = tuple(cg.graph.tensors[x].shape)
+    groups = int(node["attrs"]["num_groups"])
+    batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
+    if batch * channels * pixels == 0:
+        return
+    if groups > NUM_PARTITIONS or channels % groups:
+        raise cg.fail(f"GroupNormalization: {groups} groups of {channels} channels")
+    per_group = channels // groups
+    length = per_group * pixels
+    if length > ROW_CHUNK:
+        raise cg.fail(f"GroupNormalization: a group of {length} elements (at most {ROW_CHUNK})")
+    norm = _RowNorm(cg, length, float(node["attrs"].get("epsilon", 1e-5)))
+    vectors = []
+    for tag, name in (("gamma", scale), ("beta", bias)):
+        tile = cg.sb_tile(tag, groups, length, FP32)
+        if tuple(cg.graph.tensors[name].shape) == (channels,):
+            pattern = [(per_group, groups), (1, per_group), (0, pixels)]
+        else:  # opset 18: one value per group
+            pattern = [(1, groups), (0, length)]
+        cg.dma(cg.ap(tile), cg.dram_ap(cg.dram(name).name, Affine(), pattern))
+        vectors.append(cg.ap(tile))
+    y_loc = cg.dram(node["outputs"][0]).name
+    for n in tiles(cg, batch, 1, "n"):
+
+        def apply(tile, piece, rstd, n=n):
+            cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, rstd)
+            cg.tensor_tensor(tile, tile, vectors[0], AluOp.MULTIPLY)
+            cg.tensor_tensor(tile, tile, vectors[1], AluOp.ADD)
+            offset = n.start * (channels * pixels) + piece.start
+            cg.dma(cg.dram_ap(y_loc, offset, [(length, groups), (1, piece.size)]), tile)
+
+        norm.run(cg.dram(x).name, n.start * (channels * pixels), groups, apply)
+
+
+@lowering("RMSNormalization")
+def lower_rms_norm(cg: BirCodeGen, node: dict) -> None:
+    x, scale = node["inputs"][:2]
+    shape = tuple(cg.graph.tensors[x].shape)
+    axis = int(node["attrs"].get("axis", -1)) % len(shape)
+    rows, length = math.prod(shape[:axis]), math.prod(shape[axis:])
+    if rows * length == 0:
+        return
+    if length > ROW_CHUNK:
+        raise cg.fail(f"RMSNormalization over {length} elements (at most {ROW_CHUNK})")
+    eps = float(node["attrs"].get("epsilon", 1e-5))
+    p = NUM_PARTITIONS
+    data, square = cg.sb_tile("data", p, length, FP32), cg.sb_tile("square", p, length, FP32)
+    gamma, rstd = cg.sb_tile("gamma", p, length, FP32), cg.sb_tile("rstd", p, 1, FP32)
+    scale_loc = _dense_vector(cg, scale, shape[axis:])
+    cg.dma(cg.ap(gamma), cg.dram_ap(scale_loc, Affine(), [(0, p), (1, length)]))
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    for r in tiles(cg, rows, p, "r"):
+        tile = cg.ap(data, partitions=r.size)
+        column = cg.ap(rstd, partitions=r.size)
+        window = [(length, r.size), (1, length)]
+        cg.dma(tile, cg.dram_ap(x_loc, r.start * length, window))
+        cg.activation(cg.ap(square, partitions=r.size), tile, ActFunc.SQUARE)
+        cg.tensor_reduce(column, cg.ap(square, partitions=r.size), AluOp.ADD, axes=1)
+        cg.activation(column, column, ActFunc.RSQRT, scale=1.0 / length, bias_value=eps)
+        cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, column)
+        cg.tensor_tensor(tile, tile, cg.ap(gamma, partitions=r.size), AluOp.MULTIPLY)
+        cg.dma(cg.dram_ap(y_loc, r.start * length, window), tile)
