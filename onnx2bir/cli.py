@@ -459,6 +459,7 @@ COMMANDS = {
     "validate": cmd_validate,
     "report": cmd_report,
     "profile": cmd_profile,
+    "sweep": cmd_sweep,
 }
 
 
@@ -505,8 +506,6 @@ def internal_error_message(exc: BaseException, args: argparse.Namespace, argv) -
         f"{getattr(args, 'model', '?')!s}, the command `{command}` and the output of "
         f"--debug: {detail}"
     )
-    "sweep": cmd_sweep,
-}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,7 +90,7 @@ def run_one(path: str, report_only: bool = False) -> dict:
 
 
 def _run(path: Path, report_only: bool, record: dict) -> None:
-    from onnx2bir import report
+    from onnx2bir import report_doc as report
     from onnx2bir.compiler import compile_model
     from onnx2bir.options import CompileOptions
     from onnx2bir.runtime.tolerance import TolerancePolicy
