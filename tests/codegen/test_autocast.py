@@ -55,13 +55,14 @@ def matmul_case(cast_type: str, seed: int = 1):
 
 
 def expected_matmul(a: np.ndarray, b: np.ndarray, cast_type: str) -> np.ndarray:
-    """Rounded operands, fp32 products and sums: one fp32 matmul per K tile, the second
-    added onto the first in fp32 (PSUM)."""
-    stationary = rounded(a, cast_type).T.copy()  # [K, M], as the PE array holds it
-    moving = rounded(b, cast_type)
-    result = np.matmul(stationary[:128].T, moving[:128])
-    result += np.matmul(stationary[128:].T, moving[128:])
-    return result
+    """Rounded operands; each K tile's dot products summed exactly enough (float64) and rounded
+    once to fp32, as one Matmult instruction does; the second tile added onto the first in fp32
+    (PSUM accumulation)."""
+    stationary = rounded(a, cast_type).T.astype(np.float64)  # [K, M], as the PE array holds it
+    moving = rounded(b, cast_type).astype(np.float64)
+    first = np.matmul(stationary[:128].T, moving[:128]).astype(np.float32)
+    second = np.matmul(stationary[128:].T, moving[128:]).astype(np.float32)
+    return first + second  # fp32 + fp32 rounds in fp32
 
 
 @pytest.mark.parametrize("cast_type", AUTO_CAST_TYPES)

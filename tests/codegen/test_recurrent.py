@@ -85,7 +85,7 @@ def _check(op, case, **attrs):
     # onnxruntime has no batch-major (layout 1) recurrence: the oracle is the same weights at
     # layout 0 on the transposed input, its outputs transposed back.
     reference = _model(op, seed=case, **{**kwargs, "layout": 0})
-    compiled = compile_graph(import_graph(model), CompileOptions(), [])
+    compiled = compile_graph(import_graph(model), CompileOptions(auto_cast="none"), [])
     feeds = synthesize_inputs(compiled.graph, case)
     got = run_function(compiled.module, feeds)
     swapped = {k: np.swapaxes(v, 0, 1) for k, v in feeds.items()}
@@ -116,7 +116,9 @@ def test_rnn_relu_activation():
 
 
 def test_the_time_steps_are_a_bir_loop():
-    compiled = compile_graph(import_graph(_model("LSTM", 50, 2, 4, 8)), CompileOptions(), [])
+    compiled = compile_graph(
+        import_graph(_model("LSTM", 50, 2, 4, 8)), CompileOptions(auto_cast="none"), []
+    )
     loops = []
 
     def walk(block):

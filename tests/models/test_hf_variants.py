@@ -38,7 +38,6 @@ VARIANTS = ("op20_eager", "op20_sdpa", "op23_sdpa")
 # onnx.Attention in the opset-23 exports (T5's sdpa export falls back to the TorchScript
 # exporter, which writes the attention out).
 FUSED = {f"{name}_op23_sdpa" for name in MODELS} - {"t5_encoder_op23_sdpa"}
-NO_LOWERING = {"llama_op23_sdpa": "RMSNormalization"}
 
 
 def blocks(compilation):
@@ -62,10 +61,6 @@ def test_hf_variant_blocks_found_and_validates(name, variant):
     assert {a["source"] for a in attention} == {expected_source}
     assert [m["activation"] for m in mlp] == [activation, activation]
     assert all(m["status"] == "raised" for m in mlp)
-    if stem in NO_LOWERING:
-        # The blocks are found; the model's RMSNormalization has no lowering yet.
-        assert NO_LOWERING[stem] in compilation.codegen_error
-        return
     assert compilation.codegen_error is None, compilation.codegen_error
     feeds = synthesize_inputs(compilation.graph, 0)
     actual = run_function(compilation.module, feeds)

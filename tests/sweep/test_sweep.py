@@ -94,7 +94,7 @@ def test_failures_fall_into_categories_with_their_reason(zoo, tmp_path, capsys):
         "unsupported op": 1,
         "codegen refusal": 2,
     }
-    assert "FAIL  2/6 models validate" in printed and "det: unsupported op" in printed
+    assert json.loads(printed) == doc  # with --json, stdout is the same document
     table = out_md.read_text()
     assert "| small_cnn |" in table and "| det | unsupported op |" in table
 
@@ -111,6 +111,12 @@ def test_a_sweep_resumes_and_skips_models_already_recorded(zoo, tmp_path):
     assert [r["model"] for r in records] == ["add", "small_cnn"]
     assert records[0] == first[0] and records[0]["passed"]
     assert summary["passed"] == 2
+
+
+def test_the_text_summary_lists_each_failure_with_its_category(zoo, capsys):
+    assert main(["sweep", str(zoo), "--no-progress"]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL  2/6 models validate" in printed and "det: unsupported op" in printed
 
 
 def test_all_passing_exits_zero_and_report_only_does_not_simulate(tmp_path, capsys):
