@@ -16,7 +16,8 @@ payload's sha256. The layout (schema_version 1; `schema.json` beside this file i
     block       = {"name", "items": [instruction | loop]}     entry "Block1", loop body "block0"
     loop        = {"axis", "start", "stop", "step", "parallel", "no_reorder", "body": block}
     instruction = {"id", "opcode", "engine", "dst": ap | null, "srcs": {role: ap}, "attrs",
-                   "loopnest", "origin": {"node", "rule"}, "deps": [{"source", "kind"}]}
+                   "loopnest", "origin": {"node", "rule"},
+                   "deps": [{"source", "kind"[, "carried_by", "distance"]}]}
     ap          = {"loc", "partition_start", "num_partitions", "offset",
                    "offset_terms": [[axis, coef]], "pattern": [[stride, count]]}
 
@@ -197,8 +198,16 @@ def _inst_to_json(inst: Instruction) -> dict:
         "attrs": _encode_value(dict(inst.attrs), f"{where} attrs"),
         "loopnest": list(inst.loopnest),
         "origin": {"node": inst.origin.node, "rule": inst.origin.rule},
-        "deps": [{"source": int(d.source), "kind": str(d.kind)} for d in inst.deps],
+        "deps": [_dep_to_json(d) for d in inst.deps],
     }
+
+
+def _dep_to_json(dep: Dependency) -> dict:
+    doc = {"source": int(dep.source), "kind": str(dep.kind)}
+    if dep.carried_by is not None:  # plain edges keep the two-key form
+        doc["carried_by"] = dep.carried_by
+        doc["distance"] = int(dep.distance)
+    return doc
 
 
 def _ap_to_json(ap: AccessPattern) -> dict:
@@ -372,7 +381,15 @@ def _inst_from_json(doc: dict) -> Instruction:
         origin=Origin(node=doc["origin"]["node"], rule=doc["origin"]["rule"]),
         id=doc["id"],
         loopnest=tuple(doc["loopnest"]),
-        deps=[Dependency(source=d["source"], kind=DepKind(d["kind"])) for d in doc["deps"]],
+        deps=[
+            Dependency(
+                source=d["source"],
+                kind=DepKind(d["kind"]),
+                carried_by=d.get("carried_by"),
+                distance=d.get("distance", 0),
+            )
+            for d in doc["deps"]
+        ],
     )
 
 

@@ -17,8 +17,9 @@ Checked, per function:
   the elements touched in each partition, over all loop values, lie inside the location;
 - compute-engine (non-DMA) operands on SB/PSUM keep the partition-start rule
   (`partition_start_allowed`);
-- ids are non-negative and unique within the function, and every dependency names an
-  instruction earlier in program order;
+- ids are non-negative and unique within the function; every plain dependency names an
+  instruction earlier in program order, every loop-carried one an instruction inside the loop
+  that carries it, a loop enclosing both, with a distance of at least 1;
 - `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`.
 
 Per module: every Const location has a payload in `module.constants` of its dtype and shape,
@@ -125,6 +126,7 @@ class _FunctionWalk:
         self.problems = problems
         self.seen_ids: set[int] = set()
         self.seen_axes: set[str] = set()
+        self.loopnests = {inst.id: inst.loopnest for inst in fn.instructions()}
 
     def block(self, block: BasicBlock, loops: list[Loop]) -> None:
         for item in block.items:
@@ -155,8 +157,23 @@ class _FunctionWalk:
         for dep in inst.deps:
             if dep.kind not in _DEP_KINDS:
                 found.append(f"dependency on {dep.source} has unknown kind {dep.kind!r}")
-            if dep.source not in self.seen_ids:
-                found.append(f"depends on {dep.source}, not an earlier instruction")
+            if dep.carried_by is None:
+                if dep.source not in self.seen_ids:
+                    found.append(f"depends on {dep.source}, not an earlier instruction")
+                continue
+            source_nest = self.loopnests.get(dep.source)
+            if source_nest is None:
+                found.append(f"loop-carried dependency on {dep.source}, not an instruction")
+            elif dep.carried_by not in inst.loopnest or dep.carried_by not in source_nest:
+                found.append(
+                    f"dependency on {dep.source} is carried by {dep.carried_by!r}, "
+                    "which does not enclose both instructions"
+                )
+            if dep.distance < 1:
+                found.append(
+                    f"loop-carried dependency on {dep.source} has distance {dep.distance}, "
+                    "must be >= 1"
+                )
         if inst.id < 0:
             found.append("has no id")
         elif inst.id in self.seen_ids:
