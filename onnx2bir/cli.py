@@ -1,7 +1,8 @@
-"""The `onnx2bir` command: convert, validate, report.
+"""The `onnx2bir` command: convert, validate, report, run.
 
 Exit status: 0 success (validate: every output matches onnxruntime), 1 validate found a
-mismatch or the machine rejected the program, 2 bad input or usage, 3 an internal error.
+mismatch or a race, run found a race, or the machine rejected the program, 2 bad input or
+usage, 3 an internal error.
 Bad input is one line on stderr; `--debug` adds the traceback.
 """
 
@@ -17,7 +18,9 @@ import traceback
 from pathlib import Path
 
 from onnx2bir import options as compile_options
+from onnx2bir import run_command
 from onnx2bir.errors import MachineError, UserError
+from onnx2bir.run_command import add_concurrency_options
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -106,9 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir validate models/small_cnn.onnx\n"
         "  onnx2bir validate model.onnx --localize --dim batch=1\n"
         "  onnx2bir report model.onnx --explain conv_3\n"
-        "  onnx2bir convert model.onnx -o out/\n\n"
-        "exit status: 0 ok, 1 validate found a mismatch, 2 bad input or usage, 3 internal "
-        "error",
+        "  onnx2bir convert model.onnx -o out/\n"
+        "  onnx2bir run out/model.bir.json --inputs in.npz --check-races\n\n"
+        "exit status: 0 ok, 1 validate found a mismatch or a race (run: a race), 2 bad input "
+        "or usage, 3 internal error",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -155,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the model with each node's kernel, fallback reason, "
         "idiom and lowering as node metadata (shown by Netron)",
     )
+    run_command.register(commands)
     return parser
 
 
@@ -226,6 +231,7 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         help="onnxruntime holds at most this many MB of intermediates at once "
         "(default %(default)s)",
     )
+    add_concurrency_options(validate)
     validate.add_argument("--json", action="store_true", help="print the result as JSON")
     validate.add_argument(
         "--no-progress",
@@ -338,6 +344,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         budget_bytes=int(args.localize_budget * (1 << 20)),
         progress=not args.no_progress,
         on_compiled=lambda compilation: _print_stats(args, compilation),
+        schedule=args.schedule,
+        check_races=args.check_races,
     )
     if args.save_inputs:
         validation_report.save_inputs(args.save_inputs, feeds)
@@ -377,7 +385,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"convert": cmd_convert, "validate": cmd_validate, "report": cmd_report}
+COMMANDS = {
+    "convert": cmd_convert,
+    "validate": cmd_validate,
+    "report": cmd_report,
+    "run": run_command.cmd_run,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from onnx2bir.bir.ir import Module
+from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.errors import UserError
@@ -83,7 +84,7 @@ def compile_graph(
     timings: dict[str, float] | None = None,
     keep_going: bool = False,
 ) -> Compilation:
-    """Run the passes, then generate BIR.
+    """Run the passes, then generate BIR and verify it (`bir.verify`).
 
     With `keep_going`, a failure to generate code is recorded in `codegen_error` instead of
     raised, so a report can still show what the passes found.
@@ -98,12 +99,17 @@ def compile_graph(
     start = time.perf_counter()
     try:
         check_supported(graph)
-        compilation.module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
+        module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
+        timings["codegen"] = time.perf_counter() - start
+        start = time.perf_counter()
+        check_module(module, f"the BIR generated for {graph.name}")
+        timings["verify"] = time.perf_counter() - start
+        compilation.module = module
     except UserError as exc:
         if not keep_going:
             raise
         compilation.codegen_error = str(exc)
-    timings["codegen"] = time.perf_counter() - start
+    timings.setdefault("codegen", time.perf_counter() - start)
     return compilation
 
 

@@ -14,6 +14,8 @@ DESIGN.md's contract:
      "decomposed_attention": DecomposeAttention's findings,
      "pass_statistics": [{"pass", "name", "description", "value"}],
      "instructions": {"total", "per_engine"} | null,
+     "dependencies": {"Flow", "Anti", "Output", "Ordered", "loop_carried"} | null (edges of
+        each kind between streams; loop_carried counts those carried by a loop),
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null}
 
 Keys are a public interface: add freely, never rename or drop.
@@ -23,10 +25,22 @@ from __future__ import annotations
 
 from collections import Counter
 
+from onnx2bir.bir.enums import DepKind
 from onnx2bir.compiler import Compilation
 from onnx2bir.runtime import cost as cost_model
 
 _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
+
+
+def dependency_counts(module) -> dict:
+    """Edges of the first function by kind, and how many of them are loop-carried."""
+    counts = dict.fromkeys([kind.value for kind in DepKind], 0)
+    carried = 0
+    for inst in module.functions[0].instructions():
+        for dep in inst.deps:
+            counts[dep.kind.value] += 1
+            carried += dep.carried_by is not None
+    return {**counts, "loop_carried": carried}
 
 
 def build_report(model: str, compilation: Compilation) -> dict:
@@ -42,10 +56,11 @@ def build_report(model: str, compilation: Compilation) -> dict:
             )
         else:
             statistics["per_kernel"][stat.name.removeprefix("kernel_")] = stat.value
-    instructions = cost = None
+    instructions = cost = dependencies = None
     if compilation.module is not None:
         engines = Counter(i.engine.value for i in compilation.module.functions[0].instructions())
         instructions = {"total": sum(engines.values()), "per_engine": dict(sorted(engines.items()))}
+        dependencies = dependency_counts(compilation.module)
         estimate = cost_model.estimate(compilation.module)
         cost = {
             "estimated_seconds": estimate.total_seconds,
@@ -69,6 +84,7 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "decomposed_attention": findings.get("DecomposeAttention", []),
         "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "instructions": instructions,
+        "dependencies": dependencies,
         "cost": cost,
     }
 
@@ -125,6 +141,12 @@ def format_report(doc: dict) -> str:
         inst = doc["instructions"]
         per_engine = ", ".join(f"{e} {n}" for e, n in inst["per_engine"].items())
         lines += ["", f"BIR instructions: {inst['total']} ({per_engine})"]
+    if doc.get("dependencies"):
+        deps = doc["dependencies"]
+        kinds = ", ".join(f"{k} {n}" for k, n in deps.items() if k != "loop_carried")
+        lines.append(
+            f"dependency edges between streams: {kinds}; {deps['loop_carried']} loop-carried"
+        )
     if doc.get("cost"):
         cost = doc["cost"]
         busy = ", ".join(f"{e} {t * 1e6:.0f} us" for e, t in cost["busy_seconds"].items() if t)

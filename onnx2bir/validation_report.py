@@ -11,6 +11,9 @@ outputs. The document follows DESIGN.md's contract and adds keys (never renames)
        "worst": {"index", "machine", "onnxruntime", "abs_err", "rel_err"},
        "min_atol", "min_rtol", "nonfinite": {"machine"|"onnxruntime": {"nan", "posinf",
        "neginf", "first"}}, "nonfinite_mismatches", "max_ulp", "snr_db", "shape_error"}],
+     "schedule": "program" | "random:SEED" | "timeline",
+     "races": null (not checked) | [{"first", "second", "memory", "location", "partitions",
+       "bytes", "message"}],
      "timings": {...}, "seed", "inputs": [{"name", "shape", "dtype", "source"}],
      "oracle": {"name", "version", "provider", "graph_optimization_level"},
      "tolerance": {"rule", "defaults"}, "localize": {...} (with --localize, see
@@ -36,6 +39,7 @@ from onnx2bir.runtime.compare import compare_output, json_safe
 from onnx2bir.runtime.localize import DEFAULT_BUDGET_BYTES, localize
 from onnx2bir.runtime.prepared import output_values, prepare, simulate
 from onnx2bir.runtime.progress import progress_for
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.tolerance import (
     FP32_ATOL,
     FP32_RTOL,
@@ -63,13 +67,17 @@ def run_validate(
     progress: bool = False,
     factories=(),
     on_compiled=None,
+    schedule: str = "program",
+    check_races: bool = False,
 ) -> tuple[dict, dict, dict]:
     """(document, feeds, machine outputs); the CLI prints and saves them.
 
     `on_compiled(compilation)` runs before the simulation (the CLI prints --stats there);
     `factories` make machine observers for `simulate` (test hooks; they imply --localize's
-    machine-level run).
+    machine-level run). `schedule` (`runtime/schedule.py`) orders the instructions;
+    `check_races` runs the race detector, and a race fails the validation.
     """
+    plan = parse_schedule(schedule)
     prepared = prepare(model, options, input_shapes, dims)
     if on_compiled is not None:
         on_compiled(prepared.compilation)
@@ -83,13 +91,30 @@ def run_validate(
         sources = oracle.input_rules(graph)
     function = compilation.module.functions[0]
     bar = progress_for(function, progress)
+    machine_run = bool(localize_nodes or factories)
+    machine = None
     start = time.perf_counter()
+    races = None
     try:
         if localize_nodes or factories:
             machine = simulate(compilation, feeds, bar.observer if bar else None, factories)
             actual = output_values(compilation, machine)
-        else:
-            machine = None
+        if check_races or plan.kind != "program":
+            run = run_scheduled(
+                compilation.module,
+                feeds,
+                plan,
+                check_races,
+                observer=None if machine_run else (bar.observer if bar else None),
+            )
+            races = run.races
+            actual = {
+                tensor: run.outputs[location]
+                for tensor, location in zip(
+                    compilation.graph.outputs, function.outputs, strict=True
+                )
+            }
+        elif not machine_run:
             raw = interpreter.run_function(
                 compilation.module, feeds, observer=bar.observer if bar else None
             )
@@ -125,7 +150,10 @@ def run_validate(
         outputs.append(entry)
     doc = {
         "model": model,
-        "passed": all(entry["passed"] for entry in outputs),
+        "passed": all(entry["passed"] for entry in outputs) and not races,
+        "schedule": str(plan),
+        # null: not checked; [] checked and none found
+        "races": None if races is None else [race.to_json() for race in races],
         "outputs": outputs,
         "timings": {},
         "seed": None if inputs else seed,
@@ -259,12 +287,22 @@ def format_text(doc: dict) -> str:
             f"  input {entry['name']} {entry['dtype']}{entry['shape']}: {entry['source']}{seed}"
         )
     lines.append(f"  rule: {doc['tolerance']['rule']}")
+    lines.append(f"  schedule: {doc.get('schedule', 'program')}; races: {_races_text(doc)}")
+    for race in doc.get("races") or []:
+        lines.append(f"  {race['message']}")
     for entry in outputs:
         lines += [""] + format_output(entry)
     if "localize" in doc:
         lines += [""] + format_localize(doc["localize"])
     lines += ["", "  timings: " + ", ".join(f"{k} {v:.3f}s" for k, v in doc["timings"].items())]
     return "\n".join(lines)
+
+
+def _races_text(doc: dict) -> str:
+    races = doc.get("races")
+    if races is None:
+        return "not checked (--check-races)"
+    return f"{len(races)} found" if races else "none found"
 
 
 def _kernel_text(record: dict) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnx2bir.bir.enums import MemoryType
-from onnx2bir.bir.ir import AccessPattern, Instruction, MemoryLocation
+from onnx2bir.bir.ir import AccessPattern, BasicBlock, Instruction, Loop, MemoryLocation
 
 from .program import Program
 
@@ -41,7 +41,7 @@ class RaceSide:
     loop_values: tuple[tuple[str, int], ...]
 
     def describe(self) -> str:
-        where = "".join(f" {axis}={value}" for axis, value in self.loop_values if value)
+        where = "".join(f" {axis}={value}" for axis, value in self.loop_values)
         return (
             f"instruction {self.id} {self.opcode} on {self.stream} ({self.access}; node "
             f"{self.node!r}, rule {self.rule!r}{';' + where if where else ''})"
@@ -143,6 +143,9 @@ class RaceDetector:
         self._pairs: set[tuple[int, int]] = set()
         locations = program.function.memory_locations
         self.locations = locations
+        self._counted = {
+            loop.axis for loop in _loops(program.function.entry) if loop.trip_count > 1
+        }
         written = {inst.dst.loc for inst in program.function.instructions() if inst.dst is not None}
         self.shadows: dict[str, _Shadow] = {}
         for memory in (MemoryType.SB, MemoryType.PSUM):
@@ -374,5 +377,16 @@ class RaceDetector:
             inst.origin.node,
             inst.origin.rule,
             access,
-            tuple(sorted(self.program.loop_values[index].items())),
+            tuple(
+                (axis, value)
+                for axis, value in sorted(self.program.loop_values[index].items())
+                if axis in self._counted
+            ),
         )
+
+
+def _loops(block: BasicBlock):
+    for item in block.items:
+        if isinstance(item, Loop):
+            yield item
+            yield from _loops(item.body)

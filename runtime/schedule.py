@@ -108,6 +108,7 @@ class ScheduledRun:
     races: list[Race] | None  # None when not checked
     race_count: int
     instances: int
+    streams: list[str]
 
 
 def run_scheduled(
@@ -137,5 +138,5 @@ def run_scheduled(
                 observer(inst, values)
     outputs = {name: machine.read(name) for name in function.outputs}
     if detector is None:
-        return ScheduledRun(outputs, None, 0, len(program))
-    return ScheduledRun(outputs, detector.races, detector.race_count, len(program))
+        return ScheduledRun(outputs, None, 0, len(program), program.streams)
+    return ScheduledRun(outputs, detector.races, detector.race_count, len(program), program.streams)

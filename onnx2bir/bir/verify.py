@@ -39,6 +39,7 @@ from onnx2bir.bir.opcodes import (
     SBUF_BYTES_PER_PARTITION,
     partition_start_allowed,
 )
+from onnx2bir.errors import UserError
 
 _CAPACITY = {MemoryType.SB: SBUF_BYTES_PER_PARTITION, MemoryType.PSUM: PSUM_BYTES_PER_PARTITION}
 _DEP_KINDS = frozenset(DepKind)
@@ -53,6 +54,21 @@ def verify_module(module: Module) -> list[str]:
         _FunctionWalk(fn, problems).block(fn.entry, [])
     problems += _check_constants(module)
     return problems
+
+
+class VerificationError(UserError):
+    """A module that fails `verify_module`; the message lists the first problems."""
+
+
+def check_module(module: Module, what: str = "BIR") -> None:
+    """Raise `VerificationError` naming the first problems when `module` does not verify."""
+    problems = verify_module(module)
+    if problems:
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise VerificationError(
+            f"{what} fails verification, {len(problems)} problem(s): {shown}{more}"
+        )
 
 
 def describe(inst: Instruction) -> str:
