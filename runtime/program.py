@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop
+from onnx2bir.bir.ir import BasicBlock, Dependency, Function, Instruction, Loop
 from onnx2bir.errors import MachineError
 
 
@@ -36,6 +36,8 @@ class Program:
     stream_of: list[int] = field(default_factory=list)  # per instance
     epoch_of: list[int] = field(default_factory=list)  # position on its stream, from 1
     preds: list[list[int]] = field(default_factory=list)  # instances it must follow
+    # Why each of `preds` is there: None for the stream predecessor, else the edge.
+    reasons: list[list[Dependency | None]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.instructions)
@@ -114,10 +116,11 @@ class _Builder:
             s = self.stream_index[stream] = len(program.streams)
             program.streams.append(stream)
             self.stream_last.append(-1)
-        preds = []
+        preds, reasons = [], []
         previous = self.stream_last[s]
         if previous >= 0:
             preds.append(previous)
+            reasons.append(None)
         for dep in inst.deps:
             if dep.carried_by is None:
                 source = self.last.get(dep.source)
@@ -128,11 +131,13 @@ class _Builder:
                     source = history[-dep.distance].get(dep.source)
             if source is not None and source != previous:
                 preds.append(source)
+                reasons.append(dep)
         program.instructions.append(inst)
         program.loop_values.append(values)
         program.stream_of.append(s)
         program.epoch_of.append(1 if previous < 0 else program.epoch_of[previous] + 1)
         program.preds.append(preds)
+        program.reasons.append(reasons)
         self.stream_last[s] = index
         self.last[inst.id] = index
         for axis, current in self.current.items():
