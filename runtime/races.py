@@ -12,12 +12,15 @@ write against the last write and every read slot; instance a is ordered before i
 when b's clock has seen a (`clock[b][stream(a)] >= epoch(a)`). Anything else is a race.
 Shadows cover SBUF and PSUM up to the highest byte any location uses, and the DRAM locations
 some instruction writes (a location nothing writes cannot race). Views into the shadow are
-built from the same access patterns the machine uses, one shadow word per byte of each
-element, so tiles of different dtypes that share bytes are compared byte for byte.
+built from the same access patterns the machine uses, one shadow word per unit of each
+element, the unit being the largest size dividing every element size and tile address in
+that memory (4 bytes in an fp32-only SBUF, 1 byte once an int8 tile exists), so tiles of
+different dtypes that share bytes are compared exactly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,15 +100,19 @@ class Race:
 
 
 class _Shadow:
-    """Last writer and read slots of every byte of one memory (flat, row by row)."""
+    """Last writer and read slots of one memory (flat, row by row), one word per `unit`
+    bytes: the largest size that divides every element size and address in the memory, so
+    that every element covers whole units and two accesses share a unit exactly when they
+    share a byte."""
 
-    def __init__(self, rows: int, row_bytes: int) -> None:
-        self.rows, self.row_bytes = rows, row_bytes
-        self.last_write = np.full(rows * row_bytes, -1, dtype=np.int32)
+    def __init__(self, rows: int, row_bytes: int, unit: int) -> None:
+        self.rows, self.row_bytes, self.unit = rows, row_bytes, unit
+        self.words = rows * (row_bytes // unit)
+        self.last_write = np.full(self.words, -1, dtype=np.int32)
         self.reads: list[np.ndarray] = []
 
     def new_slot(self) -> np.ndarray:
-        slot = np.full(self.rows * self.row_bytes, -1, dtype=np.int32)
+        slot = np.full(self.words, -1, dtype=np.int32)
         self.reads.append(slot)
         return slot
 
@@ -113,8 +120,9 @@ class _Shadow:
 @dataclass(frozen=True, slots=True)
 class _Geometry:
     shape: tuple[int, ...]
-    strides: tuple[int, ...]  # in bytes of the shadow's row-by-row layout
+    strides: tuple[int, ...]  # in units of the shadow's row-by-row layout
     offset: int
+    unit: int
 
     def view(self, array: np.ndarray) -> np.ndarray:
         word = array.itemsize
@@ -127,8 +135,10 @@ class _Geometry:
         )
 
     def addresses(self, mask: np.ndarray) -> np.ndarray:
+        """Byte addresses (row-by-row layout) of the first byte of each masked unit."""
         index = np.nonzero(mask.reshape(self.shape))
-        return self.offset + sum(i * s for i, s in zip(index, self.strides, strict=True))
+        units = self.offset + sum(i * s for i, s in zip(index, self.strides, strict=True))
+        return units * self.unit
 
 
 class RaceDetector:
@@ -149,18 +159,20 @@ class RaceDetector:
         written = {inst.dst.loc for inst in program.function.instructions() if inst.dst is not None}
         self.shadows: dict[str, _Shadow] = {}
         for memory in (MemoryType.SB, MemoryType.PSUM):
-            used = [
-                loc.address + loc.bytes_per_partition
-                for loc in locations.values()
-                if loc.memory is memory
-            ]
-            if used:
-                rows = max(loc.num_partitions for loc in locations.values() if loc.memory is memory)
-                self.shadows[memory.value] = _Shadow(rows, max(used))
+            tiles = [loc for loc in locations.values() if loc.memory is memory]
+            if tiles:
+                rows = max(loc.num_partitions for loc in tiles)
+                used = max(loc.address + loc.bytes_per_partition for loc in tiles)
+                unit = math.gcd(
+                    *(loc.dtype.itemsize for loc in tiles), *(loc.address for loc in tiles)
+                )
+                unit = math.gcd(unit, used) or 1
+                self.shadows[memory.value] = _Shadow(rows, used, unit)
         for name in sorted(written):
             loc = locations.get(name)
             if loc is not None and loc.memory is MemoryType.DRAM:
-                self.shadows[f"DRAM:{name}"] = _Shadow(1, loc.num_elements * loc.dtype.itemsize)
+                size = loc.dtype.itemsize
+                self.shadows[f"DRAM:{name}"] = _Shadow(1, loc.num_elements * size, size)
 
     # --- geometry ----------------------------------------------------------------------------
     def _geometry(
@@ -173,17 +185,20 @@ class RaceDetector:
         if shadow is None:
             return None
         size = loc.dtype.itemsize
+        unit = shadow.unit
+        per = size // unit  # units per element
         element = ap.offset + sum(coef * values[axis] for axis, coef in ap.offset_terms)
         free_shape = tuple(count for _, count in ap.pattern)
-        free_strides = tuple(stride * size for stride, _ in ap.pattern)
+        free_strides = tuple(stride * per for stride, _ in ap.pattern)
         if loc.memory is MemoryType.DRAM:
-            geometry = _Geometry((*free_shape, size), (*free_strides, 1), element * size)
+            geometry = _Geometry((*free_shape, per), (*free_strides, 1), element * per, unit)
         else:
-            row = shadow.row_bytes
+            row = shadow.row_bytes // unit
             geometry = _Geometry(
-                (ap.num_partitions, *free_shape, size),
+                (ap.num_partitions, *free_shape, per),
                 (row, *free_strides, 1),
-                ap.partition_start * row + loc.address + element * size,
+                ap.partition_start * row + (loc.address + element * size) // unit,
+                unit,
             )
         return shadow, geometry
 
@@ -273,9 +288,9 @@ class RaceDetector:
         shadow: _Shadow,
         geometry: _Geometry,
     ) -> None:
-        previous = np.asarray(view).reshape(-1)
-        if previous.max() < 0:
+        if view.max() < 0:  # nothing recorded on these bytes
             return
+        previous = view.reshape(-1)
         seen = previous >= 0
         ordered = self._ordered(previous[seen], clock)
         if ordered is True:
@@ -352,11 +367,11 @@ class RaceDetector:
         loc = self.locations[ap.loc]
         if loc.memory is MemoryType.DRAM:
             partitions = None
-            byte_range = (int(addresses.min()), int(addresses.max()))
+            byte_range = (int(addresses.min()), int(addresses.max()) + shadow.unit - 1)
         else:
             rows, columns = np.divmod(addresses, shadow.row_bytes)
             partitions = (int(rows.min()), int(rows.max()))
-            byte_range = (int(columns.min()), int(columns.max()))
+            byte_range = (int(columns.min()), int(columns.max()) + shadow.unit - 1)
         self.races.append(
             Race(
                 self._side(*first),

@@ -9,7 +9,7 @@ import pytest
 
 from onnx2bir.compiler import compile_model
 from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,10 @@ from light import light_model_path  # noqa: E402
 def validate(model_path: Path, seed: int = 0):
     compilation = compile_model(model_path)
     feeds = synthesize_inputs(compilation.graph, seed)
-    actual = run_function(compilation.module, feeds)
+    # Run with the race detector on: a missing dependency edge fails the model test.
+    run = run_scheduled(compilation.module, feeds, parse_schedule("program"), check_races=True)
+    assert run.races == [], [race.message() for race in run.races[:5]]
+    actual = run.outputs
     expected = run_onnxruntime(model_path, feeds)
     return compilation, [
         compare_output(name, actual[name], expected[name]) for name in compilation.graph.outputs
