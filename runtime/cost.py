@@ -14,8 +14,9 @@ Schedule: items are taken in program order; an instruction starts when its engin
 queue) is free and every `deps` source has finished. Approximation: a Loop's body is simulated
 once and its iterations are assumed to run back to back without overlapping, so the loop takes
 trip_count x (span of one iteration); busy time and counts scale by the trip count exactly.
-Dependencies on instructions not yet scheduled (loop-carried, or later in program order) are
-ignored. The ~100-cycle overhead of dependent tiny instructions and port conflicts are not modelled.
+Loop-carried edges (`carried_by`), and dependencies on instructions not yet scheduled, are
+ignored (iterations do not overlap here anyway). The ~100-cycle overhead of dependent tiny
+instructions and port conflicts are not modelled.
 """
 
 from __future__ import annotations
@@ -131,7 +132,10 @@ class _Schedule:
     def instruction(self, ins: Instruction, frame: _Frame, repeat: int) -> None:
         cycles, seconds, moved = instruction_cost(ins, self.function, self.table)
         resource = (ins.engine, ins.attrs.get("queue")) if ins.engine is Engine.DMA else ins.engine
-        ready = max((self.finish.get(dep.source, 0.0) for dep in ins.deps), default=0.0)
+        ready = max(
+            (self.finish.get(d.source, 0.0) for d in ins.deps if d.carried_by is None),
+            default=0.0,
+        )
         start = max(self.free.get(resource, 0.0), ready)
         self.free[resource] = self.finish[ins.id] = start + seconds
         engine = ins.engine

@@ -116,7 +116,7 @@ class Origin:
 
 @dataclass(frozen=True, slots=True)
 class Dependency:
-    """An edge from `source` to the instruction that lists it (docs/dependencies.md).
+    """An edge from `source` to the instruction that lists it (docs/dependencies.md#edge-semantics).
 
     Plain (`carried_by` None): each execution of the instruction waits for the latest
     execution of `source` before it in program order. Loop-carried (`carried_by` names an

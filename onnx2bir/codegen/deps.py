@@ -1,10 +1,11 @@
 """Dependency edges from buffer overlap, the `dep_edges_for_inst` step of the finalizer.
 
-Every engine and every DMA queue runs its own in-order stream (`Instruction.stream`); only the
-edges computed here order one stream against another (docs/dependencies.md). For each pair of
-instructions on different streams whose accesses can overlap in bytes, one of them writing,
-the later one gets an edge from the earlier: Flow (read after write), Output (write after
-write) or Anti (write after read). Pairs on one stream need no edge: the stream orders them.
+Every engine and every DMA queue runs its own in-order stream (`Instruction.stream`); only
+the edges computed here order one stream against another (docs/dependencies.md#analysis).
+For each pair of instructions on different streams whose accesses can overlap in bytes, one
+of them writing, the later one gets an edge from the earlier: Flow (read after write),
+Output (write after write) or Anti (write after read). Pairs on one stream need no edge: the
+stream orders them.
 
 An access is a `Footprint`: its memory (one DRAM location, or all of SBUF or PSUM, where tiles
 of different nodes may share bytes), its partitions, and its byte range as an affine function

@@ -14,8 +14,8 @@ from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.conv import CONV2D_DEPTHWISE, REP_NHWC
 from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
