@@ -240,15 +240,6 @@ def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     return a[:n]
 
 
-def _covers(outer: Footprint, inner: Footprint) -> bool:
-    return (
-        outer.first_partition <= inner.first_partition
-        and inner.last_partition <= outer.last_partition
-        and outer.box[0] <= inner.box[0]
-        and inner.box[1] <= outer.box[1]
-    )
-
-
 class DependencyTracker:
     """Computes `deps` of each instruction as it is emitted, in program order."""
 
@@ -320,12 +311,13 @@ class DependencyTracker:
         self._position += 1
         edges: dict[int, DepKind] = {}
         stream = record.stream
+        keys_of = {id(fp): self._keys(fp, locations) for fp in footprints}
         for fp in footprints:
             tables = (self._writes, self._reads) if fp.is_write else (self._writes,)
             first_p, last_p = fp.first_partition, fp.last_partition
             first_b, last_b = fp.box
             seen: set[int] = set()
-            for key in self._keys(fp, locations):
+            for key in keys_of[id(fp)]:
                 for table in tables:
                     bucket = table.get(key)
                     if not bucket:
@@ -354,7 +346,7 @@ class DependencyTracker:
                         edges[source] = kind
         inst.deps = [Dependency(source, kind) for source, kind in sorted(edges.items())]
         for fp in footprints:
-            self._record(record, fp, locations)
+            self._record(record, fp, keys_of[id(fp)])
         if self._bodies:
             self._bodies[-1].append(record)
 
@@ -380,9 +372,10 @@ class DependencyTracker:
         first, last = max(fp.box[0], 0) // size, max(fp.box[1], 0) // size
         return [(fp.memory, b) for b in range(first, last + 1)]
 
-    def _record(self, record: _Record, fp: Footprint, locations: dict[str, MemoryLocation]) -> None:
-        keys = self._keys(fp, locations)
+    def _record(self, record: _Record, fp: Footprint, keys: list[tuple[str, int]]) -> None:
         if fp.exact and not self._never_runs:
+            first_b, last_b = fp.box
+            first_p, last_p = fp.first_partition, fp.last_partition
             # Drop what this access covers (see the module docstring).
             for table, same_stream_only in ((self._writes, False), (self._reads, False)):
                 if not fp.is_write:
@@ -396,8 +389,11 @@ class DependencyTracker:
                     doomed = [
                         entry_id
                         for entry_id, (earlier, efp) in bucket.items()
-                        if (not same_stream_only or earlier.stream == record.stream)
-                        and _covers(fp, efp)
+                        if first_b <= efp.box[0]
+                        and efp.box[1] <= last_b
+                        and first_p <= efp.first_partition
+                        and efp.last_partition <= last_p
+                        and (not same_stream_only or earlier.stream == record.stream)
                     ]
                     for entry_id in doomed:
                         del bucket[entry_id]
