@@ -82,6 +82,8 @@ def validate(
     localize: bool = False,
     localize_budget: float = DEFAULT_LOCALIZE_BUDGET_MB,
     progress: bool = False,
+    schedule: str = "program",
+    check_races: bool = False,
     options: CompileOptions | None = None,
     **compile_option_values,
 ) -> ValidationResult:
@@ -91,7 +93,8 @@ def validate(
     default seeded random inputs (`seed`). Their shapes fix the model's symbolic dimensions.
     `tolerance` / `op_tolerance`: {tensor or op type: (atol, rtol)}, None keeping the default.
     `localize`: compare every intermediate tensor; `localize_budget` caps onnxruntime's
-    intermediates at once, in MB.
+    intermediates at once, in MB. `schedule`: "program", "random:SEED" or "timeline", the order
+    the engines' streams run in; `check_races`: run the race detector (a race fails).
     """
     from onnx2bir import validation_report
     from onnx2bir.runtime.tolerance import Partial, TolerancePolicy, load_tolerance_file
@@ -129,6 +132,8 @@ def validate(
         budget_bytes=int(localize_budget * (1 << 20)),
         progress=progress,
         on_compiled=compiled.append,
+        schedule=schedule,
+        check_races=check_races,
     )
     details = compiled[0]
     doc["notes"] = explain.shape_notes(model, dict(input_shapes or {})) + explain.flag_notes(

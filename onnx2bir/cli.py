@@ -1,8 +1,9 @@
-"""The `onnx2bir` command: convert, validate, report — a thin layer over `onnx2bir.api`.
+"""The `onnx2bir` command: convert, validate, report, profile, sweep, run — a thin layer over
+`onnx2bir.api` and the command modules.
 
-Exit status, every command: 0 ok; 1 the model is readable but fails (validate: a mismatch;
-any command: it does not compile, or the machine rejects the program); 2 bad input or usage;
-3 an internal error. An error is one line on stderr, or with `--json` one
+Exit status, every command: 0 ok; 1 the model is readable but fails (validate: a mismatch or a
+race; run: a race; any command: it does not compile, or the machine rejects the program); 2 bad
+input or usage; 3 an internal error. An error is one line on stderr, or with `--json` one
 `{"error": {"kind", "message"}}` document on stdout; `--debug` adds the traceback.
 """
 
@@ -20,9 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from onnx2bir import __version__, api, flag_values, output_paths
+from onnx2bir import __version__, api, flag_values, output_paths, run_command
 from onnx2bir import options as compile_options
 from onnx2bir.errors import ErrorKind, ExitCode, MachineError, UsageError, UserError
+from onnx2bir.run_command import add_concurrency_options
 from onnx2bir.runtime.compare import json_safe
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL = (
@@ -147,12 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir convert model.onnx -o out/\n"
         "  onnx2bir report model.onnx --html report.html\n"
         "  onnx2bir profile model.onnx --trace trace.json --svg timeline.svg\n"
-        "  onnx2bir sweep models/ --jobs 2 --json sweep.json --md sweep.md\n\n"
+        "  onnx2bir sweep models/ --jobs 2 --json sweep.json --md sweep.md\n"
+        "  onnx2bir run out/model.bir.json --inputs in.npz --check-races\n\n"
         "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
-        "mismatch;\n  any command: it does not compile, or the machine rejects the program); "
-        "2 bad input\n  or usage (one line; docs/input_contracts.md lists what is checked); 3 a "
-        "bug in onnx2bir\n  (please report it). With --json, errors are one JSON document on "
-        'stdout:\n  {"error": {"kind", "message"}}.',
+        "mismatch or a race;\n  any command: it does not compile, or the machine rejects the "
+        "program); 2 bad input\n  or usage (one line; docs/input_contracts.md lists what is "
+        "checked); 3 a bug in onnx2bir\n  (please report it). With --json, errors are one "
+        'JSON document on stdout:\n  {"error": {"kind", "message"}}.',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"onnx2bir {__version__}")
@@ -222,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     from onnx2bir import sweep
 
     sweep.add_parser(commands)
+    run_command.register(commands)
     return parser
 
 
@@ -311,6 +315,7 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         help="also write the report page with this run's errors (with --localize, the error "
         "of every node along the graph as a chart)",
     )
+    add_concurrency_options(validate)
     validate.add_argument(
         "--no-progress",
         action="store_true",
@@ -397,6 +402,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         localize=args.localize,
         localize_budget=args.localize_budget,
         progress=not args.no_progress and not args.json,
+        schedule=args.schedule,
+        check_races=args.check_races,
         **_options(args),
     )
     if args.save_inputs is not None:
@@ -460,6 +467,7 @@ COMMANDS = {
     "report": cmd_report,
     "profile": cmd_profile,
     "sweep": cmd_sweep,
+    "run": run_command.cmd_run,
 }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from onnx2bir.bir.ir import Module
+from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.errors import CompileError, UserError
@@ -85,7 +86,7 @@ def compile_graph(
     timings: dict[str, float] | None = None,
     keep_going: bool = False,
 ) -> Compilation:
-    """Run the passes, then generate BIR.
+    """Run the passes, then generate BIR and verify it (`bir.verify`).
 
     With `keep_going`, a failure to generate code is recorded in `codegen_error` instead of
     raised, so a report can still show what the passes found.
@@ -109,7 +110,12 @@ def compile_graph(
         if vendor_error:
             raise UserError(vendor_error)
         check_supported(graph)
-        compilation.module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
+        module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
+        timings["codegen"] = time.perf_counter() - start
+        start = time.perf_counter()
+        check_module(module, f"the BIR generated for {graph.name}")
+        timings["verify"] = time.perf_counter() - start
+        compilation.module = module
     except UserError as exc:
         if not keep_going:
             # The model was read and checked: failing here means it does not compile (exit 1).
@@ -117,7 +123,7 @@ def compile_graph(
                 raise
             raise CompileError(str(exc)) from exc
         compilation.codegen_error = str(exc)
-    timings["codegen"] = time.perf_counter() - start
+    timings.setdefault("codegen", time.perf_counter() - start)
     return compilation
 
 

@@ -17,6 +17,8 @@ DESIGN.md's contract:
      "pass_statistics": [{"pass", "name", "description", "value"}],
      "instructions": {"total", "per_engine", "dynamic_instances", "dynamic_per_engine",
                       "dynamic_exact"} | null,
+     "dependencies": {"Flow", "Anti", "Output", "Ordered", "loop_carried"} | null (edges of
+        each kind between streams; loop_carried counts those carried by a loop),
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
      "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type",
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from onnx2bir.bir.enums import Opcode
+from onnx2bir.bir.enums import DepKind, Opcode
 from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import Compilation
 from onnx2bir.options import CompileOptions
@@ -41,6 +43,17 @@ from onnx2bir.report_cost import cost_json, cost_text
 from onnx2bir.runtime import cost as cost_model
 
 _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
+
+
+def dependency_counts(module) -> dict:
+    """Edges of the first function by kind, and how many of them are loop-carried."""
+    counts = dict.fromkeys([kind.value for kind in DepKind], 0)
+    carried = 0
+    for inst in module.functions[0].instructions():
+        for dep in inst.deps:
+            counts[dep.kind.value] += 1
+            carried += dep.carried_by is not None
+    return {**counts, "loop_carried": carried}
 
 
 def build_report(model: str, compilation: Compilation) -> dict:
@@ -59,8 +72,9 @@ def build_report(model: str, compilation: Compilation) -> dict:
             )
         else:
             statistics["per_kernel"][stat.name.removeprefix("kernel_")] = stat.value
-    instructions = cost = None
+    instructions = cost = dependencies = None
     if compilation.module is not None:
+        dependencies = dependency_counts(compilation.module)
         engines = Counter(i.engine.value for i in compilation.module.functions[0].instructions())
         instances = estimate_instances(compilation.module.functions[0])
         instructions = {
@@ -95,6 +109,7 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "decomposed_attention": findings.get("DecomposeAttention", []),
         "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "instructions": instructions,
+        "dependencies": dependencies,
         "cost": cost,
         "autocast": autocast_summary(compilation),
     }
@@ -285,6 +300,12 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
                 f"dynamic instances (loop trips expanded): {bound}{inst['dynamic_instances']} "
                 f"({dynamic})"
             )
+    if doc.get("dependencies"):
+        deps = doc["dependencies"]
+        kinds = ", ".join(f"{k} {n}" for k, n in deps.items() if k != "loop_carried")
+        lines.append(
+            f"dependency edges between streams: {kinds}; {deps['loop_carried']} loop-carried"
+        )
     if doc.get("cost"):
         lines += cost_text(doc["cost"])
     return "\n".join(lines)

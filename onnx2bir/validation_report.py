@@ -11,6 +11,9 @@ outputs. The document follows DESIGN.md's contract and adds keys (never renames)
        "worst": {"index", "machine", "onnxruntime", "abs_err", "rel_err"},
        "min_atol", "min_rtol", "nonfinite": {"machine"|"onnxruntime": {"nan", "posinf",
        "neginf", "first"}}, "nonfinite_mismatches", "max_ulp", "snr_db", "shape_error"}],
+     "schedule": "program" | "random:SEED" | "timeline",
+     "races": null (not checked) | [{"first", "second", "memory", "location", "partitions",
+       "bytes", "message"}],
      "timings": {...}, "seed", "inputs": [{"name", "shape", "dtype", "source"}],
      "oracle": {"name", "version", "provider", "graph_optimization_level"},
      "tolerance": {"rule", "defaults"}, "compile_options": {"native_kernel_cast_type",
@@ -39,6 +42,7 @@ from onnx2bir.runtime.compare import compare_output, json_safe
 from onnx2bir.runtime.localize import DEFAULT_BUDGET_BYTES, localize
 from onnx2bir.runtime.prepared import output_values, prepare, simulate
 from onnx2bir.runtime.progress import progress_for
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.tolerance import (
     FP32_ATOL,
     FP32_RTOL,
@@ -69,6 +73,8 @@ def run_validate(
     progress: bool = False,
     factories=(),
     on_compiled=None,
+    schedule: str = "program",
+    check_races: bool = False,
 ) -> tuple[dict, dict, dict]:
     """(document, feeds, machine outputs); the CLI prints and saves them.
 
@@ -76,7 +82,10 @@ def run_validate(
     `on_compiled(compilation)` runs before the simulation; `factories` make machine observers
     for `simulate` (test hooks; they imply --localize's machine-level run). Names in the
     policy's `tensors` and `op_types` must exist in the model (`check_policy_names`).
+    `schedule` (`runtime/schedule.py`) orders the instructions; `check_races` runs the race
+    detector, and a race fails the validation.
     """
+    plan = parse_schedule(schedule)
     prepared = prepare(model, options, input_shapes, dims)
     check_validate_fits(prepared.pristine)  # before any input or machine array is made
     if on_compiled is not None:
@@ -95,13 +104,30 @@ def run_validate(
         sources = oracle.input_rules(graph)
     function = compilation.module.functions[0]
     bar = progress_for(function, progress)
+    machine_run = bool(localize_nodes or factories)
+    machine = None
     start = time.perf_counter()
+    races = None
     try:
         if localize_nodes or factories:
             machine = simulate(compilation, feeds, bar.observer if bar else None, factories)
             actual = output_values(compilation, machine)
-        else:
-            machine = None
+        if check_races or plan.kind != "program":
+            run = run_scheduled(
+                compilation.module,
+                feeds,
+                plan,
+                check_races,
+                observer=None if machine_run else (bar.observer if bar else None),
+            )
+            races = run.races
+            actual = {
+                tensor: run.outputs[location]
+                for tensor, location in zip(
+                    compilation.graph.outputs, function.outputs, strict=True
+                )
+            }
+        elif not machine_run:
             raw = interpreter.run_function(
                 compilation.module, feeds, observer=bar.observer if bar else None
             )
@@ -139,7 +165,10 @@ def run_validate(
         outputs.append(entry)
     doc = {
         "model": model if isinstance(model, str) else "<ModelProto>",
-        "passed": all(entry["passed"] for entry in outputs),
+        "passed": all(entry["passed"] for entry in outputs) and not races,
+        "schedule": str(plan),
+        # null: not checked; [] checked and none found
+        "races": None if races is None else [race.to_json() for race in races],
         "outputs": outputs,
         "timings": {},
         "seed": None if inputs is not None else seed,
@@ -308,6 +337,9 @@ def format_text(doc: dict, stats: bool = False) -> str:
             f"{doc['compile_options']['native_kernel_cast_type']})"
         )
     lines.append(f"  rule: {doc['tolerance']['rule']}")
+    lines.append(f"  schedule: {doc.get('schedule', 'program')}; races: {_races_text(doc)}")
+    for race in doc.get("races") or []:
+        lines.append(f"  {race['message']}")
     for entry in outputs:
         lines += [""] + format_output(entry)
     if "localize" in doc:
@@ -324,6 +356,13 @@ def format_text(doc: dict, stats: bool = False) -> str:
 def _timing(key: str, seconds: float) -> str:
     label = "onnxruntime (session creation + run)" if key == "onnxruntime" else key
     return f"{label} {seconds:.3f}s"
+
+
+def _races_text(doc: dict) -> str:
+    races = doc.get("races")
+    if races is None:
+        return "not checked (--check-races)"
+    return f"{len(races)} found" if races else "none found"
 
 
 def _kernel_text(record: dict) -> str:

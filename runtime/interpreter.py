@@ -226,6 +226,14 @@ def _run_do_while(item: DoWhile, body, machine, loop_values, observer) -> None:
 _RUNTIME_LOOP_RUNNERS = {DynamicLoop: _run_dynamic_for, DoWhile: _run_do_while}
 
 
+def semantics_for(ins: Instruction):
+    """The function that executes `ins`: its opcode's semantics, under its predicate if any."""
+    semantics = SEMANTICS.get(ins.opcode)
+    if semantics is None:
+        raise instruction_error(ins, "has no semantics")
+    return _predicated(semantics) if ins.predicate is not None else semantics
+
+
 # --- predicated instructions (docs/predicates.md) ---------------------------------------------
 def _predicated(semantics):
     """Run `semantics` under the instruction's predicate: skipped when the bound is ≤ 0, whole

@@ -118,8 +118,23 @@ class Origin:
 
 @dataclass(frozen=True, slots=True)
 class Dependency:
-    source: int  # id of the earlier instruction
+    """An edge from `source` to the instruction that lists it (docs/dependencies.md#edge-semantics).
+
+    Plain (`carried_by` None): each execution of the instruction waits for the latest
+    execution of `source` before it in program order. Loop-carried (`carried_by` names an
+    enclosing loop axis shared by both, `distance` >= 1): an execution in iteration k of
+    that loop waits for the last execution of `source` in iteration k - distance of the same
+    loop instance; `source` may come later in the loop body.
+    """
+
+    source: int  # id of the instruction waited for
     kind: DepKind
+    carried_by: str | None = None
+    distance: int = 0
+
+    @property
+    def loop_carried(self) -> bool:
+        return self.carried_by is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +166,13 @@ class Instruction:
     loop_mode: LoopMode = LoopMode.NONE
     # The instruction may read bytes no earlier instruction wrote (docs/predicates.md).
     can_read_uninit: bool = False
+
+    @property
+    def stream(self) -> str:
+        """The in-order instruction stream this runs on: its engine, or `DMA<queue>`."""
+        if self.engine is Engine.DMA:
+            return f"DMA{self.attrs.get('queue', 0)}"
+        return self.engine.value
 
     def accesses(self) -> list[tuple[AccessPattern, bool]]:
         """(access pattern, is_write) for every operand, the write last."""

@@ -22,7 +22,8 @@ payload's sha256. The layout (schema_version 1; `schema.json` beside this file i
                    "is_do_while", "no_reorder", "locals": [loc], "body": block}
     runtime     = {"loc", "offset"}      an element of a DRAM location, loaded when tested
     instruction = {"id", "opcode", "engine", "dst": ap | null, "srcs": {role: ap}, "attrs",
-                   "loopnest", "origin": {"node", "rule"}, "deps": [{"source", "kind"}],
+                   "loopnest", "origin": {"node", "rule"},
+                   "deps": [{"source", "kind"[, "carried_by", "distance"]}],
                    optional: "predicate": {"const", "terms": [[axis, coef]]},
                    "loop_mode": "Affine" | "Sequential" | "Dynamic", "can_read_uninit": true}
                    (written only when set, so modules without them are unchanged)
@@ -254,7 +255,7 @@ def _inst_to_json(inst: Instruction) -> dict:
         "attrs": _encode_value(dict(inst.attrs), f"{where} attrs"),
         "loopnest": list(inst.loopnest),
         "origin": {"node": inst.origin.node, "rule": inst.origin.rule},
-        "deps": [{"source": int(d.source), "kind": str(d.kind)} for d in inst.deps],
+        "deps": [_dep_to_json(d) for d in inst.deps],
         **_inst_extras_to_json(inst),
     }
 
@@ -272,6 +273,14 @@ def _inst_extras_to_json(inst: Instruction) -> dict:
     if inst.can_read_uninit:
         extras["can_read_uninit"] = True
     return extras
+
+
+def _dep_to_json(dep: Dependency) -> dict:
+    doc = {"source": int(dep.source), "kind": str(dep.kind)}
+    if dep.carried_by is not None:  # plain edges keep the two-key form
+        doc["carried_by"] = dep.carried_by
+        doc["distance"] = int(dep.distance)
+    return doc
 
 
 def _ap_to_json(ap: AccessPattern) -> dict:
@@ -483,7 +492,15 @@ def _inst_from_json(doc: dict) -> Instruction:
         origin=Origin(node=doc["origin"]["node"], rule=doc["origin"]["rule"]),
         id=doc["id"],
         loopnest=tuple(doc["loopnest"]),
-        deps=[Dependency(source=d["source"], kind=DepKind(d["kind"])) for d in doc["deps"]],
+        deps=[
+            Dependency(
+                source=d["source"],
+                kind=DepKind(d["kind"]),
+                carried_by=d.get("carried_by"),
+                distance=d.get("distance", 0),
+            )
+            for d in doc["deps"]
+        ],
         predicate=_predicate_from_json(doc.get("predicate")),
         loop_mode=LoopMode(doc.get("loop_mode", "")),
         can_read_uninit=bool(doc.get("can_read_uninit", False)),

@@ -17,8 +17,9 @@ Checked, per function:
   the elements touched in each partition, over all loop values, lie inside the location;
 - compute-engine (non-DMA) operands on SB/PSUM keep the partition-start rule
   (`partition_start_allowed`);
-- ids are non-negative and unique within the function, and every dependency names an
-  instruction earlier in program order;
+- ids are non-negative and unique within the function; every plain dependency names an
+  instruction earlier in program order, every loop-carried one an instruction inside the loop
+  that carries it, a loop enclosing both, with a distance of at least 1;
 - `loopnest` names only enclosing loops and `offset_terms` only axes of the `loopnest`;
 - a predicated instruction's predicate names axes of its `loopnest`, and its operand spans are
   checked as the predicate cuts them, at the trips where the cut matters;
@@ -57,6 +58,7 @@ from onnx2bir.bir.opcodes import (
     partition_start_allowed,
 )
 from onnx2bir.bir.predicates import predicate_cases
+from onnx2bir.errors import UserError
 
 _CAPACITY = {MemoryType.SB: SBUF_BYTES_PER_PARTITION, MemoryType.PSUM: PSUM_BYTES_PER_PARTITION}
 _DEP_KINDS = frozenset(DepKind)
@@ -72,6 +74,21 @@ def verify_module(module: Module) -> list[str]:
         problems += _check_runtime_loops(fn)
     problems += _check_constants(module)
     return problems
+
+
+class VerificationError(UserError):
+    """A module that fails `verify_module`; the message lists the first problems."""
+
+
+def check_module(module: Module, what: str = "BIR") -> None:
+    """Raise `VerificationError` naming the first problems when `module` does not verify."""
+    problems = verify_module(module)
+    if problems:
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise VerificationError(
+            f"{what} fails verification, {len(problems)} problem(s): {shown}{more}"
+        )
 
 
 def describe(inst: Instruction) -> str:
@@ -184,6 +201,7 @@ class _FunctionWalk:
         self.problems = problems
         self.seen_ids: set[int] = set()
         self.seen_axes: set[str] = set()
+        self.loopnests = {inst.id: inst.loopnest for inst in fn.instructions()}
 
     def block(self, block: BasicBlock, loops: list[Loop]) -> None:
         for item in block.items:
@@ -235,8 +253,23 @@ class _FunctionWalk:
         for dep in inst.deps:
             if dep.kind not in _DEP_KINDS:
                 found.append(f"dependency on {dep.source} has unknown kind {dep.kind!r}")
-            if dep.source not in self.seen_ids:
-                found.append(f"depends on {dep.source}, not an earlier instruction")
+            if dep.carried_by is None:
+                if dep.source not in self.seen_ids:
+                    found.append(f"depends on {dep.source}, not an earlier instruction")
+                continue
+            source_nest = self.loopnests.get(dep.source)
+            if source_nest is None:
+                found.append(f"loop-carried dependency on {dep.source}, not an instruction")
+            elif dep.carried_by not in inst.loopnest or dep.carried_by not in source_nest:
+                found.append(
+                    f"dependency on {dep.source} is carried by {dep.carried_by!r}, "
+                    "which does not enclose both instructions"
+                )
+            if dep.distance < 1:
+                found.append(
+                    f"loop-carried dependency on {dep.source} has distance {dep.distance}, "
+                    "must be >= 1"
+                )
         if inst.id < 0:
             found.append("has no id")
         elif inst.id in self.seen_ids:

@@ -14,7 +14,9 @@ In: a `Graph` after the pattern passes. Out: a `bir.Module` with one function.
   the per-opcode builders of `codegen/instructions.py`.
 - Finalizer (`emit` → `_finalize`): stamps the instruction's id, loop nest and origin and
   derives its dependency edges from the buffers it touches (`codegen/deps.py`); inside a
-  no_reorder scope each instruction also gets an Ordered edge to the one before it.
+  no_reorder scope each instruction also gets an Ordered edge to the one before it when that
+  one runs on another stream. A counted loop gets its loop-carried edges when it closes and
+  is marked `parallel` when it has no loop-carried hazard.
 - Epilogue (`after_function`): in a no_reorder scope, copies graph outputs that no node
   writes (constants, inputs passed through), then pops "Block1".
 """
@@ -128,7 +130,7 @@ class BirCodeGen(InstructionBuilders):
         self._sb_reserved = 0
         self._psum_next_bank = 0
         self._tile_count = 0
-        self._ordered: list[list[int] | None] = []  # per open scope: ids if no_reorder
+        self._ordered: list[list[Instruction] | None] = []  # per open scope, if no_reorder
         self._predicates: list[Predicate] = []  # open `predicated` regions, innermost last
         # createMemLoc's `tensor_memkind`: a per-tensor MemoryKind that beats the predicates.
         self.tensor_memkind: dict[str, MemoryKind] = dict(tensor_memkind or {})
@@ -221,19 +223,21 @@ class BirCodeGen(InstructionBuilders):
         return f"{hint}{count}"
 
     @contextmanager
-    def loop(
-        self, hint: str, start: int, stop: int, step: int = 1, parallel: bool = False
-    ) -> Iterator[str]:
-        """Open a counted loop; yields its axis name for use in offsets."""
+    def loop(self, hint: str, start: int, stop: int, step: int = 1) -> Iterator[str]:
+        """Open a counted loop; yields its axis name for use in offsets. When it closes, its
+        loop-carried edges are added and `parallel` says whether it has none."""
         axis = self._axis_name(hint)
-        item = Loop(axis, start, stop, step, parallel=parallel)
+        item = Loop(axis, start, stop, step)
         self.block_stack[-1].items.append(item)
         self.block_stack.append(item.body)
         self.loopnest.append(axis)
         self.axis_ranges[axis] = (start, item.last_value)
+        self.deps.open_loop(item)
         try:
             yield axis
         finally:
+            # Iterations may be reordered exactly when no hazard crosses them.
+            item.parallel = not self.deps.close_loop(item)
             self.loopnest.pop()
             self.block_stack.pop()
 
@@ -255,9 +259,14 @@ class BirCodeGen(InstructionBuilders):
         self.block_stack.append(item.body)
         self.loopnest.append(item.axis)
         self.axis_ranges[item.axis] = (item.start, item.last_value)
+        # Its trip count is known only at run time: the dependency analysis sees two trips, so
+        # a hazard from one iteration to the next gets its loop-carried edge.
+        two_trips = Loop(item.axis, item.start, item.start + 2 * item.step, item.step)
+        self.deps.open_loop(two_trips)
         try:
             yield item.axis
         finally:
+            self.deps.close_loop(two_trips)
             self.loopnest.pop()
             self.block_stack.pop()
 
@@ -283,6 +292,7 @@ class BirCodeGen(InstructionBuilders):
         self.block_stack.append(item.body)
         self.loopnest.append(axis)
         self.axis_ranges[axis] = (0, 0)
+        self.deps.define_axis(axis, 0, 0, 1)
         self._ordered.append([] if no_reorder else None)
         try:
             yield
@@ -473,13 +483,18 @@ class BirCodeGen(InstructionBuilders):
         if self._predicates:
             inst.predicate = self._predicates[-1]
         self.block_stack[-1].items.append(inst)
-        self.deps.add(inst, self.function.memory_locations, self.axis_ranges)
-        # In a no_reorder scope every instruction also follows the previous one.
+        self.deps.add(inst, self.function.memory_locations)
+        # In a no_reorder scope every instruction also follows the previous one (on another
+        # stream an Ordered edge says so; on its own stream the stream does).
         ordered = next((ids for ids in reversed(self._ordered) if ids is not None), None)
         if ordered is not None:
-            if ordered and all(dep.source != ordered[-1] for dep in inst.deps):
-                inst.deps.append(Dependency(ordered[-1], DepKind.ORDERED))
-            ordered.append(inst.id)
+            if ordered:
+                previous = ordered[-1]
+                if previous.stream != inst.stream and all(
+                    dep.source != previous.id for dep in inst.deps
+                ):
+                    inst.deps.append(Dependency(previous.id, DepKind.ORDERED))
+            ordered.append(inst)
 
     def fail(self, reason: str) -> CodegenError:
         """An error naming the current node and rule."""

@@ -305,3 +305,25 @@ def test_foreign_document_is_rejected():
 def test_stem_must_be_a_plain_name(tmp_path):
     with pytest.raises(ValueError, match="stem"):
         write_module(build_module(), tmp_path, "sub/tiny")
+
+
+def test_loop_carried_edges_round_trip_and_plain_edges_keep_two_keys():
+    module = build_module()
+    loop = module.functions[0].entry.items[2]
+    matmul = loop.body.items[0]
+    matmul.deps.append(Dependency(matmul.id, DepKind.OUTPUT, loop.axis, 1))
+    doc = module_to_json(module)
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    written = doc["functions"][0]["entry"]["items"][2]["body"]["items"][0]["deps"]
+    assert written[0] == {"source": 0, "kind": "Flow"}
+    assert written[-1] == {"source": matmul.id, "kind": "Output", "carried_by": "j", "distance": 1}
+    loaded = module_from_json(json.loads(json_io.dumps(doc)), module.constants)
+    assert loaded.functions[0].entry.items[2].body.items[0].deps == matmul.deps
+    # a distance without its loop (or 0) is not a valid document
+    written[-1]["distance"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    del written[-1]["carried_by"]
+    written[-1]["distance"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(SCHEMA).validate(doc)

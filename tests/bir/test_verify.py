@@ -281,3 +281,23 @@ def test_payload_without_const_location():
     module = build_module()
     module.constants["x"] = np.zeros((128, 64), dtype=np.float32)
     only_problem(module, "module constant 'x' has no Const or parameter memory location")
+
+
+def test_loop_carried_dependency_inside_its_loop_passes():
+    module = build_module()
+    # the matmul of iteration n waits for itself in iteration n - 1 (any instruction of the
+    # loop body may be the source, later in the body included)
+    instruction(module, 3).deps.append(Dependency(3, DepKind.OUTPUT, "n", 1))
+    assert verify_module(module) == []
+
+
+def test_loop_carried_dependency_on_a_loop_not_enclosing_both():
+    module = build_module()
+    instruction(module, 4).deps.append(Dependency(3, DepKind.ANTI, "n", 1))
+    only_problem(module, "instruction 4", "carried by 'n', which does not enclose both")
+
+
+def test_loop_carried_dependency_needs_a_positive_distance():
+    module = build_module()
+    instruction(module, 3).deps.append(Dependency(3, DepKind.OUTPUT, "n", 0))
+    only_problem(module, "instruction 3", "has distance 0, must be >= 1")

@@ -10,8 +10,8 @@ import pytest
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))
@@ -24,7 +24,10 @@ FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autoca
 def validate(model_path: Path, seed: int = 0):
     compilation = compile_model(model_path, FP32)
     feeds = synthesize_inputs(compilation.graph, seed)
-    actual = run_function(compilation.module, feeds)
+    # Run with the race detector on: a missing dependency edge fails the model test.
+    run = run_scheduled(compilation.module, feeds, parse_schedule("program"), check_races=True)
+    assert run.races == [], [race.message() for race in run.races[:5]]
+    actual = run.outputs
     expected = run_onnxruntime(model_path, feeds)
     return compilation, [
         compare_output(name, actual[name], expected[name]) for name in compilation.graph.outputs

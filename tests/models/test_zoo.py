@@ -14,8 +14,8 @@ from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.conv import CONV2D_DEPTHWISE, REP_NHWC
 from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
 from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
@@ -41,7 +41,10 @@ def validate(path: Path, options: CompileOptions | None = None):
     compared at fp32 tolerance (tests/models/test_autocast_models.py has the autocast runs)."""
     compilation = compile_model(path, options or CompileOptions(auto_cast="none"))
     feeds = synthesize_inputs(compilation.graph, 0)
-    actual = run_function(compilation.module, feeds)
+    # Run with the race detector on: a missing dependency edge fails the model test.
+    run = run_scheduled(compilation.module, feeds, parse_schedule("program"), check_races=True)
+    assert run.races == [], [race.message() for race in run.races[:5]]
+    actual = run.outputs
     expected = run_onnxruntime(path, feeds)
     return compilation, actual, expected
 

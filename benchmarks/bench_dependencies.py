@@ -1,0 +1,107 @@
+"""Dependency edges, convert time and the race detector's cost, per model.
+
+Usage: python benchmarks/bench_dependencies.py OUT.json [MODEL ...]
+MODEL is a stem in models/ or light:<name>; default: every model in models/ and the nine
+light models. Run it from a checkout's root (it imports that checkout's onnx2bir). For each
+model it records the instructions, the dependency edges by kind (and loop-carried ones),
+`compile_model` and code-generation seconds (best of 3), and, where the checkout has the
+race detector, the seconds to run the program in program order without and with
+`check_races` (best of 2). A checkout without the detector gives only the first part, which
+is how the "before" column of benchmarks/dependencies.md was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "models")
+
+import light  # noqa: E402
+
+from onnx2bir.compiler import compile_model  # noqa: E402
+from onnx2bir.runtime.oracle import synthesize_inputs  # noqa: E402
+
+LIGHT = [
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+]
+
+
+def _path(name: str) -> Path:
+    if name.startswith("light:"):
+        return light.light_model_path(name.removeprefix("light:"), 0)
+    return Path("models") / f"{name}.onnx"
+
+
+def _best(function, repeats: int) -> tuple[float, object]:
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = function()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def measure(name: str) -> dict:
+    path = _path(name)
+    convert, compilation = _best(lambda: compile_model(path), 3)
+    codegen = compilation.timings["codegen"]
+    function = compilation.module.functions[0]
+    kinds: Counter = Counter()
+    carried = instructions = 0
+    for inst in function.instructions():
+        instructions += 1
+        for dep in inst.deps:
+            kinds[str(dep.kind)] += 1
+            carried += getattr(dep, "carried_by", None) is not None
+    row = {
+        "instructions": instructions,
+        "edges": sum(kinds.values()),
+        "kinds": dict(sorted(kinds.items())),
+        "loop_carried": carried,
+        "convert_s": round(convert, 3),
+        "codegen_s": round(codegen, 3),
+    }
+    try:
+        from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+    except ImportError:
+        return row
+    feeds = synthesize_inputs(compilation.graph, 0)
+    program = parse_schedule("program")
+    plain, _ = _best(lambda: run_scheduled(compilation.module, feeds, program, False), 2)
+    checked, run = _best(lambda: run_scheduled(compilation.module, feeds, program, True), 2)
+    row.update(
+        instances=run.instances,
+        simulate_s=round(plain, 3),
+        simulate_races_s=round(checked, 3),
+        races=len(run.races),
+    )
+    return row
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    names = sys.argv[2:] or (
+        sorted(p.stem for p in Path("models").glob("*.onnx")) + [f"light:{n}" for n in LIGHT]
+    )
+    rows = {}
+    for name in names:
+        rows[name] = measure(name)
+        print(name, rows[name], flush=True)
+        out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
