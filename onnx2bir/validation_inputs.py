@@ -20,7 +20,8 @@ from onnx2bir.runtime.tolerance import TolerancePolicy
 TIMINGS_EXPLAINED = {
     "import": "read, check and shape-infer the model; fold compile-time values",
     "passes": "the pattern passes (attention, MLP, conv kernel selection)",
-    "codegen": "BIR code generation",
+    "codegen": "BIR code generation, dependency edges included",
+    "verify": "checking the generated BIR (bounds, capacities, edges) before it runs",
     "simulate": "running the BIR on the numpy machine model",
     "onnxruntime": "onnxruntime: session creation (graph load) plus one run",
     "localize": "--localize: the intermediates on onnxruntime and their comparison",

@@ -27,6 +27,7 @@ import numpy as np
 
 from onnx2bir.bir.enums import MemoryType
 from onnx2bir.bir.ir import AccessPattern, BasicBlock, Instruction, Loop, MemoryLocation
+from onnx2bir.bir.predicates import leading_extent, narrow
 
 from .program import Program
 
@@ -209,6 +210,12 @@ class RaceDetector:
         inst = program.instructions[index]
         values = program.loop_values[index]
         clock = self.clocks[index]
+        if inst.predicate is not None:  # the bytes it really touches (docs/predicates.md)
+            bound = inst.predicate.bound(values)
+            if bound <= 0:
+                return
+            if bound < leading_extent(inst):
+                inst = narrow(inst, bound)
         reads = []
         for ap in inst.srcs.values():
             found = self._geometry(ap, self.locations[ap.loc], values)

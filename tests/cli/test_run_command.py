@@ -89,8 +89,8 @@ def test_run_bad_input_is_one_line_exit_2(tmp_path, capsys):
     unverified.write_text(json.dumps(bad_doc))
     for argv, fragment in [
         (["run", tmp_path / "nope.bir.json", "--inputs", inputs], "no such file"),
-        (["run", bir, "--inputs", tmp_path / "nope.npz"], "no such file"),
-        (["run", bir, "--inputs", wrong], "wants float32[1, 3, 32, 32]"),
+        (["run", bir, "--inputs", tmp_path / "nope.npz"], "no such inputs file"),
+        (["run", bir, "--inputs", wrong], "expects (1, 3, 32, 32)"),
         (["run", bir, "--inputs", other], "missing ['input']"),
         (["run", bir, "--inputs", inputs, "--schedule", "random:x"], "random:SEED"),
         (["run", inputs, "--inputs", inputs], "cannot read BIR"),
