@@ -12,6 +12,7 @@ is how the "before" column of benchmarks/dependencies.md was measured.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -26,17 +27,7 @@ import light  # noqa: E402
 from onnx2bir.compiler import compile_model  # noqa: E402
 from onnx2bir.runtime.oracle import synthesize_inputs  # noqa: E402
 
-LIGHT = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-]
+LIGHT = sorted(light.LIGHT_MODELS.values())
 
 
 def _path(name: str) -> Path:
@@ -92,8 +83,12 @@ def measure(name: str) -> dict:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    names = sys.argv[2:] or (
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, metavar="OUT.json", help="where the rows go")
+    parser.add_argument("models", nargs="*", metavar="MODEL", help="stem or light:<name>")
+    args = parser.parse_args()
+    out = args.out
+    names = args.models or (
         sorted(p.stem for p in Path("models").glob("*.onnx")) + [f"light:{n}" for n in LIGHT]
     )
     rows = {}

@@ -24,17 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIGHT = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-]
+sys.path.insert(0, str(ROOT / "models"))
+from light import LIGHT_MODELS  # noqa: E402
+
+LIGHT = sorted(LIGHT_MODELS.values())
 
 
 def _resolve(name: str) -> Path:
