@@ -10,6 +10,7 @@ of test_attention_kernel.py.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -70,4 +71,16 @@ def test_swap_target_fp32_matches_onnxruntime_with_a_mask():
     att.add("mask", (1, 1, 20, 33))
     att.scale(0.5)
     module, _, _ = run(*att.fused(target=SWAP))
+    assert qk_matmuls(module)[0] == ("k", "qT")
+
+
+def test_swap_target_over_several_key_sections():
+    """64-key tiles make 1024-key sections: 1100 keys take two, so the stationary K slices are
+    addressed inside the second resident section too."""
+    att = Attention((1, 1, 90, 32), (1, 1, 32, 1100), (1, 1, 1100, 16)).scale(0.2)
+    model, graph = att.fused(target=SWAP)
+    graph.node("attention")["attrs"]["backend_config"] = json.dumps({"sb_shape": [64, 64]})
+    module, _, _ = run(model, graph)
+    locs = module.functions[0].memory_locations
+    assert any(name.endswith("/state") for name in locs)
     assert qk_matmuls(module)[0] == ("k", "qT")
