@@ -45,6 +45,9 @@ class Extra:
     is_bool: bool
 
 
+SWAP_TARGET = "AttentionMMSoftmaxMM"  # the target whose first matmul swaps operand roles
+
+
 @dataclass(frozen=True)
 class AttentionArgs:
     q: str  # DRAM location names
@@ -65,6 +68,7 @@ class AttentionArgs:
     q_rows: int = 128  # query rows per group (partitions of the score tile)
     k_tile: int = 512  # keys per online-softmax step
     score_dtype: Dtype = Dtype.FP32
+    swap: bool = False  # QKᵀ with the K tile stationary and Q moving (the swap target)
 
     @property
     def kv_depth(self) -> int:
@@ -196,4 +200,5 @@ def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
         q_rows,
         k_tile,
         storage if cast_all else Dtype.FP32,
+        attrs.get("custom_call_target") == SWAP_TARGET,
     )

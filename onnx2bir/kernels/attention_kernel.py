@@ -25,7 +25,12 @@ sections. The query groups are unrolled, so the engines can overlap one group's 
 the next group's matmuls. Per query group, qᵀ is formed by PE transposes; then per key tile:
 1. (K and V are already in SBUF);
 2. S = qᵀᵀ · Kᵀ accumulates in PSUM over 128-row slices of D; ScalarE evicts it with the
-   leading scale steps folded into its `scale`; VectorE applies the other steps;
+   leading scale steps folded into its `scale`; VectorE applies the other steps. The
+   WithoutSwap targets hold qᵀ stationary and stream the key tile as the moving operand.
+   The swap target (AttentionMMSoftmaxMM) holds a 128-key slice of Kᵀ stationary and
+   streams qᵀ: Sᵀ[keys, rows] lands in the (idle) Pᵀ bank, keys on the partitions, and,
+   since the softmax reduces along the free axis, each slice is copied to the fp32 `sT`
+   tile and PE-transposed back into the scores bank (docs/attention_kernel.md#targets);
 3. online softmax, the statistics in fp32: m' = max(m, rowmax S), c = exp(m − m'),
    P = exp(S − m') (storage dtype), l = c·l + Σ P;
 4. PV: per 128 keys, P is PE-transposed and O_tile = Σ Pᵀᵀ · V accumulates in PSUM;
@@ -50,7 +55,7 @@ row of −inf scores instead of NaN (a NaN in P would spread through the PE tran
 whole tile). Such a row ends with l = 0 and O = 0 / 0 = NaN, as in ONNX; with the guard, l is
 raised to FLT_MIN first and O = 0.
 
-PSUM: qᵀ, S and Pᵀ take one bank each, the PV tile ⌈Dv/512⌉: Dv ≤ 2560.
+PSUM: qᵀ, S and Pᵀ (also Sᵀ with swap) take one bank each, the PV tile ⌈Dv/512⌉: Dv ≤ 2560.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ def plan_of(a: AttentionArgs) -> TilePlan:
         fill="masked_fill" in ops,
         causal="causal" in ops,
         seq_k=a.sk,
+        swap=a.swap,
     )
 
 
@@ -132,6 +138,7 @@ class AttentionTiles:
         self.scores, self.probs, self.pt = sb["scores"], sb["probs"], sb["pT"]
         self.stats, self.acc, self.out = sb["stats"], sb["acc"], sb["out"]
         self.extra, self.bound, self.causal = sb.get("extra"), sb.get("bound"), sb.get("causal")
+        self.st = sb.get("sT")
         self.qt_ps = cg.psum_tile("qT", P, a.q_rows)
         self.s_ps = cg.psum_tile("scores", P, a.k_tile)
         self.pt_ps = cg.psum_tile("pT", P, a.q_rows)
@@ -369,14 +376,19 @@ class AttentionEmitter:
         `local` is the tile's place in the resident section."""
         cg, a, t = self.cg, self.a, self.t
         ps = cg.ap(t.s_ps, [(1, c.size)], partitions=m.size)
-        for dt in tiles(cg, a.d, P, "d", peel_first=True):
-            slot = tile_index(dt, P)
-            cg.matmul(
-                ps,
-                cg.ap(t.qt, [(1, m.size)], slot * a.q_rows, partitions=dt.size),
-                cg.ap(t.k, [(1, c.size)], slot * t.plan.section + local.start, partitions=dt.size),
-                accumulate=not dt.first,
-            )
+        if a.swap:
+            self.swapped_scores(m, c, local)
+        else:  # S[rows, keys] = qᵀ[D, rows]ᵀ · Kᵀ[D, keys]: the query group is stationary
+            for dt in tiles(cg, a.d, P, "d", peel_first=True):
+                slot = tile_index(dt, P)
+                cg.matmul(
+                    ps,
+                    cg.ap(t.qt, [(1, m.size)], slot * a.q_rows, partitions=dt.size),
+                    cg.ap(
+                        t.k, [(1, c.size)], slot * t.plan.section + local.start, partitions=dt.size
+                    ),
+                    accumulate=not dt.first,
+                )
         scores = cg.ap(t.scores, [(1, c.size)], partitions=m.size)
         cg.activation(scores, ps, ActFunc.COPY, scale=self.lead_scale)
         for step in self.steps:
@@ -390,6 +402,32 @@ class AttentionEmitter:
             else:
                 self.extra_step(step, scores, offsets, m, c)
         return scores
+
+    def swapped_scores(self, m: Tile, c: Tile, local: Tile) -> None:
+        """S[rows, keys of tile c] into the scores bank, K stationary: per 128 keys,
+        Sᵀ[keys, rows] = Kᵀ[D, keys]ᵀ · qᵀ[D, rows] accumulates over D in the Pᵀ bank (free
+        until the PV step), is copied to SBUF in fp32 and PE-transposed, against the fp32
+        identity, into its columns of the scores bank."""
+        cg, a, t = self.cg, self.a, self.t
+        for kt in tiles(cg, c.size, P, "ks", peel_first=True):
+            st_ps = cg.ap(t.pt_ps, [(1, m.size)], partitions=kt.size)
+            for dt in tiles(cg, a.d, P, "d", peel_first=True):
+                slot = tile_index(dt, P)
+                column = slot * t.plan.section + local.start + kt.start
+                cg.matmul(
+                    st_ps,
+                    cg.ap(t.k, [(1, kt.size)], column, partitions=dt.size),
+                    cg.ap(t.qt, [(1, m.size)], slot * a.q_rows, partitions=dt.size),
+                    accumulate=not dt.first,
+                )
+            st = cg.ap(t.st, [(1, m.size)], partitions=kt.size)
+            cg.tensor_copy(st, st_ps)
+            cg.matmul(
+                cg.ap(t.s_ps, [(1, kt.size)], kt.start, partitions=m.size),
+                st,
+                cg.identity(kt.size),
+                accumulate=False,
+            )
 
     def causal_mask(self, scores: AccessPattern, m: Tile, c: Tile) -> None:
         """min(S, B): B[p, x] = −inf where key c0 + x is past row m0 + p, else +inf."""

@@ -15,8 +15,9 @@ signature (two lengths, a causal flag, the element type, a trailing flag) and re
 "only the matmuls are cast" (`--native-kernel-cast-type matmult-to-…`): the scores then stay
 fp32 while Q, K, V and P take the cast type, which costs 2 bytes more per key column than
 `all-to-…`, where the scores are held in the cast type as well — the reference's "+2" term.
-The head dims are not arguments: the raise only fires for head dim ≤ 128, so the reservation
-assumes 128.
+When the raise would pick the swap target (not causal, unequal lengths) the reservation adds
+the fp32 `sT` tile the swapped QKᵀ stages its transposed scores in. The head dims are not
+arguments: the raise only fires for head dim ≤ 128, so the reservation assumes 128.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class TilePlan:
     extra: bool = True  # an extra input (mask, bias) is read per key tile
     fill: bool = True  # a masked fill needs a bound tile
     causal: bool = False
+    swap: bool = False  # Sᵀ slices are staged in fp32 for their transpose back
 
     @property
     def d_tiles(self) -> int:
@@ -95,6 +97,8 @@ class TilePlan:
             tiles.append(("bound", self.k_tile, fp32))
         if self.causal:
             tiles.append(("causal", self.k_tile, fp32))
+        if self.swap:
+            tiles.append(("sT", self.q_rows, fp32))
         return tiles
 
     def partition_bytes(self) -> int:
@@ -121,5 +125,6 @@ def sb_shape(
         Dtype.FP32,
         causal=causal,
         seq_k=seq_k,
+        swap=not causal and seq_q != seq_k,  # the raise's choice of the swap target
     )
     return q_rows, k_tile, plan.partition_bytes()
