@@ -182,13 +182,34 @@ def _end_region(machine: Machine, names: tuple[str, ...]) -> None:
 def _bind_trips(item: Loop, values, body, machine, loop_values, observer) -> None:
     axis = item.axis
     outer = loop_values.get(axis, _UNBOUND)
+    # A trip log (`record_trips`) keeps each runtime loop's trip counts in the order its
+    # instances start, for the unrolled schedules (runtime/program.py).
+    log = machine.__dict__.get("trip_log")
+    if log is not None:
+        slot = log.setdefault(id(item), [])
+        index = len(slot)
+        slot.append(0)
+    trips = 0
     for value in values:
         loop_values[axis] = value
         _run(body, machine, loop_values, observer)
+        trips += 1
+    if log is not None:
+        slot[index] = trips
     if outer is _UNBOUND:
         loop_values.pop(axis, None)
     else:
         loop_values[axis] = outer
+
+
+def record_trips(module: Module, inputs: dict[str, np.ndarray], function_name=None) -> dict:
+    """Run the function in program order and return the trip counts of its runtime loops:
+    {id(loop): [trips of each instance, in the order the instances start]}."""
+    function = _select(module, function_name)
+    machine = load_machine(module, function, inputs)
+    machine.__dict__["trip_log"] = log = {}
+    execute(machine, function.entry)
+    return log
 
 
 def _run_dynamic_for(item: DynamicLoop, body, machine, loop_values, observer) -> None:

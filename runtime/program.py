@@ -63,16 +63,21 @@ class Program:
         return clocks
 
 
-def unroll(function: Function) -> Program:
-    """Every instance of `function`'s instructions in program order, with its predecessors."""
-    builder = _Builder(function)
+def unroll(function: Function, trips: dict[int, list[int]] | None = None) -> Program:
+    """Every instance of `function`'s instructions in program order, with its predecessors.
+
+    A runtime loop (DynamicFor, DoWhile) runs as many trips as `trips` recorded for it
+    (`interpreter.record_trips`, one count per instance in the order the instances start)."""
+    builder = _Builder(function, trips)
     builder.block(function.entry, {})
     return builder.program
 
 
 class _Builder:
-    def __init__(self, function: Function) -> None:
+    def __init__(self, function: Function, trips: dict[int, list[int]] | None = None) -> None:
         self.program = Program(function)
+        self.trips = trips
+        self.trip_index: dict[int, int] = {}
         self.stream_index: dict[str, int] = {}
         self.stream_last: list[int] = []
         self.last: dict[int, int] = {}  # instruction id -> latest instance
@@ -98,20 +103,13 @@ class _Builder:
                 self.instruction(item, values)
 
     def loop(self, loop: Loop, values: dict[str, int]) -> None:
-        if isinstance(loop, DynamicLoop | DoWhile):
-            # Its trips are known only while it runs; the unrolled order is built beforehand.
-            raise UserError(
-                f"loop {loop.axis!r} runs a number of trips known only at run time "
-                f"({type(loop).__name__}): the race detector and the schedules other than "
-                "`program` need static trip counts (docs/dependencies.md)"
-            )
         if loop.step <= 0:
             raise MachineError(f"loop over {loop.axis!r} has step {loop.step}, must be > 0")
         axis = loop.axis
         tracked = axis in self.carried_sources
         if tracked:
             self.history[axis] = deque(maxlen=self.max_distance[axis])
-        for value in range(loop.start, loop.stop, loop.step):
+        for value in self._values(loop):
             inner = dict(values)
             inner[axis] = value
             if tracked:
@@ -121,6 +119,21 @@ class _Builder:
                 self.history[axis].append(self.current.pop(axis))
         if tracked:
             del self.history[axis]
+
+    def _values(self, loop: Loop) -> range:
+        if not isinstance(loop, DynamicLoop | DoWhile):
+            return range(loop.start, loop.stop, loop.step)
+        # Its trips are known only once it has run: take them from the recorded run.
+        recorded = (self.trips or {}).get(id(loop))
+        index = self.trip_index.get(id(loop), 0)
+        if recorded is None or index >= len(recorded):
+            raise UserError(
+                f"loop {loop.axis!r} runs a number of trips known only at run time "
+                f"({type(loop).__name__}) and no recorded run gives it (docs/dependencies.md)"
+            )
+        self.trip_index[id(loop)] = index + 1
+        start = loop.start if isinstance(loop, DynamicLoop) else 0
+        return range(start, start + recorded[index] * loop.step, loop.step)
 
     def instruction(self, inst: Instruction, values: dict[str, int]) -> None:
         program = self.program

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnx2bir.bir.ir import Module
+from onnx2bir.bir.ir import Module, runtime_loops
 from onnx2bir.errors import MachineError, UserError
 
 from .cost import instruction_cost
-from .interpreter import _select, load_machine, semantics_for
+from .interpreter import _select, load_machine, record_trips, semantics_for
 from .program import Program, unroll
 from .races import Race, RaceDetector
 
@@ -120,8 +120,13 @@ def run_scheduled(
 ) -> ScheduledRun:
     """Run one function of `module` in the order `schedule` gives, checking races if asked."""
     function = _select(module, function_name)
+    trips = None
+    if next(runtime_loops(function.entry), None) is not None:
+        # Runtime loops: their trip counts come from a run in program order first. A program
+        # whose counts depended on the schedule would race on the values that decide them.
+        trips = record_trips(module, inputs, function_name)
     machine = load_machine(module, function, inputs)
-    program = unroll(function)
+    program = unroll(function, trips)
     detector = RaceDetector(program) if check_races else None
     run = {inst.id: semantics_for(inst) for inst in function.instructions()}
     with np.errstate(all="ignore"):
