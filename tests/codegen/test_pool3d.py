@@ -19,6 +19,8 @@ CASES = [
     ((1, 3, 5, 5, 5), [3, 3, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 2, 2]}),
     ((1, 1, 4, 4, 4), [1, 2, 2], {"auto_pad": "VALID", "strides": [1, 2, 2]}),
     ((1, 130, 3, 4, 4), [2, 2, 2], {"pads": [0, 1, 1, 1, 0, 0]}),
+    # A 128x128 plane is longer than one depth band chunk.
+    ((1, 1, 3, 128, 128), [2, 1, 1], {"strides": [1, 64, 64]}),
 ]
 
 

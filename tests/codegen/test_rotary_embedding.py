@@ -12,6 +12,8 @@ RNG = np.random.default_rng(23)
 
 # (batch, seq, heads, head_size, rotary_embedding_dim; 0 = whole head)
 SHAPES = [(1, 3, 2, 8, 0), (2, 5, 3, 6, 4), (1, 130, 2, 4, 0), (2, 4, 4, 16, 8), (1, 2, 1, 10, 6)]
+# 70 heads of 64 span two chunks of heads in one tile row.
+SHAPES.append((1, 3, 70, 64, 32))
 
 
 def _model(batch, seq, heads, head_size, rotary, rank, interleaved, with_ids):
