@@ -29,6 +29,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_recurrent,
     lower_reduce,
     lower_resize,
+    lower_rotary,
     lower_scan,
     lower_scatter,
     lower_scatter_nd,

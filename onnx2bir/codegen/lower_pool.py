@@ -8,16 +8,18 @@ each window counts: the same for every window (an immediate), or, when padding o
 make the edge windows count fewer, a constant divisor map [out_h, out_w] broadcast to every
 partition by DMA. GlobalAveragePool / GlobalMaxPool reduce each plane along the free dim (in
 chunks when the plane is larger than a tile, then reduce the partial results); the average
-scales by 1 / (H·W) on ScalarE.
+scales by 1 / (H·W) on ScalarE. MaxPool and AveragePool on 5-D inputs go to `lower_pool3d`
+(a depth pass, then `window_pool` here).
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
-from onnx2bir.bir.enums import ActFunc, AluOp
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
@@ -37,8 +39,27 @@ def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
         raise cg.fail("MaxPool's Indices output is not supported")
     if attrs.get("storage_order", 0):
         raise cg.fail("MaxPool storage_order=1 is not supported")
+    if len(cg.graph.tensors[node["inputs"][0]].shape) == 5:
+        return _pool_3d(cg, node)
     geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
     _window_pool(cg, node, geo, AluOp.MAX, float("-inf"), None)
+
+
+def axis_counts(
+    out: int,
+    size: int,
+    stride: int,
+    dilation: int,
+    kernel: int,
+    begin: int,
+    end: int,
+    count_include_pad: bool,
+) -> np.ndarray:
+    """Taps each of the `out` windows along one axis counts: those inside the input, or with
+    count_include_pad those inside the padded input."""
+    low, high = (-begin, size + end) if count_include_pad else (0, size)
+    taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
+    return ((taps >= low) & (taps < high)).sum(1)
 
 
 def divisor_map(
@@ -48,11 +69,7 @@ def divisor_map(
     input, or with count_include_pad inside the padded input (a ceil_mode window reaching past
     the end padding counts only what is inside it)."""
 
-    def counts(out, size, stride, dilation, kernel, begin, end):
-        low, high = (-begin, size + end) if count_include_pad else (0, size)
-        taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
-        return ((taps >= low) & (taps < high)).sum(1)
-
+    counts = partial(axis_counts, count_include_pad=count_include_pad)
     rows = counts(
         geo.out_h, geo.in_h, geo.stride_h, geo.dilation_h, geo.kernel_h, geo.pad_top, pad_bottom
     )
@@ -67,6 +84,8 @@ def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
     """Window sums as MaxPool's window max, then a divide by the divisor map (an immediate
     when every window counts the same)."""
     attrs = node["attrs"]
+    if len(cg.graph.tensors[node["inputs"][0]].shape) == 5:
+        return _pool_3d(cg, node)
     geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
     # The end pads: SAME_* padding puts the rest of the total there; ceil_mode's extra reach
     # past the input is not padding.
@@ -79,12 +98,23 @@ def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
         pads = list(attrs["pads"])
         pad_bottom, pad_right = pads[2:] if len(pads) == 4 else (0, pads[1])
     divisors = divisor_map(geo, pad_bottom, pad_right, bool(attrs.get("count_include_pad", 0)))
+    _window_pool(cg, node, geo, AluOp.ADD, 0.0, divisor_argument(cg, divisors))
+
+
+def divisor_argument(cg: BirCodeGen, divisors: np.ndarray) -> float | str:
+    """The divisor `window_pool` takes: an immediate when every window counts the same, else
+    the name of a DRAM constant holding the map."""
     if np.all(divisors == divisors.flat[0]):
-        _window_pool(cg, node, geo, AluOp.ADD, 0.0, float(divisors.flat[0]))
-        return
+        return float(divisors.flat[0])
     name = f"{cg.origin.node}/divisors"
     cg.add_dram_const(name, divisors)
-    _window_pool(cg, node, geo, AluOp.ADD, 0.0, name)
+    return name
+
+
+def _pool_3d(cg: BirCodeGen, node: dict) -> None:
+    from onnx2bir.codegen.lower_pool3d import lower_pool_3d  # imports this module
+
+    lower_pool_3d(cg, node)
 
 
 def _window_pool(
@@ -95,13 +125,27 @@ def _window_pool(
     fill: float,
     divisor: float | str | None,
 ) -> None:
-    """Windows of the `fill`-framed input reduced with `op` (a 4-D access pattern: output
-    rows, output cols, window rows, window cols), then divided by `divisor`: an immediate or
-    a DRAM [out_h, out_w] map broadcast to every partition."""
     x_name, out_name = node["inputs"][0], node["outputs"][0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
-    planes = x_shape[0] * x_shape[1]
     dtype = cg.graph.tensors[x_name].dtype
+    window_pool(cg, x_name, out_name, x_shape[0] * x_shape[1], dtype, geo, op, fill, divisor)
+
+
+def window_pool(
+    cg: BirCodeGen,
+    x_name: str,
+    out_name: str,
+    planes: int,
+    dtype: Dtype,
+    geo: WindowGeometry,
+    op: AluOp,
+    fill: float,
+    divisor: float | str | None,
+) -> None:
+    """Windows of the `fill`-framed planes of `x_name` (a graph tensor or a DRAM location of
+    this node) reduced with `op` (a 4-D access pattern: output rows, output cols, window rows,
+    window cols), then divided by `divisor`: an immediate or a DRAM [out_h, out_w] map
+    broadcast to every partition."""
     src, height, width = padded_input(cg, x_name, planes, geo, fill)
     plane = height * width
     cols = min(geo.out_w, POOL_OUT_TILE)
