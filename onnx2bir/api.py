@@ -219,14 +219,23 @@ def report(
 def run(
     bir: str | os.PathLike | Module | Compilation,
     inputs: str | os.PathLike | Mapping[str, np.ndarray],
+    *,
+    schedule: str = "program",
+    check_races: bool = False,
 ) -> dict[str, np.ndarray]:
     """Run a compiled program on the machine: its outputs by tensor name.
 
-    `bir`: a `.bir.json` file written by `convert` (its `.consts.bin` beside it), a `Module`
-    or a `Compilation`. `inputs`: {graph input: array}, or an .npz file.
+    `bir`: a `.bir.json` file written by `convert` (its `.consts.bin` beside it; verified when
+    read), a `Module` or a `Compilation`. `inputs`: {graph input: array}, or an .npz file.
+    `schedule` and `check_races` are `onnx2bir run`'s: the order the streams run in
+    ("program", "random:SEED", "timeline") and the race detector, whose first race is raised
+    as a MachineError naming both instructions.
     """
     from onnx2bir.bir.json_io import read_module
-    from onnx2bir.runtime import interpreter
+    from onnx2bir.bir.verify import check_module
+    from onnx2bir.errors import MachineError
+    from onnx2bir.runtime import input_files, interpreter
+    from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 
     if isinstance(bir, Compilation):
         module = bir.module
@@ -237,13 +246,16 @@ def run(
         if not path.is_file():
             raise UserError(f"{path}: no such BIR file")
         module = read_module(path)
+        check_module(module, str(path))
     function = module.functions[0]
     if isinstance(inputs, Mapping):
         feeds = {name: np.asarray(value) for name, value in inputs.items()}
+    elif Path(inputs).suffix == ".npz":
+        input_files.check_inputs_source(inputs)
+        shapes = {name: tuple(function.memory_locations[name].shape) for name in function.inputs}
+        feeds = input_files.read_npz(Path(inputs), shapes)
     else:
-        feeds = read_input_arrays(inputs, None) if Path(inputs).suffix == ".npz" else None
-        if feeds is None:
-            raise UserError(f"{inputs}: run takes inputs as an .npz file or a mapping")
+        raise UserError(f"{inputs}: run takes inputs as an .npz file or a mapping")
     missing = [name for name in function.inputs if name not in feeds]
     extra = sorted(set(feeds) - set(function.inputs))
     if missing or extra:
@@ -252,5 +264,12 @@ def run(
             + (f"; missing {', '.join(missing)}" if missing else "")
             + (f"; no input named {', '.join(extra)}" if extra else "")
         )
-    raw = interpreter.run_function(module, feeds)
+    plan = parse_schedule(schedule)
+    if plan.kind == "program" and not check_races:  # the interpreter: no unrolled program
+        raw = interpreter.run_function(module, feeds)
+    else:
+        result = run_scheduled(module, feeds, plan, check_races)
+        if result.races:
+            raise MachineError(result.races[0].message())
+        raw = result.outputs
     return {name.removesuffix(":output"): raw[name] for name in function.outputs}

@@ -11,6 +11,7 @@ import pytest
 
 import onnx2bir
 from onnx2bir.cli import main
+from onnx2bir.errors import MachineError
 from onnx2bir.runtime import oracle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,3 +82,20 @@ def test_errors_are_the_documented_exceptions(tmp_path):
         onnx2bir.validate(tmp_path / "missing.onnx")
     with pytest.raises(onnx2bir.UserError, match="missing input; no input named x"):
         onnx2bir.run(onnx2bir.compile(SMALL_CNN), {"x": np.zeros(1)})
+
+
+def test_run_takes_an_npz_a_schedule_and_the_race_detector(tmp_path):
+    compilation = onnx2bir.compile(SMALL_CNN).save(tmp_path / "bir")
+    feeds = {"input": np.random.default_rng(3).standard_normal((1, 3, 32, 32), np.float32)}
+    np.savez(tmp_path / "in.npz", **feeds)
+    bir = tmp_path / "bir" / "small_cnn.bir.json"
+    program = onnx2bir.run(bir, tmp_path / "in.npz")
+    shuffled = onnx2bir.run(bir, feeds, schedule="random:4", check_races=True)
+    assert np.array_equal(program["logits"], shuffled["logits"])
+    reference = oracle.run_onnxruntime(str(SMALL_CNN), feeds, ["logits"])["logits"]
+    assert np.allclose(program["logits"], reference, atol=1e-2, rtol=2e-2)  # bf16 matmuls
+    module = compilation.module
+    for inst in module.functions[0].instructions():
+        inst.deps = []
+    with pytest.raises(MachineError, match="race"):
+        onnx2bir.run(module, feeds, check_races=True)
