@@ -82,18 +82,21 @@ def _check_names(path: Path, flag: str) -> None:
 
 
 def _existing_ancestor(folder: Path) -> Path:
+    """The nearest of `folder` and the folders above it that exists."""
     folder = folder if str(folder) else Path(".")
-    while True:
-        try:
-            os.lstat(folder)
-            return folder
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        except OSError as exc:
-            raise UserError(f"{folder}: cannot be written ({exc.strerror})") from None
-        if folder.parent == folder:
-            return folder
+    while not _exists(folder) and folder.parent != folder:
         folder = folder.parent
+    return folder
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be written ({exc.strerror})") from None
+    return True
 
 
 def _check_parent(path: Path, flag: str) -> None:

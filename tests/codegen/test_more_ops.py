@@ -20,11 +20,16 @@ def _shapes(count: int, rank: int, low: int = 1, high: int = 9) -> list[tuple[in
     return [tuple(int(d) for d in SWEEP.integers(low, high, rank)) for _ in range(count)]
 
 
-@pytest.mark.parametrize("shape", [(3, 7), (2, 5, 9), (130, 40), (4, 3000), (1, 9000)])
-@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize(
+    "shape, axis",
+    [
+        (shape, axis)
+        for shape in [(3, 7), (2, 5, 9), (130, 40), (4, 3000), (1, 9000)]
+        for axis in (-1, 0, 1)
+        if axis < len(shape)  # every axis these ranks have
+    ],
+)
 def test_log_softmax(shape, axis):
-    if axis >= len(shape):
-        pytest.skip("no such axis")
     check(one_node_model("LogSoftmax", {"x": shape}, axis=axis, opset=13))
 
 

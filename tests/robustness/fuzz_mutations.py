@@ -310,7 +310,7 @@ class Outcome(StrEnum):
 
 
 class _Timeout(Exception):
-    pass
+    """A fuzzed run that went past its time limit (counted as a hang)."""
 
 
 def _alarm(signum, frame):
