@@ -111,14 +111,20 @@ def _cumsum_layout(shape: tuple[int, ...], axis: int) -> tuple[int, int, int, in
     return outer, length * inner, length, inner, inner, 1
 
 
+def scan_axis(cg: BirCodeGen, node: dict) -> int:
+    """The constant axis input of a CumSum/CumProd, made non-negative."""
+    axis_info = cg.graph.tensors[node["inputs"][1]]
+    if not axis_info.is_const:
+        raise cg.fail(f"the {node['op_type']} axis must be a constant")
+    rank = len(cg.graph.tensors[node["inputs"][0]].shape)
+    return int(axis_info.const.reshape(-1)[0]) % rank
+
+
 @lowering("CumSum")
 def lower_cumsum(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)
-    axis_info = cg.graph.tensors[node["inputs"][1]]
-    if not axis_info.is_const:
-        raise cg.fail("the CumSum axis must be a constant")
-    axis = int(axis_info.const.reshape(-1)[0]) % len(shape)
+    axis = scan_axis(cg, node)
     if math.prod(shape) == 0:
         return
     exclusive = bool(node["attrs"].get("exclusive", 0))

@@ -12,7 +12,7 @@ import math
 
 from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_index import _cumsum_dve, _cumsum_layout
+from onnx2bir.codegen.lower_index import _cumsum_dve, _cumsum_layout, scan_axis
 from onnx2bir.codegen.registry import lowering
 
 
@@ -20,10 +20,7 @@ from onnx2bir.codegen.registry import lowering
 def lower_cumprod(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)
-    axis_info = cg.graph.tensors[node["inputs"][1]]
-    if not axis_info.is_const:
-        raise cg.fail("the CumProd axis must be a constant")
-    axis = int(axis_info.const.reshape(-1)[0]) % len(shape)
+    axis = scan_axis(cg, node)
     if math.prod(shape) == 0:
         return
     dtype = Dtype.FP32 if cg.graph.tensors[x].dtype.is_float else Dtype.INT64
