@@ -17,6 +17,7 @@ from onnx2bir.bir.ir import Module
 from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.driver import kernel_name_of
+from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.errors import CompileError, UserError
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
@@ -51,6 +52,7 @@ class Compilation:
     codegen_error: str | None = None
     source_ops: Counter = field(default_factory=Counter)  # op types as imported, before passes
     options: CompileOptions | None = None  # what it was compiled with
+    memory_plan: MemoryPlan | None = None  # None when the planner is off or codegen failed
 
 
 def unsupported_ops(graph: Graph) -> Counter:
@@ -73,6 +75,22 @@ def check_supported(graph: Graph) -> None:
     if missing:
         listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
         raise CompileError(f"unsupported ops in {graph.name}: {listing}")
+
+
+def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryPlan | None]:
+    """BIR for `graph`: with the memory planner on, a first pass with every tensor in DRAM
+    feeds `plan_memory`, and a second pass generates code with the tensors it placed in SBUF
+    (docs/memory_planner.md)."""
+    kernels = load_kernels()
+    if not options.memory_plan:
+        return BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels).run(), None
+    first = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels, planning_run=True)
+    function = first.run().functions[0]
+    plan = plan_memory(function, graph, first.arena_need, first.reserved_bytes)
+    second = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels, memory_plan=plan)
+    module = second.run()
+    plan.psum_high_water = max(second.psum_need.values(), default=0)
+    return module, plan
 
 
 def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=None) -> Graph:
@@ -110,7 +128,7 @@ def compile_graph(
         if vendor_error:
             raise UserError(vendor_error)
         check_supported(graph)
-        module = BirCodeGen(graph, options, GENERIC_LOWERINGS, load_kernels()).run()
+        module, compilation.memory_plan = generate_bir(graph, options)
         timings["codegen"] = time.perf_counter() - start
         start = time.perf_counter()
         check_module(module, f"the BIR generated for {graph.name}")

@@ -64,6 +64,9 @@ class CompileOptions:
     dynamic_dma_sbuf_bytes: int = 0
     auto_cast: str = DEFAULT_AUTO_CAST
     auto_cast_type: str = DEFAULT_AUTO_CAST_TYPE
+    # Keep tensors that fit in SBUF between producer and consumers (docs/memory_planner.md);
+    # off, every node's result goes back to DRAM (what `validate --localize` reads).
+    memory_plan: bool = True
 
     def __post_init__(self) -> None:
         parse_cast_type(self.native_kernel_cast_type)

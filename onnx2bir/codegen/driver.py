@@ -62,6 +62,8 @@ from onnx2bir.bir.opcodes import (
 )
 from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
+from onnx2bir.codegen.planner import MemoryPlan
+from onnx2bir.codegen.residency import plan_copy
 from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import CompileError
@@ -98,6 +100,26 @@ def kernel_name_of(data: dict) -> str | None:
     return None
 
 
+class PlanningRun:
+    """The dependency tracker of a first pass whose BIR only feeds the memory planner: it
+    records nothing (the second pass computes the real edges)."""
+
+    def define_axis(self, axis: str, start: int, last: int, step: int) -> None:
+        pass
+
+    def open_loop(self, loop: Loop) -> None:
+        pass
+
+    def close_loop(self, loop: Loop) -> bool:
+        return True
+
+    def add(self, inst: Instruction, locations: dict[str, MemoryLocation]) -> None:
+        pass
+
+
+COPY_ENGINES = (Engine.DVE, Engine.POOL)  # on-chip copies of resident tensors, in turn
+
+
 class CodegenError(CompileError):
     """A node the code generator cannot lower (the model does not compile, exit 1); the
     message names the node and the rule."""
@@ -111,6 +133,8 @@ class BirCodeGen(InstructionBuilders):
         lowerings: dict[str, Callable],
         kernels: dict[str, Callable],
         tensor_memkind: dict[str, MemoryKind] | None = None,
+        memory_plan: MemoryPlan | None = None,
+        planning_run: bool = False,
     ) -> None:
         self.graph = graph
         self.options = options
@@ -121,12 +145,25 @@ class BirCodeGen(InstructionBuilders):
         self.block_stack: list[BasicBlock] = []
         self.loopnest: list[str] = []
         self.axis_ranges: dict[str, tuple[int, int]] = {}
-        self.deps = DependencyTracker()
+        self.deps = PlanningRun() if planning_run else DependencyTracker()
+        # The memory plan (docs/memory_planner.md): tensors with an SBUF home, and where each
+        # node's arena starts. Without one every tensor lives in DRAM and every arena starts
+        # just above the reserved tiles; `arena_need` and `psum_need` record what each node
+        # used, keyed by the position of its scope in the entry block.
+        self.memory_plan = memory_plan
+        self.homes = memory_plan.homes if memory_plan else {}
+        self.arena_need: dict[int, int] = {}
+        self.psum_need: dict[int, int] = {}
+        self._dram_views: dict[str, MemoryLocation] = {}
+        self._copy_engine = 0
+        self._planned_copy = False
+        self._lowering_node = False  # inside a top-level node's lowering
         self.origin = Origin("<prologue>", "codegen.prologue")
         self._next_id = 0
         self._axis_counts: dict[str, int] = {}
         self._dma_queue = 0
         self._sb_top = 0
+        self._arena_top = 0
         self._sb_reserved = 0
         self._psum_next_bank = 0
         self._tile_count = 0
@@ -167,6 +204,11 @@ class BirCodeGen(InstructionBuilders):
             self.ap(tile), self.dram_ap(IDENTITY_DRAM, Affine(), [(NUM_PARTITIONS, 128), (1, 128)])
         )
 
+    @property
+    def reserved_bytes(self) -> int:
+        """SBUF bytes per partition below every arena (the resident identity tile)."""
+        return self._sb_reserved
+
     def identity(self, size: int) -> AccessPattern:
         """I[size, size] from the resident identity tile."""
         return AccessPattern(IDENTITY, ((1, size),), 0, (), 0, size)
@@ -188,10 +230,26 @@ class BirCodeGen(InstructionBuilders):
             if lower is None:
                 raise CodegenError(f"node {name!r}: no lowering for op {op_type}")
         self.origin = Origin(name, rule)
-        self._sb_top = self._sb_reserved
+        item = len(self.function.entry.items)
+        if self._lowering_node:
+            # A node of a Loop body, lowered inside its Loop's node: its tiles go above the
+            # Loop's and are free again when it is done.
+            saved = self._sb_top, self._psum_next_bank
+            with self.scope(f"node_{item}"):
+                lower(self, data)
+            self._sb_top, self._psum_next_bank = saved
+            return
+        base = self.memory_plan.arena_base(item) if self.memory_plan else self._sb_reserved
+        self._sb_top = self._arena_top = base
         self._psum_next_bank = 0
-        with self.scope(f"node_{len(self.function.entry.items)}"):
-            lower(self, data)
+        self._lowering_node = True
+        try:
+            with self.scope(f"node_{item}"):
+                lower(self, data)
+        finally:
+            self._lowering_node = False
+        self.arena_need[item] = self._arena_top - base
+        self.psum_need[item] = self._psum_next_bank * PSUM_BANK_BYTES
 
     def after_function(self) -> None:
         self.origin = Origin("<epilogue>", "codegen.epilogue")
@@ -334,12 +392,16 @@ class BirCodeGen(InstructionBuilders):
     def dram(self, tensor: str) -> MemoryLocation:
         """The DRAM location holding graph tensor `tensor` (created on first use)."""
         fn = self.function
+        if tensor in self._dram_views:
+            return self._dram_views[tensor]
         if tensor in fn.memory_locations:
             return fn.memory_locations[tensor]
         info = self.graph.tensors[tensor]
         kind = self._dram_kind(tensor)
         dtype = storage_dtype(self.options, kind, info.dtype)  # `--auto-cast all` casts
         loc = MemoryLocation(tensor, MemoryType.DRAM, kind, dtype, tuple(info.shape))
+        if tensor in self.homes:
+            return self._place_home(loc)
         if kind in PAYLOAD_KINDS:
             # ascontiguousarray turns a 0-d array into shape (1,); keep the tensor's shape.
             self.module.constants[tensor] = np.ascontiguousarray(info.const).reshape(
@@ -382,9 +444,29 @@ class BirCodeGen(InstructionBuilders):
         suffix = 1
         while name in self.function.memory_locations:
             name, suffix = f"{self.origin.node}/{tag}.{suffix}", suffix + 1
-        return self.function.add_memory_location(
-            MemoryLocation(name, MemoryType.DRAM, MemoryKind.INTERNAL, dtype, tuple(shape))
+        loc = MemoryLocation(name, MemoryType.DRAM, MemoryKind.INTERNAL, dtype, tuple(shape))
+        if name in self.homes:
+            return self._place_home(loc)
+        return self.function.add_memory_location(loc)
+
+    def _place_home(self, view: MemoryLocation) -> MemoryLocation:
+        """Put a resident tensor at its SBUF home; return its flat DRAM view, which lowerings
+        address as if the tensor were in DRAM (`dma` rewrites those accesses)."""
+        home = self.homes[view.name]
+        self.function.add_memory_location(
+            MemoryLocation(
+                view.name,
+                MemoryType.SB,
+                MemoryKind.INTERNAL,
+                view.dtype,
+                (home.partitions, home.free_elements),
+                home.partitions,
+                home.address,
+                home.bytes_per_partition,
+            )
         )
+        self._dram_views[view.name] = view
+        return view
 
     def _tile_name(self, tag: str) -> str:
         self._tile_count += 1
@@ -412,6 +494,7 @@ class BirCodeGen(InstructionBuilders):
             nbytes,
         )
         self._sb_top += nbytes
+        self._arena_top = max(self._arena_top, self._sb_top)
         return self.function.add_memory_location(loc)
 
     def psum_tile(self, tag: str, partitions: int, free: int) -> MemoryLocation:
@@ -472,8 +555,43 @@ class BirCodeGen(InstructionBuilders):
         **attrs: object,
     ) -> Instruction:
         inst = Instruction(opcode, engine, dst, srcs, attrs, self.origin)
+        if self.homes and not self._planned_copy:
+            for ap in (dst, *srcs.values()):
+                if ap is not None and ap.loc in self.homes:
+                    raise self.fail(
+                        f"{opcode} addresses {ap.loc!r}, which the memory plan keeps in SBUF; "
+                        "only copies may (docs/memory_planner.md)"
+                    )
         self._finalize(inst)
         return inst
+
+    def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
+        """A DmaCopy; with a memory plan, a copy touching a resident tensor is rewritten onto
+        its SBUF home, as a TensorCopy when both sides are then on chip."""
+        if not self.homes or (dst.loc not in self.homes and src.loc not in self.homes):
+            return super().dma(dst, src)
+        copies = plan_copy(
+            dst,
+            src,
+            self.homes,
+            lambda name: self.function.memory_locations[name].on_chip,
+            self.axis_ranges,
+            bool(self._predicates),
+        )
+        if isinstance(copies, str):
+            raise self.fail(f"memory plan: {copies}")
+        self._planned_copy = True
+        try:
+            for copy in copies:
+                if copy.on_chip:
+                    engine = COPY_ENGINES[self._copy_engine]
+                    self._copy_engine = (self._copy_engine + 1) % len(COPY_ENGINES)
+                    last = self.tensor_copy(copy.dst, copy.src, engine)
+                else:
+                    last = super().dma(copy.dst, copy.src)
+        finally:
+            self._planned_copy = False
+        return last
 
     def _finalize(self, inst: Instruction) -> None:
         """transformInstruction: id, loop nest, block placement, dependency edges."""

@@ -87,7 +87,7 @@ def lower_conv_transpose(cg: BirCodeGen, node: dict) -> None:
     # The stride-dilated, zero-framed input.
     planes = batch * c_in
     dilated = cg.dram_scratch("dilated", (planes, height, width), Dtype.FP32)
-    fill_dram(cg, dilated.name, planes * height * width, Dtype.FP32, 0.0)
+    fill_dram(cg, dilated.name, planes * height * width, Dtype.FP32, 0.0, height * width)
     firsts, counts = [], []
     for size, stride, top, extent in zip(
         (in_h, in_w), strides, frame, (height, width), strict=True

@@ -2,7 +2,9 @@
 
 The output is walked as [outer..., rows, cols] after merging the dims every operand walks
 contiguously (`merge_broadcast_dims`): rows go on partitions (tiles of 128), cols on the free
-dim (tiles of FREE_TILE), outer dims become loops. Each input tile is brought in by one DMA
+dim (tiles of FREE_TILE), outer dims become loops. A contiguous walk is cut into rows of the
+output's canonical row length (a channel plane, a matrix row), the layout a tensor kept in
+SBUF has (docs/memory_planner.md#layout). Each input tile is brought in by one DMA
 whose DRAM pattern has stride 0 along the dims it broadcasts over, so the compute instruction
 always sees same-shaped tiles. Transcendentals run on ScalarE (ACT), two-input arithmetic on
 VectorE (DVE), and the result goes back to DRAM by DMA.
@@ -19,6 +21,7 @@ from onnx2bir.bir.ir import AccessPattern, Instruction, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.residency import canonical_inner
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
@@ -42,7 +45,11 @@ class _Piece:
     col_strides: tuple[int, ...]
 
 
-def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[_Piece]:
+def _pieces(
+    shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1
+) -> list[_Piece]:
+    """The walk as pieces; a 1-D walk is cut into rows of `row` elements when that divides it
+    (the output's row length on chip, docs/memory_planner.md#layout), else into 128 rows."""
     count = len(strides)
     if not shape:
         zeros = (0,) * count
@@ -51,6 +58,8 @@ def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[_Pie
         # One run of contiguous-or-broadcast elements: fold it into rows x cols.
         (total,) = shape
         step = tuple(s[0] for s in strides)
+        if row > 1 and total % row == 0:
+            return [_Piece((0,) * count, (), total // row, tuple(s * row for s in step), row, step)]
         cols = min(FREE_TILE, max(1, -(-total // NUM_PARTITIONS)))
         rows, rest = divmod(total, cols)
         pieces = [_Piece((0,) * count, (), rows, tuple(s * cols for s in step), cols, step)]
@@ -165,7 +174,7 @@ def emit_elementwise(
         cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, cg.graph.tensors[name].dtype)
         for index, name in enumerate([out, *inputs])
     ]
-    for piece in _pieces(shape, merged):
+    for piece in _pieces(shape, merged, canonical_inner(out_shape)):
         _emit_piece(cg, piece, locations, sb, compute, 0, [Affine()] * len(locations))
 
 

@@ -137,7 +137,7 @@ def _depth_pass(
     src = source.name
     if framed != depth.size or depth.begin:
         scratch = cg.dram_scratch("depth_padded", (planes, framed, plane), dtype)
-        fill_dram(cg, scratch.name, planes * framed * plane, dtype, fill)
+        fill_dram(cg, scratch.name, planes * framed * plane, dtype, fill, framed * plane)
         cg.dma(
             cg.dram_ap(
                 scratch.name,

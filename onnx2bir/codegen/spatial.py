@@ -98,12 +98,20 @@ def window_geometry(cg: BirCodeGen, node: dict, kernel: tuple[int, ...]) -> Wind
 
 
 def fill_dram(
-    cg: BirCodeGen, loc: str, total: int, dtype: Dtype, fill: float | AccessPattern
+    cg: BirCodeGen,
+    loc: str,
+    total: int,
+    dtype: Dtype,
+    fill: float | AccessPattern,
+    row: int | None = None,
 ) -> None:
     """Write `fill` to elements [0, total) of DRAM location `loc`, from one SBUF tile.
 
     `fill` is a constant (Memset) or a one-element DRAM access pattern whose value a
-    broadcasting DMA (stride 0 on both dims) spreads over the tile.
+    broadcasting DMA (stride 0 on both dims) spreads over the tile. With `row` (dividing
+    `total`), the stores walk rows of that many elements, 128 rows at a time, so a tensor the
+    memory planner keeps on chip in rows of that length is filled in its own layout
+    (docs/memory_planner.md#layout).
     """
     fill_tile = cg.sb_tile("fill", NUM_PARTITIONS, FILL_TILE, dtype)
     if isinstance(fill, AccessPattern):
@@ -114,11 +122,21 @@ def fill_dram(
     else:
         exact = not dtype.is_float and math.isfinite(fill) and fill == int(fill)
         fill_exact(cg, cg.ap(fill_tile), fill, exact)
+    if row and total % row == 0 and row > 1:
+        for rows in tiles(cg, total // row, NUM_PARTITIONS, "fill"):
+            for col in tiles(cg, row, FILL_TILE, "fillc"):
+                cg.dma(
+                    cg.dram_ap(loc, rows.start * row + col.start, [(row, rows.size), (1, col.size)]),
+                    cg.ap(fill_tile, [(1, col.size)], partitions=rows.size),
+                )
+        return
     rows = total // FILL_TILE
-    for row in tiles(cg, rows, NUM_PARTITIONS, "fill"):
+    for row_tile in tiles(cg, rows, NUM_PARTITIONS, "fill"):
         cg.dma(
-            cg.dram_ap(loc, row.start * FILL_TILE, [(FILL_TILE, row.size), (1, FILL_TILE)]),
-            cg.ap(fill_tile, partitions=row.size),
+            cg.dram_ap(
+                loc, row_tile.start * FILL_TILE, [(FILL_TILE, row_tile.size), (1, FILL_TILE)]
+            ),
+            cg.ap(fill_tile, partitions=row_tile.size),
         )
     if total % FILL_TILE:
         rest = total % FILL_TILE
@@ -138,7 +156,7 @@ def padded_input(
     if (height, width) == (geo.in_h, geo.in_w) and geo.pad_top == geo.pad_left == 0:
         return source.name, height, width
     scratch = cg.dram_scratch("padded", (planes, height, width), source.dtype)
-    fill_dram(cg, scratch.name, planes * height * width, source.dtype, fill)
+    fill_dram(cg, scratch.name, planes * height * width, source.dtype, fill, height * width)
     interior = geo.pad_top * width + geo.pad_left
     cg.dma(
         cg.dram_ap(

@@ -1,0 +1,302 @@
+"""The on-chip memory planner (docs/memory_planner.md).
+
+In: the BIR of a first code-generation pass in which every tensor lives in DRAM, and what
+that pass measured: the SBUF arena each node used (`arena_need`, bytes per partition, keyed
+by the node's position in the entry block) and the bytes reserved below the arenas (the
+identity tile). Out: a `MemoryPlan` saying, for every Internal DRAM tensor (graph
+intermediates and node scratch), whether it lives in SBUF between its producer and its last
+consumer, where, and why not when it does not.
+
+The rule, per tensor:
+- pattern: an Internal DRAM location (not a weight, constant, graph input or output);
+- check: every instruction touching it is a DmaCopy (not inside a runtime loop) whose access `residency.plan_copy` can rewrite onto an SBUF home of some row
+  length (the canonical one first, then each partition stride its accesses use); copies
+  between two resident tensors must cut at the same partition chunks; and the home fits:
+  from its first to its last node, no other live home overlaps it and it stays below that
+  node's arena, which sits at the top of SBUF;
+- rewrite (the second code-generation pass, `BirCodeGen(memory_plan=...)`): the tensor is an
+  SBUF location at its address; a DmaCopy between two on-chip operands becomes a TensorCopy,
+  and a DmaCopy with one DRAM side keeps its DMA with the on-chip side rewritten.
+Each refusal is a reason naming the node and the rule; `report` lists them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from onnx2bir.bir.enums import MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.ir import (
+    BasicBlock,
+    DoWhile,
+    DynamicLoop,
+    Function,
+    Instruction,
+    Loop,
+    MemoryLocation,
+)
+from onnx2bir.bir.opcodes import SBUF_BYTES_PER_PARTITION
+from onnx2bir.codegen.residency import AxisRanges, Home, canonical_inner, plan_copy
+from onnx2bir.graph import Graph
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One DmaCopy touching a candidate tensor, with the loop ranges around it."""
+
+    inst: Instruction
+    item: int  # position of its node's scope in the entry block
+    ranges: tuple[tuple[str, int, int], ...]
+
+    def axis_ranges(self) -> AxisRanges:
+        return {axis: (first, last) for axis, first, last in self.ranges}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where one tensor lives, and why."""
+
+    tensor: str
+    resident: bool
+    reason: str
+    bytes_per_partition: int = 0
+    first_item: int = 0
+    last_item: int = 0
+
+
+@dataclass
+class MemoryPlan:
+    homes: dict[str, Home] = field(default_factory=dict)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    arena_need: dict[int, int] = field(default_factory=dict)
+    reserved: int = 0
+    sbuf_high_water: int = 0  # bytes per partition in use at the busiest node
+    psum_high_water: int = 0  # set by the second pass
+
+    def arena_base(self, item: int) -> int:
+        """Where node `item`'s arena starts: the top of SBUF minus what the node needs."""
+        return SBUF_BYTES_PER_PARTITION - self.arena_need.get(item, 0)
+
+    def counts(self) -> Counter:
+        return Counter("resident" if d.resident else "dram" for d in self.decisions.values())
+
+
+def _walk(
+    block: BasicBlock,
+    item: int,
+    ranges: dict[str, tuple[int, int]],
+    dynamic: bool,
+    visit,
+) -> None:
+    for entry in block.items:
+        if isinstance(entry, Instruction):
+            visit(entry, item, ranges, dynamic)
+            continue
+        inner = dict(ranges)
+        inner[entry.axis] = (entry.start, entry.last_value)
+        runtime = dynamic or isinstance(entry, DynamicLoop | DoWhile)
+        _walk(entry.body, item, inner, runtime, visit)
+
+
+def _candidates(fn: Function) -> dict[str, MemoryLocation]:
+    return {
+        name: loc
+        for name, loc in fn.memory_locations.items()
+        if loc.memory is MemoryType.DRAM and loc.kind is MemoryKind.INTERNAL
+    }
+
+
+def _collect(fn: Function, candidates: dict[str, MemoryLocation]):
+    """The DmaCopy accesses of each candidate, and a reason for those touched otherwise."""
+    accesses: dict[str, list[Access]] = {name: [] for name in candidates}
+    refused: dict[str, str] = {}
+
+    def visit(inst: Instruction, item: int, ranges, dynamic: bool) -> None:
+        operands = [inst.dst, *inst.srcs.values()] if inst.dst else list(inst.srcs.values())
+        touched = [ap.loc for ap in operands if ap.loc in candidates]
+        if not touched:
+            return
+        where = f"node {inst.origin.node!r} ({inst.origin.rule})"
+        if inst.opcode is not Opcode.DMA_COPY:
+            reason = f"{where} reads or writes it with {inst.opcode}, not a DmaCopy"
+        elif dynamic:
+            reason = f"{where} copies it inside a runtime loop"
+        else:
+            access = Access(inst, item, tuple((a, f, last) for a, (f, last) in ranges.items()))
+            for name in touched:
+                accesses[name].append(access)
+            return
+        for name in touched:
+            refused.setdefault(name, reason)
+
+    for index, entry in enumerate(fn.entry.items):
+        if isinstance(entry, Instruction):
+            visit(entry, index, {}, False)
+        else:
+            ranges = {entry.axis: (entry.start, entry.last_value)}
+            dynamic = isinstance(entry, DynamicLoop | DoWhile)
+            _walk(entry.body, index, ranges, dynamic, visit)
+    return accesses, refused
+
+
+def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
+    inst = access.inst
+    result = plan_copy(
+        inst.dst,
+        inst.srcs["in"],
+        homes,
+        lambda name: fn.memory_locations[name].memory is not MemoryType.DRAM,
+        access.axis_ranges(),
+        inst.predicate is not None,
+    )
+    if isinstance(result, str):
+        return f"node {inst.origin.node!r} ({inst.origin.rule}): {result}"
+    return None
+
+
+def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[int]:
+    total = max(1, loc.num_elements)
+    found = [canonical_inner(loc.shape)]
+    strides: Counter = Counter()
+    for access in accesses:
+        for ap in (access.inst.dst, access.inst.srcs["in"]):
+            if ap.loc != loc.name:
+                continue
+            dims = [(s, c) for s, c in ap.pattern if c != 1]
+            if dims and dims[0][0] > 0:
+                strides[dims[0][0]] += 1
+    found += [stride for stride, _ in strides.most_common()]
+    return [inner for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]]
+
+
+def _choose_home(
+    loc: MemoryLocation, accesses: list[Access], fn: Function
+) -> Home | str:
+    """The first row length under which every access, alone, can be rewritten."""
+    reason = "no access"
+    for inner in _layout_candidates(loc, accesses):
+        home = Home(loc.name, inner, max(1, loc.num_elements), loc.dtype.itemsize)
+        homes = {loc.name: home}
+        problems = (_check(access, homes, fn) for access in accesses)
+        reason = next((problem for problem in problems if problem), None)
+        if reason is None:
+            return home
+    return f"no row length fits every access; with the last tried: {reason}"
+
+
+def _allocate(
+    homes: dict[str, Home],
+    intervals: dict[str, tuple[int, int]],
+    arena_need: dict[int, int],
+    reserved: int,
+) -> tuple[dict[str, Home], dict[str, str]]:
+    """First fit in order of first use: each home gets the lowest address where it overlaps no
+    home live at the same time and stays under every arena of its live range."""
+    placed: list[tuple[int, int, int, int]] = []  # (first, last, address, end)
+    result: dict[str, Home] = {}
+    refused: dict[str, str] = {}
+    order = sorted(homes, key=lambda name: (intervals[name][0], -homes[name].bytes_per_partition))
+    for name in order:
+        home = homes[name]
+        first, last = intervals[name]
+        ceiling = SBUF_BYTES_PER_PARTITION - max(
+            (arena_need.get(item, 0) for item in range(first, last + 1)), default=0
+        )
+        size = home.bytes_per_partition
+        busy = sorted((a, e) for f, la, a, e in placed if f <= last and first <= la)
+        address = reserved
+        for start, end in busy:
+            if address + size <= start:
+                break
+            address = max(address, end)
+        if address + size > ceiling:
+            refused[name] = (
+                f"does not fit: needs {size} B per partition from entry item {first} to "
+                f"{last}, {max(0, ceiling - reserved)} B free under the node arenas"
+            )
+            continue
+        placed.append((first, last, address, address + size))
+        result[name] = Home(home.tensor, home.inner, home.num_elements, home.itemsize, address)
+    return result, refused
+
+
+def plan_memory(
+    fn: Function, graph: Graph, arena_need: dict[int, int], reserved: int
+) -> MemoryPlan:
+    """Decide a home for every Internal DRAM tensor of the first pass's function `fn`."""
+    candidates = _candidates(fn)
+    accesses, refused = _collect(fn, candidates)
+    homes: dict[str, Home] = {}
+    for name, loc in candidates.items():
+        if name in refused:
+            continue
+        if not accesses[name]:
+            refused[name] = "never copied"
+            continue
+        home = _choose_home(loc, accesses[name], fn)
+        if isinstance(home, str):
+            refused[name] = home
+        else:
+            homes[name] = home
+    intervals = {
+        name: (min(a.item for a in accesses[name]), max(a.item for a in accesses[name]))
+        for name in homes
+    }
+    homes = _settle(homes, accesses, fn, refused)
+    homes, too_big = _allocate(homes, intervals, arena_need, reserved)
+    refused.update(too_big)
+    homes = _settle(homes, accesses, fn, refused)
+
+    plan = MemoryPlan(arena_need=dict(arena_need), reserved=reserved)
+    plan.homes = homes
+    for name in candidates:
+        if name in homes:
+            first, last = intervals[name]
+            plan.decisions[name] = Decision(
+                name,
+                True,
+                f"in SBUF, rows of {homes[name].inner} elements",
+                homes[name].bytes_per_partition,
+                first,
+                last,
+            )
+        else:
+            plan.decisions[name] = Decision(name, False, refused.get(name, "not placed"))
+    plan.sbuf_high_water = _high_water(plan, intervals, len(fn.entry.items))
+    return plan
+
+
+def _settle(
+    homes: dict[str, Home], accesses: dict[str, list[Access]], fn: Function, refused: dict
+) -> dict[str, Home]:
+    """Drop homes until every copy touching one can be rewritten with all the others in place
+    (two resident sides must agree on their partition chunks)."""
+    homes = dict(homes)
+    while True:
+        victims: dict[str, str] = {}
+        for name in homes:
+            for access in accesses[name]:
+                problem = _check(access, homes, fn)
+                if problem is not None:
+                    # Keep the producer's tensor; the copy's destination goes back to DRAM.
+                    dst = access.inst.dst.loc
+                    victims.setdefault(dst if dst in homes else name, problem)
+                    break
+        if not victims:
+            return homes
+        for name, problem in victims.items():
+            refused[name] = problem
+            del homes[name]
+
+
+def _high_water(plan: MemoryPlan, intervals: dict[str, tuple[int, int]], items: int) -> int:
+    """The most SBUF bytes per partition in use at once: reserved, live homes and the arena."""
+    peak = plan.reserved
+    for item in range(items):
+        live = sum(
+            home.bytes_per_partition
+            for name, home in plan.homes.items()
+            if intervals[name][0] <= item <= intervals[name][1]
+        )
+        peak = max(peak, plan.reserved + live + plan.arena_need.get(item, 0))
+    return peak

@@ -1,0 +1,268 @@
+"""Where a tensor lives when it stays on chip, and how an access to it is rewritten
+(docs/memory_planner.md#layout).
+
+A resident tensor keeps its flat element order, cut into rows of `inner` elements: flat
+element `f = row · inner + i` lives in partition `row mod 128`, at free element
+`(row div 128) · inner + i`. Rows are dealt round the partitions in chunks of 128, so a
+tensor of R rows takes ceil(R / 128) · inner elements in each partition. `inner` is the
+partition stride the lowerings already use: a conv's channel plane (H · W), a matrix row, a
+normalised row. `canonical_inner` gives the default; the planner may pick another one that
+every access can use.
+
+`translate` turns an access pattern written against the tensor's flat DRAM view into
+per-partition pieces on its SBUF home, or says why it cannot: its outermost dim must step
+whole rows (stride `inner`, one partition each), every other step must stay inside a row or
+move by whole 128-row chunks, and loop terms must not move it across partitions.
+`plan_copy` pairs the two sides of a DmaCopy: a copy between two on-chip operands becomes a
+TensorCopy on a compute engine, otherwise it stays a DmaCopy with its resident side
+rewritten; both sides are cut at the same partition-chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.opcodes import MAX_FREE_DIMS, NUM_PARTITIONS, partition_start_allowed
+
+SB_ALIGN = 64
+
+
+def canonical_inner(shape: tuple[int, ...]) -> int:
+    """The default row length: the pixels of one channel for [N, C, ...] tensors (rank ≥ 3),
+    the last dim of a matrix, one element for a vector or scalar."""
+    if len(shape) >= 3:
+        return max(1, math.prod(shape[2:]))
+    if len(shape) == 2:
+        return max(1, shape[1])
+    return 1
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    """A tensor's SBUF home: rows of `inner` elements dealt over the partitions."""
+
+    tensor: str
+    inner: int
+    num_elements: int
+    itemsize: int
+    address: int = 0  # byte offset in every partition, set by the allocator
+
+    @property
+    def rows(self) -> int:
+        return self.num_elements // self.inner
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.rows // NUM_PARTITIONS)
+
+    @property
+    def partitions(self) -> int:
+        return min(self.rows, NUM_PARTITIONS)
+
+    @property
+    def free_elements(self) -> int:
+        return self.chunks * self.inner
+
+    @property
+    def bytes_per_partition(self) -> int:
+        nbytes = self.free_elements * self.itemsize
+        return -(-nbytes // SB_ALIGN) * SB_ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows [first, first + count) of an access's outermost dim, and the access on chip."""
+
+    first: int
+    count: int
+    ap: AccessPattern
+
+
+AxisRanges = dict[str, tuple[int, int]]
+
+
+def _normalised(ap: AccessPattern, inner: int) -> list[tuple[int, int]]:
+    """The pattern without unit dims (a zero-dim pattern becomes one element); a contiguous
+    outermost run of whole rows is split into rows x row elements."""
+    dims = [(stride, count) for stride, count in ap.pattern if count != 1] or [(1, 1)]
+    stride, count = dims[0]
+    if stride == 1 and inner > 1 and count > inner and count % inner == 0:
+        dims[:1] = [(inner, count // inner), (1, inner)]
+    return dims
+
+
+def translate(
+    ap: AccessPattern, home: Home, ranges: AxisRanges, predicated: bool = False
+) -> list[Piece] | str:
+    """The pieces of `ap` (an access to the tensor's flat view) on its SBUF home, or a reason.
+
+    A `predicated` access keeps its leading dim as the partitions, in one piece: the
+    predicate cuts the leading dim of every operand (docs/predicates.md).
+    """
+    inner, chunk = home.inner, home.inner * NUM_PARTITIONS
+    if any(count == 0 for _, count in ap.pattern):
+        return "an empty access"
+    dims = _normalised(ap, inner)
+    if dims[0][0] == inner and dims[0][1] > 1:
+        rows, free_dims = dims[0][1], dims[1:]
+    else:
+        rows, free_dims = 1, dims
+    if predicated and (ap.pattern[0] != (inner, rows) or rows == 1):
+        return "a predicated access whose leading dim is not the rows"
+    # Axes with one value (scope regions, one-trip loops) fold into the constant offset.
+    fixed = sum(coef * ranges.get(axis, (0, 0))[0] for axis, coef in ap.offset_terms
+                if ranges.get(axis, (0, 0))[0] == ranges.get(axis, (0, 0))[1])
+    row0, i0 = divmod(ap.offset + fixed, inner)
+    reach_low, reach_high = i0, i0  # the span inside one row
+    terms: list[tuple[str, int]] = []
+    for axis, coef in ap.offset_terms:
+        first, last = ranges.get(axis, (0, 0))
+        if first == last:
+            continue
+        if coef % chunk == 0:
+            terms.append((axis, coef // chunk * inner))
+            continue
+        low, high = sorted((coef * first, coef * last))
+        if coef % inner and 0 <= low and high < inner:
+            terms.append((axis, coef))
+            reach_low, reach_high = reach_low + low, reach_high + high
+            continue
+        return (
+            f"loop {axis} steps {coef} elements: neither inside a row of {inner} "
+            f"nor a whole number of {NUM_PARTITIONS}-row chunks"
+        )
+    free: list[tuple[int, int]] = []
+    for stride, count in free_dims:
+        if stride % chunk == 0 and stride:
+            free.append((stride // chunk * inner, count))
+        elif 0 <= stride and stride * (count - 1) < inner:
+            free.append((stride, count))
+            reach_high += stride * (count - 1)
+        else:
+            return f"a dim of stride {stride} leaves the row of {inner} elements"
+    if reach_low < 0 or reach_high >= inner:
+        return f"the access spans elements {reach_low}..{reach_high} of a {inner}-element row"
+    if row0 < 0 or row0 + rows > home.rows:
+        return "the access leaves the tensor"
+    free = free or [(1, 1)]
+    pieces = []
+    row = row0
+    while row < row0 + rows:
+        part = row % NUM_PARTITIONS
+        count = min(NUM_PARTITIONS - part, row0 + rows - row)
+        offset = (row // NUM_PARTITIONS) * inner + i0
+        pieces.append(
+            Piece(
+                row - row0,
+                count,
+                AccessPattern(home.tensor, tuple(free), offset, tuple(terms), part, count),
+            )
+        )
+        row += count
+    if predicated and len(pieces) > 1:
+        return "a predicated access across partition chunks"
+    return pieces
+
+
+def _slice_outer(ap: AccessPattern, first: int, count: int, total: int) -> AccessPattern | None:
+    """Rows [first, first + count) of `ap`, which holds `total` rows: its partitions, or its
+    outermost non-unit dim (split first when it runs over several elements per row)."""
+    if first == 0 and count == total:
+        return ap
+    if ap.num_partitions:
+        if ap.num_partitions != total:
+            return None
+        return replace(ap, partition_start=ap.partition_start + first, num_partitions=count)
+    pattern = list(ap.pattern)
+    for index, (stride, extent) in enumerate(pattern):
+        if extent == 1:
+            continue
+        if extent % total:
+            return None
+        per_row = extent // total
+        split = [(stride * per_row, count)] + ([(stride, per_row)] if per_row > 1 else [])
+        pattern[index : index + 1] = split
+        return replace(ap, pattern=tuple(pattern), offset=ap.offset + stride * per_row * first)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """One instruction of a rewritten DmaCopy: `on_chip` copies run on a compute engine."""
+
+    dst: AccessPattern
+    src: AccessPattern
+    on_chip: bool
+
+
+def _engine_ready(ap: AccessPattern) -> str | None:
+    if not partition_start_allowed(ap.partition_start, ap.num_partitions):
+        return f"{ap.num_partitions} partitions cannot start at partition {ap.partition_start}"
+    if len(ap.pattern) > MAX_FREE_DIMS:
+        return f"{len(ap.pattern)} free dims (an engine takes {MAX_FREE_DIMS})"
+    return None
+
+
+def plan_copy(
+    dst: AccessPattern,
+    src: AccessPattern,
+    homes: dict[str, Home],
+    on_chip: Callable[[str], bool],
+    ranges: AxisRanges,
+    predicated: bool = False,
+) -> list[Copy] | str:
+    """A DmaCopy `dst ← src` rewritten for the resident tensors in `homes`, or a reason.
+
+    `on_chip(name)` says whether a location is an SBUF/PSUM tile, whose access patterns
+    already carry partitions.
+    """
+    sides = []
+    for ap in (dst, src):
+        home = homes.get(ap.loc)
+        if home is None:
+            sides.append(None)
+            continue
+        pieces = translate(ap, home, ranges, predicated)
+        if isinstance(pieces, str):
+            return f"{ap.loc!r}: {pieces}"
+        sides.append(pieces)
+    if sides == [None, None]:
+        return [Copy(dst, src, False)]
+    # Cut both sides at the resident side(s)' partition-chunk boundaries.
+    cuts = sorted({(p.first, p.count) for pieces in sides if pieces for p in pieces})
+    starts = sorted({first for first, _ in cuts})
+    total = max(first + count for first, count in cuts)
+    bounds = [*starts, total]
+    copies = []
+    for first, end in zip(bounds, bounds[1:], strict=False):
+        parts = []
+        for ap, pieces in ((dst, sides[0]), (src, sides[1])):
+            if pieces is None:
+                sliced = _slice_outer(ap, first, end - first, total)
+                if sliced is None:
+                    return f"the other side ({ap.loc!r}) cannot be cut at the same rows"
+                parts.append(sliced)
+                continue
+            match = [p for p in pieces if p.first == first and p.count == end - first]
+            if not match:
+                return "both sides are resident but cross partition chunks at different rows"
+            parts.append(match[0].ap)
+        new_dst, new_src = parts
+        both_on_chip = all(ap.loc in homes or on_chip(ap.loc) for ap in parts)
+        if both_on_chip:
+            if new_dst.num_partitions != new_src.num_partitions or math.prod(
+                c for _, c in new_dst.pattern
+            ) != math.prod(c for _, c in new_src.pattern):
+                return (
+                    f"an on-chip copy of {new_src.num_partitions} partitions into "
+                    f"{new_dst.num_partitions} (the rows do not line up with the tile)"
+                )
+            for ap in parts:
+                reason = _engine_ready(ap)
+                if reason:
+                    return f"an on-chip copy where {reason}"
+        copies.append(Copy(new_dst, new_src, both_on_chip))
+    return copies
