@@ -128,6 +128,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="SBUF bytes per partition kept free for dynamic DMA; the attention raise "
         "counts them against the state buffer (default %(default)s)",
     )
+    group.add_argument(
+        "--no-memory-plan",
+        action="store_true",
+        help="keep every intermediate tensor in DRAM instead of planning SBUF homes "
+        "(docs/memory_planner.md; validate --localize always does)",
+    )
     parser.add_argument(
         "--verbose",
         action="store_true",
@@ -337,6 +343,7 @@ def _options(args: argparse.Namespace) -> dict:
         "dynamic_dma_sbuf_bytes": args.dynamic_dma_sbuf_bytes,
         "auto_cast": args.auto_cast,
         "auto_cast_type": args.auto_cast_type,
+        "memory_plan": not args.no_memory_plan,
     }
 
 

@@ -22,6 +22,7 @@ DESIGN.md's contract:
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
      "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type",
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
+     "memory": the memory planner's decisions (onnx2bir/report_memory.py) | null,
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
@@ -40,6 +41,7 @@ from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import Compilation
 from onnx2bir.options import CompileOptions
 from onnx2bir.report_cost import cost_json, cost_text
+from onnx2bir.report_memory import memory_json, memory_text
 from onnx2bir.runtime import cost as cost_model
 
 _CONV_STAT_KEYS = ("total_conv_ops", "matched_conv_ops", "conv_kernel_match_percentage")
@@ -112,6 +114,7 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "dependencies": dependencies,
         "cost": cost,
         "autocast": autocast_summary(compilation),
+        "memory": memory_json(compilation),
     }
 
 
@@ -308,6 +311,7 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         )
     if doc.get("cost"):
         lines += cost_text(doc["cost"])
+    lines += memory_text(doc.get("memory"))
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ output, then the localisation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -86,6 +87,9 @@ def run_validate(
     detector, and a race fails the validation.
     """
     plan = parse_schedule(schedule)
+    if localize_nodes:
+        # Every intermediate must have a DRAM copy to compare (docs/memory_planner.md#localize).
+        options = dataclasses.replace(options, memory_plan=False)
     prepared = prepare(model, options, input_shapes, dims)
     check_validate_fits(prepared.pristine)  # before any input or machine array is made
     if on_compiled is not None:

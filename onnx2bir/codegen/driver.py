@@ -62,9 +62,9 @@ from onnx2bir.bir.opcodes import (
 )
 from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
+from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.planner import MemoryPlan
 from onnx2bir.codegen.residency import plan_copy
-from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import CompileError
 from onnx2bir.graph import Graph

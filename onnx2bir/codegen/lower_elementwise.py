@@ -45,9 +45,7 @@ class _Piece:
     col_strides: tuple[int, ...]
 
 
-def _pieces(
-    shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1
-) -> list[_Piece]:
+def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1) -> list[_Piece]:
     """The walk as pieces; a 1-D walk is cut into rows of `row` elements when that divides it
     (the output's row length on chip, docs/memory_planner.md#layout), else into 128 rows."""
     count = len(strides)

@@ -9,9 +9,10 @@ consumer, where, and why not when it does not.
 
 The rule, per tensor:
 - pattern: an Internal DRAM location (not a weight, constant, graph input or output);
-- check: every instruction touching it is a DmaCopy (not inside a runtime loop) whose access `residency.plan_copy` can rewrite onto an SBUF home of some row
-  length (the canonical one first, then each partition stride its accesses use); copies
-  between two resident tensors must cut at the same partition chunks; and the home fits:
+- check: every instruction touching it is a DmaCopy (not inside a runtime loop) whose
+  access `residency.plan_copy` can rewrite onto an SBUF home of some row length (the
+  canonical one first, then each partition stride its accesses use); copies between two
+  resident tensors must cut at the same partition chunks; and the home fits:
   from its first to its last node, no other live home overlaps it and it stays below that
   node's arena, which sits at the top of SBUF;
 - rewrite (the second code-generation pass, `BirCodeGen(memory_plan=...)`): the tensor is an
@@ -32,7 +33,6 @@ from onnx2bir.bir.ir import (
     DynamicLoop,
     Function,
     Instruction,
-    Loop,
     MemoryLocation,
 )
 from onnx2bir.bir.opcodes import SBUF_BYTES_PER_PARTITION
@@ -169,11 +169,10 @@ def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[int]
     return [inner for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]]
 
 
-def _choose_home(
-    loc: MemoryLocation, accesses: list[Access], fn: Function
-) -> Home | str:
-    """The first row length under which every access, alone, can be rewritten."""
-    reason = "no access"
+def _choose_home(loc: MemoryLocation, accesses: list[Access], fn: Function) -> Home | str:
+    """The first row length under which every access, alone, can be rewritten; else the
+    reason the canonical row length (the first tried) was refused."""
+    first_reason = None
     for inner in _layout_candidates(loc, accesses):
         home = Home(loc.name, inner, max(1, loc.num_elements), loc.dtype.itemsize)
         homes = {loc.name: home}
@@ -181,7 +180,8 @@ def _choose_home(
         reason = next((problem for problem in problems if problem), None)
         if reason is None:
             return home
-    return f"no row length fits every access; with the last tried: {reason}"
+        first_reason = first_reason or f"in rows of {inner}, {reason}"
+    return f"no row length serves every access; {first_reason or 'no access'}"
 
 
 def _allocate(

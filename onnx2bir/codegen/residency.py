@@ -13,9 +13,10 @@ every access can use.
 per-partition pieces on its SBUF home, or says why it cannot: its outermost dim must step
 whole rows (stride `inner`, one partition each), every other step must stay inside a row or
 move by whole 128-row chunks, and loop terms must not move it across partitions.
-`plan_copy` pairs the two sides of a DmaCopy: a copy between two on-chip operands becomes a
-TensorCopy on a compute engine, otherwise it stays a DmaCopy with its resident side
-rewritten; both sides are cut at the same partition-chunk boundaries.
+`plan_copy` pairs the two sides of a DmaCopy: a copy between two on-chip operands that line
+up lane to lane becomes a TensorCopy on a compute engine, otherwise it stays a DmaCopy (DRAM
+to SBUF, or SBUF to SBUF) with its resident side rewritten; both sides are cut at the same
+partition-chunk boundaries.
 """
 
 from __future__ import annotations
@@ -113,8 +114,11 @@ def translate(
     if predicated and (ap.pattern[0] != (inner, rows) or rows == 1):
         return "a predicated access whose leading dim is not the rows"
     # Axes with one value (scope regions, one-trip loops) fold into the constant offset.
-    fixed = sum(coef * ranges.get(axis, (0, 0))[0] for axis, coef in ap.offset_terms
-                if ranges.get(axis, (0, 0))[0] == ranges.get(axis, (0, 0))[1])
+    fixed = sum(
+        coef * ranges.get(axis, (0, 0))[0]
+        for axis, coef in ap.offset_terms
+        if ranges.get(axis, (0, 0))[0] == ranges.get(axis, (0, 0))[1]
+    )
     row0, i0 = divmod(ap.offset + fixed, inner)
     reach_low, reach_high = i0, i0  # the span inside one row
     terms: list[tuple[str, int]] = []
@@ -191,7 +195,8 @@ def _slice_outer(ap: AccessPattern, first: int, count: int, total: int) -> Acces
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """One instruction of a rewritten DmaCopy: `on_chip` copies run on a compute engine."""
+    """One instruction of a rewritten DmaCopy: `on_chip` copies run on a compute engine,
+    the others on a DMA queue."""
 
     dst: AccessPattern
     src: AccessPattern
@@ -252,17 +257,13 @@ def plan_copy(
             parts.append(match[0].ap)
         new_dst, new_src = parts
         both_on_chip = all(ap.loc in homes or on_chip(ap.loc) for ap in parts)
-        if both_on_chip:
-            if new_dst.num_partitions != new_src.num_partitions or math.prod(
-                c for _, c in new_dst.pattern
-            ) != math.prod(c for _, c in new_src.pattern):
-                return (
-                    f"an on-chip copy of {new_src.num_partitions} partitions into "
-                    f"{new_dst.num_partitions} (the rows do not line up with the tile)"
-                )
-            for ap in parts:
-                reason = _engine_ready(ap)
-                if reason:
-                    return f"an on-chip copy where {reason}"
-        copies.append(Copy(new_dst, new_src, both_on_chip))
+        # A compute engine copies lane to lane under the partition-start rule; anything else
+        # between two on-chip operands is a DMA from SBUF to SBUF.
+        engine_copy = (
+            both_on_chip
+            and new_dst.num_partitions == new_src.num_partitions
+            and math.prod(c for _, c in new_dst.pattern) == math.prod(c for _, c in new_src.pattern)
+            and not any(_engine_ready(ap) for ap in parts)
+        )
+        copies.append(Copy(new_dst, new_src, engine_copy))
     return copies

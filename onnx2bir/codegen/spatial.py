@@ -125,8 +125,9 @@ def fill_dram(
     if row and total % row == 0 and row > 1:
         for rows in tiles(cg, total // row, NUM_PARTITIONS, "fill"):
             for col in tiles(cg, row, FILL_TILE, "fillc"):
+                start = rows.start * row + col.start
                 cg.dma(
-                    cg.dram_ap(loc, rows.start * row + col.start, [(row, rows.size), (1, col.size)]),
+                    cg.dram_ap(loc, start, [(row, rows.size), (1, col.size)]),
                     cg.ap(fill_tile, [(1, col.size)], partitions=rows.size),
                 )
         return

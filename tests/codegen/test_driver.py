@@ -8,8 +8,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import ENTRY_BLOCK, LOOP_BODY_BLOCK, DepKind, Opcode
 from onnx2bir.bir.ir import Loop
-from onnx2bir.options import CompileOptions
 from onnx2bir.compiler import compile_model
+from onnx2bir.options import CompileOptions
 
 
 def _model(nodes, inputs, outputs, inits=()):

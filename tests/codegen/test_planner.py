@@ -1,0 +1,209 @@
+"""The memory planner (docs/memory_planner.md): which tensors live in SBUF, how accesses to
+them are rewritten, and that the program still computes what onnxruntime computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import IR_VERSION
+from onnx import TensorProto, helper
+
+from onnx2bir.bir.enums import MemoryType, Opcode
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.verify import verify_module
+from onnx2bir.codegen.residency import Home, canonical_inner, plan_copy, translate
+from onnx2bir.compiler import compile_model
+from onnx2bir.options import CompileOptions
+from onnx2bir.runtime import cost
+from onnx2bir.runtime.interpreter import run_function
+from onnx2bir.runtime.oracle import run_onnxruntime
+
+IDENTITY_BYTES = 128 * 128 * 4  # the prologue loads I[128, 128] fp32 (docs/bir_codegen.md)
+
+
+def _model(nodes, inputs, outputs, initializers=()):
+    graph = helper.make_graph(nodes, "plan", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _run(model, feeds, **options):
+    compilation = compile_model(model, CompileOptions(**options))
+    problems = verify_module(compilation.module)
+    assert not problems, problems
+    got = run_function(compilation.module, feeds)
+    want = run_onnxruntime(model, feeds)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+    return compilation
+
+
+def _touching(function, tensor):
+    return [
+        inst
+        for inst in function.instructions()
+        if any(ap.loc == tensor for ap in (inst.dst, *inst.srcs.values()) if ap is not None)
+    ]
+
+
+def test_a_chain_hands_its_intermediates_over_on_chip():
+    # Relu -> Neg -> Sigmoid on [1, 64, 20, 20]: r and n never touch DRAM.
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Neg", ["r"], ["n"], name="neg"),
+            helper.make_node("Sigmoid", ["n"], ["y"], name="sigmoid"),
+        ],
+        [_vi("x", [1, 64, 20, 20])],
+        [_vi("y", [1, 64, 20, 20])],
+    )
+    x = np.random.default_rng(0).standard_normal((1, 64, 20, 20)).astype(np.float32)
+    compilation = _run(model, {"x": x})
+    function = compilation.module.functions[0]
+    for tensor in ("r", "n"):
+        assert function.memory_locations[tensor].memory is MemoryType.SB
+        ops = {inst.opcode for inst in _touching(function, tensor)}
+        assert ops == {Opcode.TENSOR_COPY}, (tensor, ops)
+        assert compilation.memory_plan.decisions[tensor].resident
+    # Only the input, the output and the identity tile of the prologue cross DMA.
+    assert cost.estimate(compilation.module).dma_bytes == 2 * x.nbytes + IDENTITY_BYTES
+
+
+def test_without_the_plan_every_intermediate_goes_through_dram():
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Neg", ["r"], ["y"], name="neg"),
+        ],
+        [_vi("x", [1, 8, 4, 4])],
+        [_vi("y", [1, 8, 4, 4])],
+    )
+    x = np.random.default_rng(1).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    compilation = _run(model, {"x": x}, memory_plan=False)
+    function = compilation.module.functions[0]
+    assert compilation.memory_plan is None
+    assert function.memory_locations["r"].memory is MemoryType.DRAM
+    # x, r twice, y, and the identity tile
+    assert cost.estimate(compilation.module).dma_bytes == 4 * x.nbytes + IDENTITY_BYTES
+
+
+def test_a_tensor_too_big_for_sbuf_stays_in_dram_and_says_so():
+    # 128 rows of 100,000 fp32 = 400 KB per partition, over the 192 KiB of SBUF.
+    shape = [1, 128, 100_000]
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Neg", ["r"], ["y"], name="neg"),
+        ],
+        [_vi("x", shape)],
+        [_vi("y", shape)],
+    )
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    compilation = _run(model, {"x": x})
+    decision = compilation.memory_plan.decisions["r"]
+    assert not decision.resident
+    assert decision.reason.startswith("does not fit")
+    assert compilation.module.functions[0].memory_locations["r"].memory is MemoryType.DRAM
+
+
+def test_a_layout_change_keeps_the_tensor_in_dram_naming_the_node_and_rule():
+    # The Transpose reads r column-wise: no row length serves both it and the Relu.
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Transpose", ["r"], ["y"], name="flip", perm=[1, 0]),
+        ],
+        [_vi("x", [96, 40])],
+        [_vi("y", [40, 96])],
+    )
+    x = np.random.default_rng(3).standard_normal((96, 40)).astype(np.float32)
+    compilation = _run(model, {"x": x})
+    decision = compilation.memory_plan.decisions["r"]
+    assert not decision.resident
+    assert "generic.Transpose" in decision.reason or "generic.Relu" in decision.reason
+
+
+def test_a_padded_conv_input_and_its_scratch_stay_on_chip():
+    rng = np.random.default_rng(4)
+    w = helper.make_tensor(
+        "w", TensorProto.FLOAT, [16, 16, 3, 3], rng.standard_normal(16 * 16 * 9).tolist()
+    )
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+        ],
+        [_vi("x", [1, 16, 12, 12])],
+        [_vi("y", [1, 16, 12, 12])],
+        [w],
+    )
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    compilation = _run(model, {"x": x}, auto_cast="none")
+    decisions = compilation.memory_plan.decisions
+    assert decisions["r"].resident and decisions["conv/padded"].resident
+
+
+def test_translate_splits_rows_at_partition_chunks():
+    # 300 rows of 8: rows 100..299 are partitions 100..127 of chunk 0, 0..127 of chunk 1,
+    # 0..43 of chunk 2.
+    home = Home("t", 8, 300 * 8, 4)
+    pieces = translate(AccessPattern("t", ((8, 200), (1, 8)), 100 * 8), home, {})
+    assert [(p.first, p.count) for p in pieces] == [(0, 28), (28, 128), (156, 44)]
+    assert [(p.ap.partition_start, p.ap.num_partitions, p.ap.offset) for p in pieces] == [
+        (100, 28, 0),
+        (0, 128, 8),
+        (0, 44, 16),
+    ]
+
+
+def test_translate_refuses_a_loop_that_moves_across_partitions():
+    home = Home("t", 8, 300 * 8, 4)
+    ap = AccessPattern("t", ((8, 4), (1, 8)), 0, (("i", 8),))
+    reason = translate(ap, home, {"i": (0, 9)})
+    assert isinstance(reason, str) and "loop i" in reason
+
+
+def test_a_copy_whose_rows_do_not_line_up_with_the_tile_stays_a_dma_on_chip():
+    home = Home("t", 32, 64 * 32, 4)
+    tile = AccessPattern("tile", ((1, 64),), 0, (), 0, 32)  # 32 partitions x 64
+    dram = AccessPattern("t", ((32, 64), (1, 32)), 0)  # 64 rows of 32
+    (copy,) = plan_copy(tile, dram, {"t": home}, lambda name: name == "tile", {})
+    assert not copy.on_chip  # a DMA from SBUF to SBUF
+    assert (copy.src.loc, copy.src.partition_start, copy.src.num_partitions) == ("t", 0, 64)
+    # Lane to lane (32 rows into 32 partitions) it is a compute-engine copy.
+    lined_up = AccessPattern("t", ((32, 32), (1, 32)), 0)
+    tile32 = AccessPattern("tile", ((1, 32),), 0, (), 0, 32)
+    (copy,) = plan_copy(tile32, lined_up, {"t": home}, lambda name: name == "tile", {})
+    assert copy.on_chip
+
+
+@pytest.mark.parametrize(
+    "shape, inner", [((1, 64, 7, 7), 49), ((2, 128, 768), 768), ((10, 3), 3), ((5,), 1)]
+)
+def test_canonical_rows_are_a_channel_plane_or_a_matrix_row(shape, inner):
+    assert canonical_inner(shape) == inner
+
+
+def test_report_json_lists_the_decisions():
+    import onnx2bir
+
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Neg", ["r"], ["y"], name="neg"),
+        ],
+        [_vi("x", [1, 8, 4, 4])],
+        [_vi("y", [1, 8, 4, 4])],
+    )
+    memory = onnx2bir.report(model).to_json()["memory"]
+    assert memory["planned"] and memory["resident"] == 1 and memory["dram"] == 0
+    (record,) = memory["tensors"]
+    assert record["tensor"] == "r" and record["resident"]
+    # 8 rows of 16 fp32 = 64 bytes in each of 8 partitions.
+    assert record["bytes_per_partition"] == 64
+    assert memory["sbuf_high_water_bytes"] >= 64
