@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from onnx2bir.bir.opcodes import DMA_MAX_DIMS
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, merge_broadcast_dims, tiles
@@ -85,11 +86,12 @@ def copy_strided(
     shape: tuple[int, ...],
     dst_strides: tuple[int, ...],
     src_strides: tuple[int, ...],
+    max_dims: int = DMA_MAX_DIMS,
 ) -> None:
     """DRAM→DRAM: dst[i] = src[i] for every index i of `shape`, each side through its strides.
 
     Dims both sides walk contiguously (or both broadcast) are merged; strides may be negative
-    or 0. Leading dims beyond what one DMA descriptor takes become loops.
+    or 0. Leading dims beyond `max_dims` (at most what one DMA descriptor takes) become loops.
     """
     if math.prod(shape) == 0:
         return
@@ -100,7 +102,7 @@ def copy_strided(
         shape, dst_strides, src_strides = (1,), (1,), (1,)
 
     def walk(depth: int, dst_off: Affine, src_off: Affine) -> None:
-        if len(shape) - depth <= DMA_MAX_DIMS:
+        if len(shape) - depth <= max_dims:
             cg.dma(
                 cg.dram_ap(
                     dst, dst_off, list(zip(dst_strides[depth:], shape[depth:], strict=True))
@@ -122,14 +124,48 @@ def copy_strided(
 
 @lowering("Transpose")
 def lower_transpose(cg: BirCodeGen, node: dict) -> None:
-    """One strided DMA: the destination walked contiguously, the source through permuted
-    strides. Dims both sides walk contiguously are merged; leading dims beyond what a DMA
-    descriptor takes become loops."""
+    """Data movement shaped so that both sides can stay on chip (docs/memory_planner.md):
+
+    - the last dim stays last: one strided DMA per [rows, last dim] block, the rows being the
+      longest other dim of the output (the remaining dims loop), each block reading whole
+      rows of the input and writing whole rows of the output;
+    - the last two dims swap (a matrix transpose per leading index, fp32): each block of at
+      most 128 x 128 is read as rows, flipped on the PE array against the identity and
+      written as rows;
+    - otherwise: one strided DMA, the destination walked contiguously, the source through
+      permuted strides (dims both sides walk contiguously merged, leading dims beyond what a
+      DMA descriptor takes looping).
+    """
     src, out = node["inputs"][0], node["outputs"][0]
     in_shape = tuple(cg.graph.tensors[src].shape)
-    perm = node["attrs"].get("perm") or list(reversed(range(len(in_shape))))
+    rank = len(in_shape)
+    perm = list(node["attrs"].get("perm") or reversed(range(rank)))
     out_shape = tuple(in_shape[axis] for axis in perm)
     in_strides = contiguous_strides(in_shape)
+    permuted = tuple(in_strides[a] for a in perm)
+    if rank >= 3 and math.prod(out_shape) and perm[-1] == rank - 1 and perm != list(range(rank)):
+        # The longest other dim becomes the rows of each block; the rest loop.
+        rows = max(range(rank - 1), key=lambda d: (out_shape[d], d))
+        if out_shape[rows] * out_shape[-1] >= ROW_BLOCK:
+            order = [d for d in range(rank - 1) if d != rows] + [rows, rank - 1]
+            out_strides = contiguous_strides(out_shape)
+            copy_strided(
+                cg,
+                cg.dram(out).name,
+                Affine(),
+                cg.dram(src).name,
+                Affine(),
+                tuple(out_shape[d] for d in order),
+                tuple(out_strides[d] for d in order),
+                tuple(permuted[d] for d in order),
+                max_dims=2,
+            )
+            return
+    swapped = perm[-2:] == [rank - 1, rank - 2] and perm[:-2] == list(range(rank - 2))
+    if rank >= 2 and swapped and math.prod(out_shape):
+        if cg.graph.tensors[src].dtype is Dtype.FP32:
+            _transpose_on_pe(cg, src, out, in_shape)
+            return
     copy_strided(
         cg,
         cg.dram(out).name,
@@ -138,5 +174,40 @@ def lower_transpose(cg: BirCodeGen, node: dict) -> None:
         Affine(),
         out_shape,
         contiguous_strides(out_shape),
-        tuple(in_strides[a] for a in perm),
+        permuted,
     )
+
+
+ROW_BLOCK = 512  # elements per [rows, last dim] block worth a DMA of its own
+
+
+def _transpose_on_pe(cg: BirCodeGen, src: str, out: str, in_shape: tuple[int, ...]) -> None:
+    """out[..., j, i] = src[..., i, j]: 128 x 128 blocks through the PE array."""
+    rows, cols = in_shape[-2:]
+    batch = math.prod(in_shape[:-2])
+    p = NUM_PARTITIONS
+    block = cg.sb_tile("block", p, p, Dtype.FP32)
+    flipped = cg.psum_tile("flipped", p, p)
+    result = cg.sb_tile("flipped", p, p, Dtype.FP32)
+    src_loc, out_loc = cg.dram(src).name, cg.dram(out).name
+    for b in tiles(cg, batch, 1, "b"):
+        base = b.start * (rows * cols)
+        for r in tiles(cg, rows, p, "tr"):
+            for c in tiles(cg, cols, p, "tc"):
+                loaded = cg.ap(block, [(1, c.size)], partitions=r.size)
+                cg.dma(
+                    loaded,
+                    cg.dram_ap(
+                        src_loc, base + r.start * cols + c.start, [(cols, r.size), (1, c.size)]
+                    ),
+                )
+                psum = cg.ap(flipped, [(1, r.size)], partitions=c.size)
+                cg.matmul(psum, loaded, cg.identity(r.size), accumulate=False)
+                stored = cg.ap(result, [(1, r.size)], partitions=c.size)
+                cg.tensor_copy(stored, psum)
+                cg.dma(
+                    cg.dram_ap(
+                        out_loc, base + c.start * rows + r.start, [(rows, c.size), (1, r.size)]
+                    ),
+                    stored,
+                )

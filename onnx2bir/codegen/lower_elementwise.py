@@ -3,8 +3,9 @@
 The output is walked as [outer..., rows, cols] after merging the dims every operand walks
 contiguously (`merge_broadcast_dims`): rows go on partitions (tiles of 128), cols on the free
 dim (tiles of FREE_TILE), outer dims become loops. A contiguous walk is cut into rows of the
-output's canonical row length (a channel plane, a matrix row), the layout a tensor kept in
-SBUF has (docs/memory_planner.md#layout). Each input tile is brought in by one DMA
+output's preferred row length (a channel plane next to convs, a matrix row next to matmuls:
+`residency.preferred_row`), the layout a tensor kept in SBUF has
+(docs/memory_planner.md#layout). Each input tile is brought in by one DMA
 whose DRAM pattern has stride 0 along the dims it broadcasts over, so the compute instruction
 always sees same-shaped tiles. Transcendentals run on ScalarE (ACT), two-input arithmetic on
 VectorE (DVE), and the result goes back to DRAM by DMA.
@@ -21,7 +22,7 @@ from onnx2bir.bir.ir import AccessPattern, Instruction, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.residency import canonical_inner
+from onnx2bir.codegen.residency import preferred_row
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
@@ -46,8 +47,9 @@ class _Piece:
 
 
 def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1) -> list[_Piece]:
-    """The walk as pieces; a 1-D walk is cut into rows of `row` elements when that divides it
-    (the output's row length on chip, docs/memory_planner.md#layout), else into 128 rows."""
+    """The walk as pieces. A 1-D walk is cut into rows of `row` elements when that divides it
+    (the output's row length on chip, docs/memory_planner.md#layout), else into 128 rows; a
+    longer walk whose contiguous last dim holds whole rows is cut the same way."""
     count = len(strides)
     if not shape:
         zeros = (0,) * count
@@ -65,6 +67,11 @@ def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1
             base = tuple(s * rows * cols for s in step)
             pieces.append(_Piece(base, (), 1, (0,) * count, rest, step))
         return [piece for piece in pieces if piece.rows]
+    last = shape[-1]
+    if row > 1 and last > row and last % row == 0 and strides[0][-1] == 1:
+        # Cut the contiguous last dim into rows of `row`, so the rows are the partitions.
+        shape = (*shape[:-1], last // row, row)
+        strides = [(*s[:-1], s[-1] * row, s[-1]) for s in strides]
     outer = tuple((shape[d], tuple(s[d] for s in strides)) for d in range(len(shape) - 2))
     return [
         _Piece(
@@ -172,7 +179,7 @@ def emit_elementwise(
         cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, cg.graph.tensors[name].dtype)
         for index, name in enumerate([out, *inputs])
     ]
-    for piece in _pieces(shape, merged, canonical_inner(out_shape)):
+    for piece in _pieces(shape, merged, preferred_row(cg.graph, out)):
         _emit_piece(cg, piece, locations, sb, compute, 0, [Affine()] * len(locations))
 
 

@@ -18,6 +18,7 @@ themselves stay fp32 (exact), PSUM accumulates fp32, the eviction writes fp32.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
@@ -26,7 +27,7 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, broadcast_strides, tiles
+from onnx2bir.codegen.tiling import Affine, broadcast_strides, contiguous_strides, tiles
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class MatmulTiles:
 
     def __init__(self, cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32) -> None:
         p, dtype = NUM_PARTITIONS, pe_operand_dtype(cg, model_dtype)
+        self.moving_dtype = dtype
         self.stationary = cg.sb_tile("stationary", p, p, dtype)
         self.moving = cg.sb_tile("moving", p, MATMUL_MAX_MOVING_FREE, dtype)
         self.staging = cg.sb_tile("staging", p, p, Dtype.FP32)
@@ -79,9 +81,12 @@ class MatmulTiles:
         self.addend = cg.sb_tile("addend", p, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
 
 
-def load_tile(cg: BirCodeGen, view: MatrixView, dst_tile, tiles_: MatmulTiles) -> AccessPattern:
-    """Bring `view` (rows ≤ 128) into `dst_tile` as [rows partitions, cols free]."""
-    dst = cg.ap(dst_tile, [(1, view.cols)], partitions=view.rows)
+def load_tile(
+    cg: BirCodeGen, view: MatrixView, dst_tile, tiles_: MatmulTiles, offset: int = 0
+) -> AccessPattern:
+    """Bring `view` (rows ≤ 128) into `dst_tile` as [rows partitions, cols free], starting at
+    free element `offset`."""
+    dst = cg.ap(dst_tile, [(1, view.cols)], offset, partitions=view.rows)
     if view.col_stride == 1 or view.row_stride != 1 or view.rows > NUM_PARTITIONS:
         cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
         return dst
@@ -93,7 +98,7 @@ def load_tile(cg: BirCodeGen, view: MatrixView, dst_tile, tiles_: MatmulTiles) -
         cg.dma(staged, cg.dram_ap(block.loc, block.offset, block.pattern()))
         flipped = cg.ap(tiles_.transposed, [(1, width)], partitions=view.rows)
         cg.matmul(flipped, staged, cg.identity(width), accumulate=False)
-        cg.tensor_copy(cg.ap(dst_tile, [(1, width)], chunk, partitions=view.rows), flipped)
+        cg.tensor_copy(cg.ap(dst_tile, [(1, width)], offset + chunk, partitions=view.rows), flipped)
     return dst
 
 
@@ -107,15 +112,40 @@ def emit_gemm(
     c: MatrixView | None = None,
     beta: float = 1.0,
 ) -> None:
-    """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N]."""
-    for m in tiles(cg, a.rows, NUM_PARTITIONS, "m"):
-        for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
+    """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N].
+
+    When a's rows need more than one tile and b's column block fits (`B_BLOCK_BYTES` per
+    partition), the K tiles of b's column block are loaded once and stay in SBUF while the
+    row tiles of a pass by: each weight is read once instead of once per row tile.
+    """
+    k_tiles = -(-a.cols // NUM_PARTITIONS)
+    n_size = min(b.cols, MATMUL_MAX_MOVING_FREE)
+    block_bytes = k_tiles * n_size * mm.moving_dtype.itemsize
+    keep_b = a.rows > NUM_PARTITIONS and block_bytes <= B_BLOCK_BYTES
+    block = (
+        cg.sb_tile("b_block", NUM_PARTITIONS, k_tiles * n_size, mm.moving_dtype) if keep_b else None
+    )
+    for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
+        if block is not None:
+            for k in tiles(cg, a.cols, NUM_PARTITIONS, "kb"):
+                slot = tile_ordinal(k, NUM_PARTITIONS) * n_size
+                load_tile(cg, b.window(k.start, k.size, n.start, n.size), block, mm, slot)
+        for m in tiles(cg, a.rows, NUM_PARTITIONS, "m"):
             acc = cg.ap(mm.acc, [(1, n.size)], partitions=m.size)
             for k in tiles(cg, a.cols, NUM_PARTITIONS, "k", peel_first=True):
                 stationary = load_tile(
                     cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm
                 )
-                moving = load_tile(cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm)
+                if block is not None:
+                    moving = cg.ap(
+                        block,
+                        [(1, n.size)],
+                        tile_ordinal(k, NUM_PARTITIONS) * n_size,
+                        partitions=k.size,
+                    )
+                else:
+                    window = b.window(k.start, k.size, n.start, n.size)
+                    moving = load_tile(cg, window, mm.moving, mm)
                 cg.matmul(acc, stationary, moving, accumulate=not k.first)
             result = cg.ap(mm.result, [(1, n.size)], partitions=m.size)
             cg.activation(result, acc, ActFunc.COPY, scale=alpha)
@@ -130,13 +160,24 @@ def emit_gemm(
             cg.dma(cg.dram_ap(out.loc, out.offset, out.pattern()), result)
 
 
+B_BLOCK_BYTES = 64 * 1024  # SBUF per partition a resident column block of b may take
+
+
+def tile_ordinal(tile, size: int) -> Affine:
+    """The ordinal of a tile of `tiles(extent, size)`: its start divided by size."""
+    return Affine(
+        tile.start.const // size, tuple((axis, coef // size) for axis, coef in tile.start.terms)
+    )
+
+
 def _row_major(loc: str, offset: Affine, rows: int, cols: int) -> MatrixView:
     return MatrixView(loc, offset, rows, cols, cols, 1)
 
 
 @lowering("MatMul")
 def lower_matmul(cg: BirCodeGen, node: dict) -> None:
-    """numpy matmul: 1-D operands get a unit dim, batch dims broadcast and become loops."""
+    """numpy matmul: 1-D operands get a unit dim, batch dims broadcast and become loops; a
+    contiguous batched a times one shared b is one matmul with the batches as rows."""
     a_name, b_name = node["inputs"][:2]
     out = node["outputs"][0]
     a_shape = tuple(cg.graph.tensors[a_name].shape)
@@ -156,6 +197,19 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     b_batch = tuple(s * k * n for s in b_batch)
     mm = MatmulTiles(cg, cg.graph.tensors[out].dtype)
     a_loc, b_loc, y_loc = cg.dram(a_name).name, cg.dram(b_name).name, cg.dram(out).name
+    rows = math.prod(batch)
+    a_contiguous = a_batch == tuple(s * m * k for s in contiguous_strides(batch))
+    if batch and len(a_shape) > 1 and not any(b_batch) and a_contiguous:
+        # One b for every batch index of a contiguous a: the batches are just more rows of a
+        # (and b is read once, not once per batch index).
+        emit_gemm(
+            cg,
+            _row_major(a_loc, Affine(), rows * m, k),
+            _row_major(b_loc, Affine(), k, n),
+            _row_major(y_loc, Affine(), rows * m, n),
+            mm,
+        )
+        return
 
     def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine) -> None:
         if depth == len(batch):

@@ -267,3 +267,75 @@ def plan_copy(
         )
         copies.append(Copy(new_dst, new_src, engine_copy))
     return copies
+
+
+# Ops whose lowering fixes the row length of a tensor (docs/memory_planner.md#layout):
+# channel planes for the spatial ops, the last dim for the matrix ops.
+PLANE_OPS = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "LpPool",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "LRN",
+        "Resize",
+        "Upsample",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "NativeKernel",
+    }
+)
+ROW_OPS = frozenset(
+    {
+        "MatMul",
+        "Gemm",
+        "Softmax",
+        "LogSoftmax",
+        "LayerNormalization",
+        "RMSNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+        "CustomCall",
+        "Einsum",
+    }
+)
+
+
+def preferred_row(graph, tensor: str, hops: int = 16) -> int:
+    """The row length the nearest layout-fixing op gives `tensor`, looking through ops that
+    keep the shape (elementwise chains): a channel plane next to a conv, pool or batch norm,
+    the last dim next to a matmul, softmax or layer norm; else `canonical_inner`."""
+    shape = tuple(graph.tensors[tensor].shape)
+    seen, frontier = {tensor}, [tensor]
+    for _ in range(hops):
+        found, following = None, []
+        for name in frontier:
+            producer = graph.producer(name)
+            nodes = ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]
+            for node in nodes:
+                op_type = graph.node(node)["op_type"]
+                if op_type in PLANE_OPS:
+                    found = found or "plane"
+                elif op_type in ROW_OPS:
+                    found = found or "row"
+                else:
+                    data = graph.node(node)
+                    for other in [*data["inputs"], *data["outputs"]]:
+                        if other and other not in seen and other in graph.tensors:
+                            if tuple(graph.tensors[other].shape) == shape:
+                                seen.add(other)
+                                following.append(other)
+        if found == "row" and shape:
+            return max(1, shape[-1])
+        if found == "plane":
+            return canonical_inner(shape)
+        if not following:
+            break
+        frontier = following
+    return canonical_inner(shape)
