@@ -117,7 +117,7 @@ class PlanningRun:
         pass
 
 
-COPY_ENGINES = (Engine.DVE, Engine.POOL)  # on-chip copies of resident tensors, in turn
+COPY_ENGINES = (Engine.ACT, Engine.DVE)  # on-chip copies of resident tensors, in turn
 
 
 class CodegenError(CompileError):

@@ -112,20 +112,42 @@ def test_a_tensor_too_big_for_sbuf_stays_in_dram_and_says_so():
 
 
 def test_a_layout_change_keeps_the_tensor_in_dram_naming_the_node_and_rule():
-    # The Transpose reads r column-wise: no row length serves both it and the Relu.
+    # The Transpose walks r with its last dim first: no row length serves it and the Relu.
     model = _model(
         [
             helper.make_node("Relu", ["x"], ["r"], name="relu"),
-            helper.make_node("Transpose", ["r"], ["y"], name="flip", perm=[1, 0]),
+            helper.make_node("Transpose", ["r"], ["y"], name="turn", perm=[2, 0, 1]),
         ],
-        [_vi("x", [96, 40])],
-        [_vi("y", [40, 96])],
+        [_vi("x", [6, 40, 24])],
+        [_vi("y", [24, 6, 40])],
     )
-    x = np.random.default_rng(3).standard_normal((96, 40)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((6, 40, 24)).astype(np.float32)
     compilation = _run(model, {"x": x})
     decision = compilation.memory_plan.decisions["r"]
     assert not decision.resident
-    assert "generic.Transpose" in decision.reason or "generic.Relu" in decision.reason
+    assert "node 'turn' (generic.Transpose)" in decision.reason, decision.reason
+
+
+def test_a_matrix_transpose_flips_on_the_pe_array_and_stays_on_chip():
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Transpose", ["r"], ["t"], name="flip", perm=[0, 2, 1]),
+            helper.make_node("Neg", ["t"], ["y"], name="neg"),
+        ],
+        [_vi("x", [2, 256, 128])],
+        [_vi("y", [2, 128, 256])],
+    )
+    x = np.random.default_rng(5).standard_normal((2, 256, 128)).astype(np.float32)
+    compilation = _run(model, {"x": x}, auto_cast="none")
+    decisions = compilation.memory_plan.decisions
+    assert decisions["r"].resident and decisions["t"].resident
+    flips = [
+        inst
+        for inst in compilation.module.functions[0].instructions()
+        if inst.origin.node == "flip" and inst.opcode is Opcode.MATMULT
+    ]
+    assert flips and all(inst.srcs["moving"].loc == "identity_fp32" for inst in flips)
 
 
 def test_a_padded_conv_input_and_its_scratch_stay_on_chip():
