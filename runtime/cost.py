@@ -11,9 +11,10 @@ partition, the largest free size among the instruction's operands:
   table's `pe_dtype`, when set, stands for the dtype fp32 operands would be cast to).
 - ACT (any opcode): max(64, N). DVE: max(64, N) with one input, max(64, 2N) for TensorTensor with
   both inputs in SBUF (max(64, N) when one is in PSUM). POOL: 150 + N.
-- DMA: 1.3 us fixed + bytes / (engines x 27 GB/s), a transfer spreading over one DMA engine per
-  8 partitions (16 engines for 128 partitions or DRAM to DRAM); the core's DMA engines share
-  272 GB/s (the simulation's shared resource).
+- DMA: 0.6 us to issue + bytes / (engines x 27 GB/s), a transfer spreading over one DMA engine
+  per 8 partitions (16 engines for 128 partitions or DRAM to DRAM); the core's DMA engines share
+  272 GB/s (the simulation's shared resource). A DMA that waits on another stream's semaphore
+  starts its transfer 1.3 us after it (its issue included).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ class CostTable:
     matmul_min_stationary: int = 64  # max(min(64, N_stationary), N_moving)
     matmul_fp32_factor: int = 4  # fp32 matmul runs at 1/4 rate
     pool_startup: int = 150  # GpSimd start-up cycles
-    dma_fixed_s: float = 1.3e-6  # docs/device_time.md#dma: ~1300 ns semaphore-to-start latency
+    # docs/device_time.md#dma: a DMA instruction occupies its queue for its descriptor
+    # generation (~600 ns) and its bytes; one that waits on another engine's semaphore
+    # starts its transfer ~1300 ns after it (the semaphore-to-start latency, issue included).
+    dma_issue_s: float = 0.6e-6
+    dma_semaphore_s: float = 1.3e-6
     dma_bytes_per_s: float = 27e9  # one DMA engine's bandwidth (27 GB/s)
     dma_partitions_per_engine: int = 8  # 128 partitions over 16 DMA engines
     dma_engines: int = 16  # DMA engines (and queues) per NeuronCore
@@ -57,9 +62,9 @@ class CostTable:
 
     def semaphore_seconds(self, engine: Engine) -> float:
         """Latency of a cross-stream dependency, charged to the waiting engine. A DMA's fixed
-        cost already holds its semaphore-to-start latency."""
+        waits ~1300 ns from a semaphore to the start of its transfer, its issue cost included."""
         if engine is Engine.DMA:
-            return 0.0
+            return self.dma_semaphore_s - self.dma_issue_s
         return self.semaphore_cycles / self.clock(engine)
 
 
@@ -135,7 +140,7 @@ def instruction_cost(
         engines = table.dma_engines
         if partitions:
             engines = min(engines, math.ceil(partitions / table.dma_partitions_per_engine))
-        return 0.0, table.dma_fixed_s + moved / (engines * table.dma_bytes_per_s), moved
+        return 0.0, table.dma_issue_s + moved / (engines * table.dma_bytes_per_s), moved
     n = max((ap.free_size for ap in operands), default=1)
     if ins.engine is Engine.PE:
         stationary, moving = ins.srcs["stationary"], ins.srcs["moving"]

@@ -153,7 +153,7 @@ class _Simulator:
             # may begin after the fixed latency, is through no earlier than the shared
             # resource's backlog plus bytes / core bandwidth.
             shared_free, shared_cause = self.shared
-            data_start = ready + table.dma_fixed_s
+            data_start = ready + table.dma_issue_s
             drained = max(shared_free, data_start) + moved / table.dma_core_bytes_per_s
             if drained > end:
                 end = drained

@@ -193,6 +193,16 @@ def _slice_outer(ap: AccessPattern, first: int, count: int, total: int) -> Acces
     return None
 
 
+def _sub_piece(pieces: list[Piece], first: int, end: int) -> AccessPattern:
+    """Rows [first, end) of the piece that holds them (a piece's rows share one free offset)."""
+    piece = next(p for p in pieces if p.first <= first and end <= p.first + p.count)
+    return replace(
+        piece.ap,
+        partition_start=piece.ap.partition_start + first - piece.first,
+        num_partitions=end - first,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Copy:
     """One instruction of a rewritten DmaCopy: `on_chip` copies run on a compute engine,
@@ -236,11 +246,12 @@ def plan_copy(
         sides.append(pieces)
     if sides == [None, None]:
         return [Copy(dst, src, False)]
-    # Cut both sides at the resident side(s)' partition-chunk boundaries.
-    cuts = sorted({(p.first, p.count) for pieces in sides if pieces for p in pieces})
-    starts = sorted({first for first, _ in cuts})
-    total = max(first + count for first, count in cuts)
-    bounds = [*starts, total]
+    # Cut both sides wherever either resident side crosses a partition chunk.
+    totals = {sum(p.count for p in pieces) for pieces in sides if pieces}
+    if len(totals) > 1:
+        return "both sides are resident but walk different numbers of rows"
+    (total,) = totals
+    bounds = sorted({p.first for pieces in sides if pieces for p in pieces} | {total})
     copies = []
     for first, end in zip(bounds, bounds[1:], strict=False):
         parts = []
@@ -250,11 +261,8 @@ def plan_copy(
                 if sliced is None:
                     return f"the other side ({ap.loc!r}) cannot be cut at the same rows"
                 parts.append(sliced)
-                continue
-            match = [p for p in pieces if p.first == first and p.count == end - first]
-            if not match:
-                return "both sides are resident but cross partition chunks at different rows"
-            parts.append(match[0].ap)
+            else:
+                parts.append(_sub_piece(pieces, first, end))
         new_dst, new_src = parts
         both_on_chip = all(ap.loc in homes or on_chip(ap.loc) for ap in parts)
         # A compute engine copies lane to lane under the partition-start rule; anything else

@@ -63,6 +63,7 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
+from onnx2bir.codegen.spatial import fill_dram
 from onnx2bir.codegen.tiling import Affine, tiles
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.conv_common import (
@@ -73,8 +74,6 @@ from onnx2bir.kernels.conv_common import (
 from onnx2bir.kernels.tap_grouping import TapBlock, group_taps, tap_groups, weight_taps
 from onnx2bir.kernels.tap_grouping import TapGroup as TapGroup
 from onnx2bir.patterns.conv import COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10
-
-ZERO_TILE = 2048  # elements per partition of the memset tile that zeroes DRAM scratch
 
 
 @dataclass(frozen=True)
@@ -100,24 +99,6 @@ def compute_dtype(cg: BirCodeGen, node: dict) -> Dtype:
     if not dtype.is_float:
         raise cg.fail(f"column packing computes on the PE array in a float dtype; x is {dtype}")
     return dtype
-
-
-def zero_dram(cg: BirCodeGen, name: str, total: int, dtype: Dtype) -> None:
-    """Fill DRAM location `name` (`total` elements) with zeros from a memset SBUF tile."""
-    chunk = min(ZERO_TILE, total)
-    rows, rest = divmod(total, chunk)
-    zeros = cg.sb_tile("zeros", min(NUM_PARTITIONS, max(rows, 1)), chunk, dtype)
-    cg.memset(cg.ap(zeros), 0.0)
-    for row in tiles(cg, rows, NUM_PARTITIONS, "zero"):
-        cg.dma(
-            cg.dram_ap(name, row.start * chunk, [(chunk, row.size), (1, chunk)]),
-            cg.ap(zeros, partitions=row.size),
-        )
-    if rest:
-        cg.dma(
-            cg.dram_ap(name, Affine(rows * chunk), [(1, rest)]),
-            cg.ap(zeros, [(1, rest)], partitions=1),
-        )
 
 
 def _kept(low: int, dilation: int, size: int, extent: int) -> tuple[int, int]:
@@ -146,7 +127,7 @@ def staged_input(cg: BirCodeGen, args: ConvKernelArgs, channels: int, dtype: Dty
         return Source(args.x, -low_h * xs_h - low_w * xs_w, xs_b, xs_f, xs_h, xs_w)
     plane = height * width
     scratch = cg.dram_scratch("padded", (args.batch, channels, height, width), dtype)
-    zero_dram(cg, scratch.name, args.batch * channels * plane, dtype)
+    fill_dram(cg, scratch.name, args.batch * channels * plane, dtype, 0.0, plane)
     first_h, count_h = _kept(low_h, ld_h, args.in_h, height)
     first_w, count_w = _kept(low_w, ld_w, args.in_w, width)
     if count_h and count_w:

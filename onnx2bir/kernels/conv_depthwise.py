@@ -48,7 +48,8 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.codegen.spatial import fill_dram
+from onnx2bir.codegen.tiling import Tile, tiles
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.conv_common import ConvKernelArgs, conv_kernel_args
 from onnx2bir.patterns.conv import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE
@@ -72,7 +73,6 @@ MAX_TILE_COLS = 512
 # the tile for large strides.
 MAX_TILE_LENGTH = 2048
 # Zero-fill tile for the padded scratch, and the most elements one interior DMA moves.
-FILL_TILE = 2048
 DMA_CHUNK = 1 << 20
 
 
@@ -119,22 +119,7 @@ def framed_input(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> Source:
     plane = height * width
     scratch = cg.dram_scratch("padded", (args.c_in, args.batch, height, width), dtype)
     total = args.c_in * args.batch * plane
-    zeros = cg.sb_tile("zeros", NUM_PARTITIONS, FILL_TILE, dtype)
-    cg.memset(cg.ap(zeros), 0.0)
-    full_rows = total // FILL_TILE
-    for row in tiles(cg, full_rows, NUM_PARTITIONS, "zero"):
-        cg.dma(
-            cg.dram_ap(
-                scratch.name, row.start * FILL_TILE, [(FILL_TILE, row.size), (1, FILL_TILE)]
-            ),
-            cg.ap(zeros, partitions=row.size),
-        )
-    if total % FILL_TILE:
-        rest = total % FILL_TILE
-        cg.dma(
-            cg.dram_ap(scratch.name, Affine(full_rows * FILL_TILE), [(1, 1), (1, rest)]),
-            cg.ap(zeros, [(1, rest)], partitions=1),
-        )
+    fill_dram(cg, scratch.name, total, dtype, 0.0, plane)
     # The interior, in chunks of whole channels so that no DMA moves more than DMA_CHUNK.
     x_b, x_f, x_h, x_w = args.x_strides
     image = args.in_h * args.in_w
