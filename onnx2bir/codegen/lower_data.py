@@ -112,6 +112,12 @@ def copy_strided(
                 ),
             )
             return
+        if shape[depth] <= UNROLL_TRIPS:
+            # A few copies with constant offsets, which the memory planner can place on any
+            # partition, rather than a loop whose offsets move across partitions.
+            for i in range(shape[depth]):
+                walk(depth + 1, dst_off + i * dst_strides[depth], src_off + i * src_strides[depth])
+            return
         for index in tiles(cg, shape[depth], 1, "t"):
             walk(
                 depth + 1,
@@ -178,6 +184,7 @@ def lower_transpose(cg: BirCodeGen, node: dict) -> None:
     )
 
 
+UNROLL_TRIPS = 4  # copy_strided emits this many leading-dim copies one by one, not as a loop
 ROW_BLOCK = 512  # elements per [rows, last dim] block worth a DMA of its own
 
 
