@@ -36,9 +36,11 @@ tokens, each into its own PSUM bank, so every w2 tile is loaded once per block.
 The point of the fused kernel: hᵀ for a whole token block stays in SBUF between the two
 matmuls (⌈H/128⌉·block·4 bytes per partition), never going through DRAM. When that, xᵀ
 and the working tiles do not fit, the block shrinks (512 → 256 → 128 tokens); H too large
-even for 128 tokens fails with `cg.fail`. Weights stream per block: w1/w_up tiles [128, 128]
-as stationaries, w2 tiles [128, ≤512] as movings (transposed ones flipped on the PE array by
-`lower_matmul.load_tile`).
+even for 128 tokens fails with `cg.fail`. Weights stream per block: for each 128-column
+block of w1/w_up (the stationaries) and each ≤512-column block of w2 (the movings), one DMA
+brings every 128-row tile of the block when the weight's rows come in whole tiles and its
+columns are contiguous; otherwise tile by tile, transposed ones flipped on the PE array by
+`lower_matmul.load_tile`.
 """
 
 from __future__ import annotations
@@ -184,16 +186,50 @@ def _row_bytes(elements: int, itemsize: int = 4) -> int:
     return -(-elements * itemsize // SB_ALIGN) * SB_ALIGN
 
 
-def sbuf_bytes(a: MlpArgs, block: int) -> int:
-    """Bytes per partition the kernel's SBUF tiles take for a token block (see MlpTiles)."""
+WEIGHT_BLOCK_BYTES = 32 * 1024  # SBUF per partition one weight's column block may take
+
+
+def whole_rows(view: MatrixView, width: int, itemsize: int) -> bool:
+    """A weight whose rows come in whole 128-row tiles, whose columns are contiguous and
+    whose column block of `width` fits in WEIGHT_BLOCK_BYTES: one DMA brings all its row
+    tiles for a column block."""
+    block = (view.rows // P) * min(width, view.cols) * itemsize
+    return view.col_stride == 1 and view.rows % P == 0 and block <= WEIGHT_BLOCK_BYTES
+
+
+def weight_columns(view: MatrixView, width: int, itemsize: int) -> int:
+    """Free elements of the SBUF tile that holds one column block of `view`."""
+    width = min(width, view.cols)
+    return (view.rows // P) * width if whole_rows(view, width, itemsize) else width
+
+
+def load_weight_block(cg: BirCodeGen, view: MatrixView, tile, cols: Tile, width: int) -> None:
+    """All row tiles of `view`'s columns `cols` in one DMA: row tile r at free offset
+    r · width of `tile`, rows within the tile on partitions."""
+    cg.dma(
+        cg.ap(tile, [(width, view.rows // P), (1, cols.size)], partitions=P),
+        cg.dram_ap(
+            view.loc,
+            view.offset + cols.start,
+            [(view.row_stride, P), (P * view.row_stride, view.rows // P), (1, cols.size)],
+        ),
+    )
+
+
+def sbuf_bytes(a: MlpArgs, block: int, pe_bytes: int = 4) -> int:
+    """Bytes per partition the kernel's SBUF tiles take for a token block (see MlpTiles);
+    `pe_bytes`, the size of a PE operand element."""
     k_tiles, h_tiles = -(-a.k // P), -(-a.h // P)
     gated = a.activation in ("quick_gelu", "swiglu")
     return (
         _row_bytes(a.k)  # x rows
         + _row_bytes(k_tiles * block)  # xᵀ
         + _row_bytes(h_tiles * block)  # hᵀ
-        + _row_bytes(P) * (3 if a.w_up is not None else 2)  # w1, w_up, staging
-        + _row_bytes(N_CHUNK) * 3  # w2, b2, y
+        + _row_bytes(P)  # staging
+        + _row_bytes(weight_columns(a.w1, P, pe_bytes), pe_bytes)  # w1
+        + (_row_bytes(weight_columns(a.w_up, P, pe_bytes), pe_bytes) if a.w_up is not None else 0)
+        + _row_bytes(weight_columns(a.w2, N_CHUNK, pe_bytes), pe_bytes)  # w2
+        + _row_bytes(N_CHUNK) * 2  # b2, y
         + _row_bytes(2)  # bias columns
         + (_row_bytes(block) if gated else 0)  # the gate's second operand
         + a.registers * _row_bytes(block)  # the program's registers
@@ -203,13 +239,14 @@ def sbuf_bytes(a: MlpArgs, block: int) -> int:
 def token_block(cg: BirCodeGen, a: MlpArgs) -> int:
     """The largest token block whose hᵀ fits in SBUF beside the rest (identity reserved)."""
     available = SBUF_BYTES_PER_PARTITION - _row_bytes(P)
+    pe_bytes = pe_operand_dtype(cg, a.out_dtype).itemsize
     for block in TOKEN_BLOCKS:
         block = min(block, a.tokens)
-        if sbuf_bytes(a, block) <= available:
+        if sbuf_bytes(a, block, pe_bytes) <= available:
             return block
     raise cg.fail(
         f"H = {a.h}, K = {a.k}: hᵀ and xᵀ for even 128 tokens need "
-        f"{sbuf_bytes(a, min(P, a.tokens))} bytes per partition, SBUF has {available}"
+        f"{sbuf_bytes(a, min(P, a.tokens), pe_bytes)} bytes per partition, SBUF has {available}"
     )
 
 
@@ -223,10 +260,17 @@ class MlpTiles:
         self.x = cg.sb_tile("x", P, a.k, fp32)
         self.xt = cg.sb_tile("xT", P, -(-a.k // P) * block, pe)
         self.h = cg.sb_tile("hT", P, -(-a.h // P) * block, pe)
-        self.w1 = cg.sb_tile("w1", P, P, pe)
-        self.w_up = cg.sb_tile("w_up", P, P, pe) if a.w_up is not None else None
+        # A weight tile holds every 128-row tile of one column block (`whole_rows`), or one
+        # 128 x 128 tile when the weight is transposed or its rows are not whole tiles.
+        self.pe_bytes = pe.itemsize
+        self.w1 = cg.sb_tile("w1", P, weight_columns(a.w1, P, pe.itemsize), pe)
+        self.w_up = (
+            cg.sb_tile("w_up", P, weight_columns(a.w_up, P, pe.itemsize), pe)
+            if a.w_up is not None
+            else None
+        )
         self.staging = cg.sb_tile("staging", P, P, fp32)
-        self.w2 = cg.sb_tile("w2", P, N_CHUNK, pe)
+        self.w2 = cg.sb_tile("w2", P, weight_columns(a.w2, N_CHUNK, pe.itemsize), pe)
         self.b2 = cg.sb_tile("b2", P, N_CHUNK, fp32)
         self.y = cg.sb_tile("y", P, N_CHUNK, a.out_dtype)
         self.bias = cg.sb_tile("bias", P, 2, fp32)  # b1, b_up columns
@@ -288,19 +332,33 @@ class MlpEmitter:
         for hc in tiles(cg, a.h, P, "h"):
             acc = cg.ap(t.h_ps, [(1, blk.size)], partitions=hc.size)
             up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
+            for view, tile in ((a.w1, t.w1), (a.w_up, t.w_up)):
+                if view is not None and whole_rows(view, P, t.pe_bytes):
+                    load_weight_block(cg, view, tile, hc, min(P, view.cols))
             for kc in tiles(cg, a.k, P, "k", peel_first=True):
                 moving = cg.ap(
                     t.xt, [(1, blk.size)], tile_index(kc, P) * self.block, partitions=kc.size
                 )
-                w1 = load_tile(cg, a.w1.window(kc.start, kc.size, hc.start, hc.size), t.w1, t)
+                w1 = self.weight_tile(a.w1, t.w1, kc, hc, P)
                 cg.matmul(acc, w1, moving, accumulate=not kc.first)
                 if up is not None:
-                    w_up = load_tile(
-                        cg, a.w_up.window(kc.start, kc.size, hc.start, hc.size), t.w_up, t
-                    )
+                    w_up = self.weight_tile(a.w_up, t.w_up, kc, hc, P)
                     cg.matmul(up, w_up, moving, accumulate=not kc.first)
             h = cg.ap(t.h, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
             self.activate(h, acc, up, hc, blk)
+
+    def weight_tile(
+        self, view: MatrixView, tile, rows: Tile, cols: Tile, width: int
+    ) -> AccessPattern:
+        """Rows `rows` x columns `cols` of a weight: a slice of its loaded column block, or
+        one tile loaded (and flipped when transposed) now."""
+        if whole_rows(view, width, self.t.pe_bytes):
+            width = min(width, view.cols)
+            return self.cg.ap(
+                tile, [(1, cols.size)], tile_index(rows, P) * width, partitions=rows.size
+            )
+        window = view.window(rows.start, rows.size, cols.start, cols.size)
+        return load_tile(self.cg, window, tile, self.t)
 
     def bias_column(self, name: str | None, column: int, hc: Tile) -> AccessPattern | None:
         if name is None:
@@ -360,8 +418,10 @@ class MlpEmitter:
                     cg.ap(t.b2, [(1, nc.size)], partitions=P),
                     cg.dram_ap(a.b2, nc.start, [(0, P), (1, nc.size)]),
                 )
+            if whole_rows(a.w2, N_CHUNK, t.pe_bytes):
+                load_weight_block(cg, a.w2, t.w2, nc, min(N_CHUNK, a.w2.cols))
             for hc in tiles(cg, a.h, P, "h2", peel_first=True):
-                w2 = load_tile(cg, a.w2.window(hc.start, hc.size, nc.start, nc.size), t.w2, t)
+                w2 = self.weight_tile(a.w2, t.w2, hc, nc, N_CHUNK)
                 for ts in tiles(cg, blk.size, P, "ty"):
                     cg.matmul(
                         self.y_acc(ts, nc),
