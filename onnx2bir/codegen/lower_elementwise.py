@@ -255,10 +255,40 @@ _BINARY = {
 }
 
 
+def _constant_scalar_operand(cg: BirCodeGen, node: dict) -> tuple[int, float, str] | None:
+    """(position, value, other input) when a two-input fp32 op has a one-element constant
+    operand and the other input already has the output's shape."""
+    inputs = [t for t in node["inputs"] if t]
+    out = cg.graph.tensors[node["outputs"][0]]
+    if len(inputs) != 2 or out.dtype is not Dtype.FP32:
+        return None
+    for position, name in enumerate(inputs):
+        info, other = cg.graph.tensors[name], inputs[1 - position]
+        if (
+            info.is_const
+            and math.prod(info.shape) == 1
+            and info.dtype is Dtype.FP32
+            and tuple(cg.graph.tensors[other].shape) == tuple(out.shape)
+            and cg.graph.tensors[other].dtype is Dtype.FP32
+        ):
+            return position, float(info.const.reshape(-1)[0]), other
+    return None
+
+
 @lowering(*_BINARY)
 def lower_binary(cg: BirCodeGen, node: dict) -> None:
     """Two-input arithmetic on VectorE; Sum/Max/Min with more inputs fold left."""
     op = _BINARY[node["op_type"]]
+    scalar = _constant_scalar_operand(cg, node)
+    if scalar is not None:
+        position, value, other = scalar
+        # x op c (or c op x): the constant rides as an immediate, no tile of it is loaded.
+        emit_elementwise(
+            cg,
+            {**node, "inputs": [other]},
+            lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], op, value, reverse0=position == 0),
+        )
+        return
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         if len(srcs) == 1:
