@@ -20,11 +20,14 @@ the program, an internal error, or the worker died).
 
 Resumable: with `--json OUT`, models already recorded in OUT are skipped (except an export
 failure whose model file now exists) and OUT is rewritten after every model, so an interrupted
-sweep continues where it stopped.
+sweep continues where it stopped. With `--merge`, the rows of an existing `--md` page for models
+not in this sweep are kept (by name), so sweeping a few models updates the page without
+dropping the rest; each record says the day it was measured ("measured", UTC).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import time
@@ -212,10 +215,15 @@ def sweep(
     report_only: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     progress: bool = True,
+    merge: bool = False,
 ) -> tuple[list[dict], dict]:
     """Run the sweep; returns every record (resumed ones included, in name order) and the
-    summary. Writes `json_out` after each model and `md_out` at the end."""
-    from onnx2bir.sweep_table import markdown
+    summary. Writes `json_out` after each model and `md_out` at the end; with `merge`, the
+    rows of the existing `md_out` for models not in `paths` are kept."""
+    from onnx2bir.sweep_table import markdown, parse
+
+    if merge and md_out is None:
+        raise UserError("--merge keeps the rows of the --md page: give --md OUT")
 
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: must be at least 1")
@@ -237,10 +245,14 @@ def sweep(
         and not (r.get("category") == "export" and not by_name[r["model"]].export_error)
     }
     todo = [job for job in todo if job.name not in records]
+    kept = parse(md_out.read_text(), str(md_out)) if merge and md_out.exists() else []
+    kept = [r for r in kept if r["model"] not in by_name]
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
     bar = Progress(len(todo), enabled=progress)
     start = time.monotonic()
 
     def done(record: dict) -> None:
+        record.setdefault("measured", today)
         records[record["model"]] = record
         bar.update(record)
         if json_out:
@@ -258,7 +270,10 @@ def sweep(
     if json_out:
         write_json(json_out, ordered, summary)
     if md_out:
-        table = markdown(ordered, summary)
+        page = sorted(ordered + kept, key=lambda r: r["model"])
+        table = markdown(
+            page, summarize(page, summary["wall_seconds"]) | {"report_only": report_only}
+        )
         output_paths.replace_file(md_out, lambda tmp: tmp.write_text(table))
     return ordered, summary
 
@@ -316,6 +331,11 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("--md", type=Path, metavar="OUT", help="write a Markdown table")
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of the existing --md page for models not in this sweep (by name)",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="compile and report only, no simulation"
     )
     parser.add_argument(
@@ -341,6 +361,7 @@ def cmd_sweep(args) -> int:
         report_only=args.report_only,
         timeout=args.timeout,
         progress=not args.no_progress and not args.json,
+        merge=args.merge,
     )
     if args.json:
         print(json.dumps({"summary": summary, "models": records}, indent=1))
