@@ -63,6 +63,7 @@ from onnx2bir.bir.opcodes import (
 from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
+from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import CompileError
 from onnx2bir.graph import Graph
@@ -183,8 +184,8 @@ class BirCodeGen(InstructionBuilders):
                     f"node {name!r}: no kernel named {kernel_name!r} in the registry"
                 )
         else:
-            lower = self.lowerings.get(op_type)
-            rule = f"generic.{op_type}"
+            lower = self.lowerings.get(lowering_key(op_type, data["domain"]))
+            rule = f"generic.{lowering_key(op_type, data['domain'])}"
             if lower is None:
                 raise CodegenError(f"node {name!r}: no lowering for op {op_type}")
         self.origin = Origin(name, rule)
