@@ -137,3 +137,21 @@ def test_the_standard_op_of_the_same_name_is_not_confused_with_it():
     model.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(UserError, match="com.example.RotaryEmbedding x1"):
         compile_model(model, CompileOptions())
+
+
+def test_its_output_shape_reaches_the_nodes_after_it():
+    """onnx cannot infer a com.microsoft output; onnx2bir gives it the input's shape, so a
+    rotated query and key feed a MatMul without value_info in the model."""
+    model, feeds = _model((1, 6, 2, 8, 0), 4, False, False)
+    graph = model.graph
+    graph.node.append(
+        helper.make_node("RotaryEmbedding", ["k", "pos", "cos", "sin"], ["k_rot"], domain=MS)
+    )
+    graph.node.append(helper.make_node("Transpose", ["k_rot"], ["k_t"], perm=[0, 1, 3, 2]))
+    graph.node.append(helper.make_node("MatMul", ["y", "k_t"], ["scores"]))
+    graph.input.append(helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 2, 6, 8]))
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2, 6, 6]))
+    feeds["k"] = RNG.standard_normal((1, 2, 6, 8)).astype(np.float32)
+    assert not graph.value_info
+    assert_matches_onnxruntime(model, feeds=feeds)
