@@ -102,6 +102,13 @@ def test_constant_positions_and_the_default_passes(offset):
     assert_matches_onnxruntime(model, feeds=feeds)
 
 
+@pytest.mark.parametrize("seq", [128, 259, 383])
+def test_offset_positions_fill_whole_and_partial_partition_rows(seq):
+    """p0 + s is made as [rows, cols] on chip: 259 and 383 positions leave a short last row."""
+    model, feeds = _model((1, seq, 1, 4, 0), 3, False, True)
+    assert_matches_onnxruntime(model, feeds=feeds, passes=[])
+
+
 def test_positions_as_a_scalar():
     model, feeds = _model((2, 5, 2, 8, 0), 3, False, True)
     model.graph.input[1].type.tensor_type.shape.ClearField("dim")
