@@ -126,6 +126,7 @@ class BirCodeGen(InstructionBuilders):
         self.origin = Origin("<prologue>", "codegen.prologue")
         self._next_id = 0
         self._axis_counts: dict[str, int] = {}
+        self._axis_names: set[str] = set()
         self._dma_queue = 0
         self._sb_top = 0
         self._sb_reserved = 0
@@ -219,9 +220,14 @@ class BirCodeGen(InstructionBuilders):
 
     # --- control structure -----------------------------------------------------------------
     def _axis_name(self, hint: str) -> str:
-        count = self._axis_counts.get(hint, 0)
-        self._axis_counts[hint] = count + 1
-        return f"{hint}{count}"
+        """hint + a count, unique in the function: hints "h" and "h2" both count to "h20"."""
+        while True:
+            count = self._axis_counts.get(hint, 0)
+            self._axis_counts[hint] = count + 1
+            name = f"{hint}{count}"
+            if name not in self._axis_names:
+                self._axis_names.add(name)
+                return name
 
     @contextmanager
     def loop(self, hint: str, start: int, stop: int, step: int = 1) -> Iterator[str]:
