@@ -162,3 +162,13 @@ def test_its_output_shape_reaches_the_nodes_after_it():
     feeds["k"] = RNG.standard_normal((1, 2, 6, 8)).astype(np.float32)
     assert not graph.value_info
     assert_matches_onnxruntime(model, feeds=feeds)
+
+
+def test_float16():
+    """onnxruntime's CPU kernel also takes fp16; the rotation is done in the input's type."""
+    model, feeds = _model((2, 5, 2, 8, 0), 3, True, False)
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name != "pos":
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    feeds = {k: v if k == "pos" else v.astype(np.float16) for k, v in feeds.items()}
+    assert_matches_onnxruntime(model, feeds=feeds, passes=[], atol=2e-3, rtol=2e-3)
