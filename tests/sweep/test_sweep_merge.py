@@ -4,6 +4,7 @@ page reads back into the records it shows."""
 from __future__ import annotations
 
 import datetime
+import json
 
 import numpy as np
 import onnx
@@ -83,6 +84,18 @@ def test_merge_keeps_the_rows_of_models_not_swept_this_time(tmp_path):
     assert new["first"] == old["first"] and new["first"]["measured"] == "2020-01-02"
     assert new["second"]["passed"] and new["second"]["measured"] != "2020-01-02"
     assert "**3 of 3 architectures validate (100.0%)**" in table
+    # The JSON keeps its other records too, and its record beats the page's row.
+    out_json = tmp_path / "zoo.json"
+    assert main(["sweep", str(zoo), "--json", str(out_json), "--no-progress"]) == 0
+    first = json.loads(out_json.read_text())["models"][0]
+    assert first["model"] == "first" and first["path"]
+    code = main(
+        ["sweep", str(zoo / "third.onnx"), "--json", str(out_json), "--md", str(md), "--merge"]
+    )
+    assert code == 0
+    doc = json.loads(out_json.read_text())
+    assert [r["model"] for r in doc["models"]] == ["first", "second", "third"]
+    assert doc["models"][0] == first and doc["summary"]["models"] == 3
     # Without --merge the page holds this sweep only.
     assert main(["sweep", str(zoo / "third.onnx"), "--md", str(md), "--no-progress"]) == 0
     assert [r["model"] for r in parse(md.read_text())] == ["third"]
