@@ -25,7 +25,9 @@ Run with the export interpreter (it has torch, torchvision, timm, transformers):
 The list is `models/sweep_archs.py`, the builders `models/sweep_builders.py`. The table step
 runs ``python -m onnx2bir sweep`` with the interpreter named by
 ``$ONNX2BIR_PYTHON`` (default ``python3``), which needs onnx2bir's own dependencies only.
-Exports run one at a time (``--nice`` lowers their priority): a 2-core machine is shared.
+Exports run one at a time, on one thread (``OMP_NUM_THREADS=1`` unless set, and
+``torch.set_num_threads(1)``), at niceness 19 by default (``--nice``): a 2-core machine is
+shared.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from sweep_builders import Arch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported (by the builders)
 
 MODELS_DIR = Path(__file__).resolve().parent
 ROOT = MODELS_DIR.parent
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=CACHE, help=f"default {CACHE}")
     parser.add_argument("--md", type=Path, default=ROOT / "docs" / "zoo.md")
     parser.add_argument("--jobs", type=int, default=1, help="validation processes")
-    parser.add_argument("--nice", type=int, default=10, help="niceness of this process")
+    parser.add_argument(
+        "--nice", type=int, default=19, help="niceness added to this process (default 19)"
+    )
     args = parser.parse_args(argv)
     if args.list:
         for arch in ARCHS.values():
