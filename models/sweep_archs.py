@@ -114,7 +114,7 @@ def _archs() -> list[Arch]:
         ("coatnet_nano_rw_224", {"img_size": 64}),
         ("maxvit_nano_rw_256", {"img_size": 64}),
         ("swin_tiny_patch4_window7_224", {"img_size": 56}),
-        ("efficientformer_l1", {}),
+        ("efficientformer_l1", {"size": 224}),  # attention biases fixed for a 7x7 last stage
         ("beit_base_patch16_224", {"img_size": 32, "depth": 2}),
         ("eva02_tiny_patch14_224", {"img_size": 28}),
         ("vit_small_patch16_rope_224", {"img_size": 32}),

@@ -18,6 +18,7 @@ from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
+from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.errors import CompileError, UserError
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
@@ -64,9 +65,8 @@ def unsupported_ops(graph: Graph) -> Counter:
         if kernel_name is not None:
             if kernel_name not in load_kernels():
                 missing[f"{op_type}:{kernel_name}"] += 1
-        elif data["domain"] not in ("", "ai.onnx") or op_type not in GENERIC_LOWERINGS:
-            label = op_type if data["domain"] in ("", "ai.onnx") else f"{data['domain']}.{op_type}"
-            missing[label] += 1
+        elif lowering_key(op_type, data["domain"]) not in GENERIC_LOWERINGS:
+            missing[lowering_key(op_type, data["domain"])] += 1
     return missing
 
 

@@ -25,6 +25,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx2bir.errors import UserError
+from onnx2bir.vendor_shapes import add_vendor_shapes
 
 # Ops whose outputs vary between runs: never folded even with constant inputs.
 _NONDETERMINISTIC = {
@@ -99,13 +100,20 @@ def normalize_pool_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    try:
-        return onnx.shape_inference.infer_shapes(
-            model, check_type=True, strict_mode=True, data_prop=True
-        )
-    except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"shape inference failed: {first_line}") from exc
+    """onnx's shape inference, alternated with the vendor ops' shapes it cannot give
+    (`vendor_shapes.add_vendor_shapes`) until those stop changing."""
+    for _ in range(len(model.graph.node) + 1):
+        try:
+            model = onnx.shape_inference.infer_shapes(
+                model, check_type=True, strict_mode=True, data_prop=True
+            )
+        except Exception as exc:
+            text = str(exc).strip()
+            first_line = text.splitlines()[0] if text else type(exc).__name__
+            raise UserError(f"shape inference failed: {first_line}") from exc
+        if not add_vendor_shapes(model):
+            break
+    return model
 
 
 def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:

@@ -20,11 +20,15 @@ the program, an internal error, or the worker died).
 
 Resumable: with `--json OUT`, models already recorded in OUT are skipped (except an export
 failure whose model file now exists) and OUT is rewritten after every model, so an interrupted
-sweep continues where it stopped.
+sweep continues where it stopped. With `--merge`, the rows of an existing `--md` page for models
+not in this sweep are kept (by name), and so are the records of `--json OUT`, so sweeping a
+few models updates the page without dropping the rest; each record says the day it was
+measured ("measured", UTC).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import time
@@ -212,10 +216,16 @@ def sweep(
     report_only: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
     progress: bool = True,
+    merge: bool = False,
 ) -> tuple[list[dict], dict]:
     """Run the sweep; returns every record (resumed ones included, in name order) and the
-    summary. Writes `json_out` after each model and `md_out` at the end."""
-    from onnx2bir.sweep_table import markdown
+    summary. Writes `json_out` after each model and `md_out` at the end; with `merge`, both
+    also keep what they held for models not in `paths` (the JSON's record, else the page's
+    row)."""
+    from onnx2bir.sweep_table import markdown, parse
+
+    if merge and md_out is None and json_out is None:
+        raise UserError("--merge keeps the other models of --json OUT or --md OUT: give one")
 
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: must be at least 1")
@@ -237,15 +247,23 @@ def sweep(
         and not (r.get("category") == "export" and not by_name[r["model"]].export_error)
     }
     todo = [job for job in todo if job.name not in records]
+    kept: dict[str, dict] = {}  # with merge: models of the outputs that this sweep leaves
+    if merge:
+        if md_out is not None and md_out.exists():
+            kept = {r["model"]: r for r in parse(md_out.read_text(), str(md_out))}
+        kept.update((r["model"], r) for r in previous if r.get("model"))
+        kept = {name: r for name, r in kept.items() if name not in by_name}
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
     bar = Progress(len(todo), enabled=progress)
     start = time.monotonic()
 
     def done(record: dict) -> None:
+        record.setdefault("measured", today)
         records[record["model"]] = record
         bar.update(record)
         if json_out:
-            ordered = [records[n] for n in sorted(records)]
-            write_json(json_out, ordered, summarize(ordered))
+            every = sorted([*records.values(), *kept.values()], key=lambda r: r["model"])
+            write_json(json_out, every, summarize(every))
 
     if todo:
         if use_ray:
@@ -255,10 +273,12 @@ def sweep(
     ordered = [records[n] for n in sorted(records)]
     summary = summarize(ordered, time.monotonic() - start)
     summary["report_only"] = report_only
+    every = sorted([*ordered, *kept.values()], key=lambda r: r["model"])
+    whole = summarize(every, summary["wall_seconds"]) | {"report_only": report_only}
     if json_out:
-        write_json(json_out, ordered, summary)
+        write_json(json_out, every, whole)
     if md_out:
-        table = markdown(ordered, summary)
+        table = markdown(every, whole)
         output_paths.replace_file(md_out, lambda tmp: tmp.write_text(table))
     return ordered, summary
 
@@ -316,6 +336,11 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("--md", type=Path, metavar="OUT", help="write a Markdown table")
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep what --md OUT and --json OUT hold for models not in this sweep (by name)",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="compile and report only, no simulation"
     )
     parser.add_argument(
@@ -341,6 +366,7 @@ def cmd_sweep(args) -> int:
         report_only=args.report_only,
         timeout=args.timeout,
         progress=not args.no_progress and not args.json,
+        merge=args.merge,
     )
     if args.json:
         print(json.dumps({"summary": summary, "models": records}, indent=1))

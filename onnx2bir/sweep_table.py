@@ -2,12 +2,24 @@
 
 In: the records and summary of `onnx2bir.sweep`. Out: Markdown text. Columns: architecture,
 source, family, ops (nodes / distinct op types), convs matched to a kernel, attention and MLP
-blocks raised, verdict, max abs error, and times (compile, simulate, onnxruntime, seconds).
+blocks raised, verdict, max abs error, times (compile, simulate, onnxruntime, seconds) and the
+day the row was measured (UTC).
+
+`parse` reads such a page back into records (the fields the table shows), so a sweep of a few
+models can keep the other rows of an existing page (`onnx2bir sweep --merge`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+
+from onnx2bir.errors import UserError
+
+HEADER = (
+    "| architecture | source | family | ops (types) | convs matched | attention | MLP "
+    "| verdict | max abs err | compile s | simulate s | onnxruntime s | measured |"
+)
+TIME_COLUMNS = {"compile s": "compile", "simulate s": "simulate", "onnxruntime s": "onnxruntime"}
 
 
 def _num(value, spec: str = ".2e") -> str:
@@ -44,12 +56,7 @@ def markdown(records: list[dict], summary: dict) -> str:
         lines.append("")
     families = Counter(r.get("family") or "?" for r in records)
     lines.append("Families: " + ", ".join(f"{f} {n}" for f, n in sorted(families.items())) + ".")
-    lines += [
-        "",
-        "| architecture | source | family | ops (types) | convs matched | attention | MLP "
-        "| verdict | max abs err | compile s | simulate s | onnxruntime s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines += ["", HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"]
     for r in records:
         convs = r.get("convs")
         conv_text = f"{convs['matched']}/{convs['total']}" if convs and convs["total"] else ""
@@ -61,7 +68,7 @@ def markdown(records: list[dict], summary: dict) -> str:
             f"| {'' if r.get('mlp') is None else r['mlp']} | {verdict} "
             f"| {_num(r.get('max_abs_err'))} | {_seconds(r.get('times'), 'compile')} "
             f"| {_seconds(r.get('times'), 'simulate')} "
-            f"| {_seconds(r.get('times'), 'onnxruntime')} |"
+            f"| {_seconds(r.get('times'), 'onnxruntime')} | {r.get('measured') or ''} |"
         )
     failures = [r for r in records if not r["passed"]]
     if failures:
@@ -76,3 +83,74 @@ def markdown(records: list[dict], summary: dict) -> str:
             reason = r["reason"].replace("|", "\\|")
             lines.append(f"| {r['model']} | {r['category']} | {reason} |")
     return "\n".join(lines) + "\n"
+
+
+# --- reading a page back -----------------------------------------------------------------------
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one table row; a cell may hold an escaped bar (\\|)."""
+    inner = line.strip()[1:-1].replace("\\|", "\0")
+    return [cell.strip().replace("\0", "|") for cell in inner.split("|")]
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text else None
+
+
+def _row_record(row: dict[str, str]) -> dict:
+    ops, _, types = row.get("ops (types)", "").partition(" (")
+    matched, _, total = row.get("convs matched", "").partition("/")
+    verdict = row.get("verdict", "")
+    passed = verdict == "pass"
+    times = {key: float(row[column]) for column, key in TIME_COLUMNS.items() if row.get(column)}
+    return {
+        "model": row["architecture"],
+        "path": None,
+        "source": row.get("source") or None,
+        "family": row.get("family") or None,
+        "passed": passed,
+        "verdict": "pass" if passed else "fail",
+        "category": None if passed else verdict.removeprefix("FAIL: "),
+        "reason": "",
+        "ops": _int(ops),
+        "op_types": _int(types.rstrip(")")),
+        "convs": {"matched": int(matched), "total": int(total)}
+        if total
+        else {"matched": 0, "total": 0},
+        "attention": _int(row.get("attention", "")),
+        "mlp": _int(row.get("MLP", "")),
+        "max_abs_err": float(row["max abs err"]) if row.get("max abs err") else None,
+        "times": times,
+        "measured": row.get("measured") or None,
+    }
+
+
+def parse(text: str, where: str = "the table") -> list[dict]:
+    """The records of a page `markdown` wrote (older pages without a measured column too),
+    with the reasons of the failures table; a row that cannot be read is an error."""
+    records: dict[str, dict] = {}
+    reasons: dict[str, str] = {}
+    header: list[str] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = _cells(line)
+        if header is None:
+            header = cells
+            continue
+        if set(line) <= set("|- "):
+            continue
+        row = dict(zip(header, cells, strict=False))
+        try:
+            if header[0] == "architecture" and "verdict" in header:
+                records[row["architecture"]] = _row_record(row)
+            elif header[:3] == ["architecture", "category", "reason"]:
+                reasons[row["architecture"]] = row["reason"]
+        except (ValueError, KeyError) as exc:
+            raise UserError(f"{where}:{number}: not a sweep table row ({exc})") from exc
+    for name, reason in reasons.items():
+        if name in records:
+            records[name]["reason"] = reason
+    return [records[name] for name in sorted(records)]

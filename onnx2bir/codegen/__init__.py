@@ -30,6 +30,7 @@ from onnx2bir.codegen import (  # noqa: F401  (imported to register their loweri
     lower_reduce,
     lower_resize,
     lower_rotary,
+    lower_rotary_ms,
     lower_scan,
     lower_scatter,
     lower_scatter_nd,

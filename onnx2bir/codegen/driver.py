@@ -64,6 +64,7 @@ from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
 from onnx2bir.codegen.planner import MemoryPlan
+from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.residency import plan_copy
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import CompileError
@@ -161,6 +162,7 @@ class BirCodeGen(InstructionBuilders):
         self.origin = Origin("<prologue>", "codegen.prologue")
         self._next_id = 0
         self._axis_counts: dict[str, int] = {}
+        self._axis_names: set[str] = set()
         self._dma_queue = 0
         self._sb_top = 0
         self._arena_top = 0
@@ -225,8 +227,8 @@ class BirCodeGen(InstructionBuilders):
                     f"node {name!r}: no kernel named {kernel_name!r} in the registry"
                 )
         else:
-            lower = self.lowerings.get(op_type)
-            rule = f"generic.{op_type}"
+            lower = self.lowerings.get(lowering_key(op_type, data["domain"]))
+            rule = f"generic.{lowering_key(op_type, data['domain'])}"
             if lower is None:
                 raise CodegenError(f"node {name!r}: no lowering for op {op_type}")
         self.origin = Origin(name, rule)
@@ -276,9 +278,14 @@ class BirCodeGen(InstructionBuilders):
 
     # --- control structure -----------------------------------------------------------------
     def _axis_name(self, hint: str) -> str:
-        count = self._axis_counts.get(hint, 0)
-        self._axis_counts[hint] = count + 1
-        return f"{hint}{count}"
+        """hint + a count, unique in the function: hints "h" and "h2" both count to "h20"."""
+        while True:
+            count = self._axis_counts.get(hint, 0)
+            self._axis_counts[hint] = count + 1
+            name = f"{hint}{count}"
+            if name not in self._axis_names:
+                self._axis_names.add(name)
+                return name
 
     @contextmanager
     def loop(self, hint: str, start: int, stop: int, step: int = 1) -> Iterator[str]:

@@ -17,6 +17,8 @@ without, the caches are already [B, S, R/2].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
@@ -53,20 +55,62 @@ def lower_rotary_embedding(cg: BirCodeGen, node: dict) -> None:
     cache_shape = tuple(cg.graph.tensors[cos].shape)
     if cache_shape[-1] != half:
         raise cg.fail(f"RotaryEmbedding: cos_cache rows of {cache_shape[-1]}, expected {half}")
-    dtype = cg.graph.tensors[x].dtype
     if position_ids:
-        tables = []
-        for tag, cache in (("cos", cos), ("sin", sin)):
-            rows = cg.dram_scratch(f"{tag}_rows", (batch * seq, half), dtype)
-            gather_rows(
-                cg, cache, 1, cache_shape[0], half, position_ids, batch * seq, [cache_shape[0]],
-                0, rows.name,
-            )  # fmt: skip
-            tables.append(rows.name)
-        cos_loc, sin_loc = tables
+        cos_loc, sin_loc = gathered_tables(cg, cos, sin, position_ids, batch * seq)
     else:
         cos_loc, sin_loc = cg.dram(cos).name, cg.dram(sin).name
-    interleaved = bool(attrs.get("interleaved", 0))
+    layout = RotaryLayout(batch, seq, heads, head_size, b_stride, h_stride, s_stride)
+    rotate(
+        cg, layout, half, bool(attrs.get("interleaved", 0)), x, node["outputs"][0],
+        cos_loc, sin_loc, seq,
+    )  # fmt: skip
+
+
+def gathered_tables(
+    cg: BirCodeGen, cos: str, sin: str, positions: str, picks: int
+) -> tuple[str, str]:
+    """DRAM scratch [picks, R/2] of the cos and sin cache rows ([max_pos, R/2]) named by the
+    `picks` positions, gathered on the engines (`lower_gather.gather_rows`)."""
+    max_pos, half = tuple(cg.graph.tensors[cos].shape)
+    dtype = cg.graph.tensors[cos].dtype
+    tables = []
+    for tag, cache in (("cos", cos), ("sin", sin)):
+        rows = cg.dram_scratch(f"{tag}_rows", (picks, half), dtype)
+        gather_rows(cg, cache, 1, max_pos, half, positions, picks, [max_pos], 0, rows.name)
+        tables.append(rows.name)
+    return tables[0], tables[1]
+
+
+@dataclass(frozen=True, slots=True)
+class RotaryLayout:
+    """An input read as [B, S, H, D]: its sizes and the DRAM strides (elements) of b, h, s."""
+
+    batch: int
+    seq: int
+    heads: int
+    head_size: int
+    b_stride: int
+    h_stride: int
+    s_stride: int
+
+
+def rotate(
+    cg: BirCodeGen,
+    layout: RotaryLayout,
+    half: int,
+    interleaved: bool,
+    x: str,
+    y: str,
+    cos_loc: str,
+    sin_loc: str,
+    table_batch_rows: int,
+) -> None:
+    """y = x with the first 2·`half` elements of each head rotated by the cos and sin rows of
+    its position; the rest of each head is copied. The tables are DRAM rows of `half`
+    elements, the row of (b, s) at b·`table_batch_rows` + s (0: every batch shares the rows)."""
+    batch, seq, heads, head_size = layout.batch, layout.seq, layout.heads, layout.head_size
+    b_stride, h_stride, s_stride = layout.b_stride, layout.h_stride, layout.s_stride
+    dtype = cg.graph.tensors[x].dtype
     # x1 and x2 inside one head: offset and stride of their `half` elements.
     (x1_off, x2_off), step = ((0, 1), 2) if interleaved else ((0, half), 1)
     chunk = max(1, min(heads, ROW_ELEMENTS // head_size))
@@ -78,11 +122,11 @@ def lower_rotary_embedding(cg: BirCodeGen, node: dict) -> None:
         cg.sb_tile("imag", p, chunk * half, dtype),
     )
     scratch = cg.sb_tile("product", p, chunk * half, dtype)
-    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    x_loc, y_loc = cg.dram(x).name, cg.dram(y).name
     for b in tiles(cg, batch, 1, "b"):
         for s in tiles(cg, seq, p, "s"):
             rows = s.size
-            row_start = b.start * (seq * half) + s.start * half
+            row_start = b.start * (table_batch_rows * half) + s.start * half
             for table, tile in ((cos_loc, cos_sb), (sin_loc, sin_sb)):
                 cg.dma(
                     cg.ap(tile, partitions=rows),

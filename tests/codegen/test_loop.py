@@ -238,7 +238,11 @@ def test_body_with_its_own_constant_and_an_outer_computed_tensor():
     body = helper.make_graph(
         [
             helper.make_node(
-                "Constant", [], ["half"], value=numpy_helper.from_array(np.array(0.5, np.float32))
+                # a vector, so that it is loaded (a one-element constant rides as an immediate)
+                "Constant",
+                [],
+                ["half"],
+                value=numpy_helper.from_array(np.full(N, 0.5, np.float32)),
             ),
             helper.make_node("Mul", ["r", "half"], ["step"]),
             helper.make_node("Add", ["acc", "step"], ["acc_out"]),
