@@ -125,6 +125,7 @@ class BirCodeGen(InstructionBuilders):
         self.origin = Origin("<prologue>", "codegen.prologue")
         self._next_id = 0
         self._axis_counts: dict[str, int] = {}
+        self._axis_names: set[str] = set()
         self._dma_queue = 0
         self._sb_top = 0
         self._sb_reserved = 0
@@ -218,9 +219,15 @@ class BirCodeGen(InstructionBuilders):
 
     # --- control structure -----------------------------------------------------------------
     def _axis_name(self, hint: str) -> str:
-        count = self._axis_counts.get(hint, 0)
-        self._axis_counts[hint] = count + 1
-        return f"{hint}{count}"
+        # Hint plus a counter, skipping names already taken: hint "h" at count 20 and hint
+        # "h2" at count 0 would both spell "h20".
+        while True:
+            count = self._axis_counts.get(hint, 0)
+            self._axis_counts[hint] = count + 1
+            name = f"{hint}{count}"
+            if name not in self._axis_names:
+                self._axis_names.add(name)
+                return name
 
     @contextmanager
     def loop(self, hint: str, start: int, stop: int, step: int = 1) -> Iterator[str]:
