@@ -33,6 +33,7 @@ from onnx2bir.bir.ir import (
 from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
 
+from .blas import one_blas_thread
 from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
 
@@ -97,7 +98,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
 def execute(machine: Machine, block: BasicBlock, observer: Observer | None = None) -> None:
     """Run block (and the loops nested in it) on machine, in program order."""
     # Hardware raises no floating-point exceptions; NaN and inf just flow through.
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), one_blas_thread():
         _run(_compile(block), machine, {}, observer)
 
 
