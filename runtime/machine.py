@@ -17,6 +17,8 @@ numpy re-checks that the view stays inside the buffer. Views without loop terms 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from onnx2bir.bir.enums import MemoryType
@@ -132,7 +134,9 @@ class Operand:
 class Machine:
     """DRAM arrays, SBUF and PSUM of one NeuronCore, for the memory locations of one function."""
 
-    def __init__(self, function: Function):
+    def __init__(self, function: Function, loaded: Collection[str] = ()):
+        """`loaded` names DRAM locations the caller fills whole with `load` before the run:
+        they skip the sentinel fill."""
         self.function = function
         self.locations = function.memory_locations
         shape = (NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION)
@@ -141,18 +145,34 @@ class Machine:
         self._raw = {MemoryType.SB: self.sbuf.reshape(-1), MemoryType.PSUM: self.psum.reshape(-1)}
         self.dram: dict[str, np.ndarray] = {}
         for loc in self.locations.values():
-            if loc.memory is MemoryType.DRAM:
+            if loc.memory is MemoryType.DRAM and loc.name not in loaded:
                 raw = np.full(loc.num_elements * loc.dtype.itemsize, SENTINEL_BYTE, np.uint8)
                 self.dram[loc.name] = raw.view(loc.dtype.numpy)
         # Per-instruction caches: bound operands, and whatever a semantics function precomputed
         # (its static rules passed) the first time it ran the instruction.
         self.bound: dict[Instruction, dict[str, Operand]] = {}
         self.prepared: dict[Instruction, object] = {}
+        # Scratch arrays of the semantics functions, by shape (reused, never read before
+        # they are written).
+        self.scratch: dict[tuple, tuple[np.ndarray, ...]] = {}
         self._valid_locations: set[str] = set()
 
-    def load(self, name: str, values: np.ndarray) -> None:
-        """Write a whole DRAM location (inputs and constants), in row-major order."""
-        self.dram[name][...] = np.asarray(values).reshape(-1)
+    def load(self, name: str, values: np.ndarray, share: bool = False) -> None:
+        """Write a whole DRAM location (inputs and constants), in row-major order.
+
+        With `share` (a location no instruction writes), a contiguous payload of the
+        location's dtype becomes the location itself, read-only, instead of being copied."""
+        values = np.asarray(values)
+        flat = self.dram.get(name)
+        if flat is None:
+            dtype = self.locations[name].dtype.numpy
+            if share and values.dtype == dtype and values.flags.c_contiguous:
+                flat = values.reshape(-1).view()
+                flat.flags.writeable = False
+                self.dram[name] = flat
+                return
+            flat = self.dram[name] = np.empty(self.locations[name].num_elements, dtype)
+        flat[...] = values.reshape(-1)
 
     def read(self, name: str) -> np.ndarray:
         """A copy of a DRAM location in its declared shape."""

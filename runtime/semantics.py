@@ -49,10 +49,21 @@ F64 = np.dtype(np.float64)
 Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
 
 
+_ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more than a cast
+
+
 def _store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None:
     """Write values into dst's view in row-major element order, rounding to dst's dtype
     (TF32 to 10 mantissa bits, FP8 e4m3 saturating at ±448: `alu.store_as`)."""
     view = dst.view(loop_values)
+    target, source = view.dtype, values.dtype
+    # One cast straight into the view where it is the cast `store_as` makes: from the dtype
+    # itself, from fp32 (every store rounds from fp32), and any float widened to fp32 (exact).
+    if dst.loc.dtype not in _ROUNDED_APART and (
+        source == target or source == F32 or (target == F32 and not int_like(source))
+    ):
+        np.copyto(view, values.reshape(view.shape), casting="unsafe")
+        return
     view[...] = store_as(values, dst.loc.dtype).reshape(view.shape)
 
 
@@ -227,13 +238,27 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     )
     if dst.terms:
         _check_bank(ins, dst, dst.element_offset(loop_values))
-    a = stat.view(loop_values).reshape(k, m_size).astype(F64)
-    b = mov.view(loop_values).reshape(k, n_size).astype(F64)
+    # Scratch arrays per shape, reused run after run: a fresh 512 KiB array per Matmult costs
+    # page faults that take longer than the arithmetic (docs/simulation_speed.md).
+    key = (k, m_size, n_size)
+    scratch = m.scratch.get(key)
+    if scratch is None:
+        scratch = m.scratch[key] = (
+            np.empty((k, m_size), F64),
+            np.empty((k, n_size), F64),
+            np.empty((m_size, n_size), F64),
+            np.empty((m_size, n_size), F32),
+        )
+    a, b, wide, result = scratch
+    stat_view, mov_view = stat.view(loop_values), mov.view(loop_values)
+    np.copyto(a.reshape(stat_view.shape), stat_view, casting="unsafe")  # exact: to float64
+    np.copyto(b.reshape(mov_view.shape), mov_view, casting="unsafe")
+    np.matmul(a.T, b, out=wide)
+    np.copyto(result, wide, casting="same_kind")  # the one rounding, float64 to fp32
     out = dst.view(loop_values)
-    result = np.matmul(a.T, b).astype(F32)
     if accumulate:
-        result += out.reshape(m_size, n_size)
-    out[...] = result.reshape(out.shape)
+        np.add(result, out.reshape(m_size, n_size), out=result)
+    np.copyto(out, result.reshape(out.shape))
 
 
 def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:
