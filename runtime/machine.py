@@ -17,6 +17,7 @@ numpy re-checks that the view stays inside the buffer. Views without loop terms 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 import numpy as np
@@ -73,24 +74,31 @@ class Operand:
         self.dtype = loc.dtype.numpy
         self.itemsize = self.dtype.itemsize
         self.partitions = ap.num_partitions
-        self.free_size = ap.free_size
+        counts = tuple(count for _, count in ap.pattern)
+        self.free_size = math.prod(counts)
         self.buffer = buffer
         self.terms = ap.offset_terms
         self.limit = loc.num_elements
-        element_strides = tuple(stride * self.itemsize for stride, _ in ap.pattern)
-        if loc.on_chip:
-            row_bytes = PARTITION_BYTES[loc.memory]
-            self.shape = (ap.num_partitions, *ap.counts)
-            self.strides = (row_bytes, *element_strides)
-            self.byte_offset = ap.partition_start * row_bytes + loc.address
-        else:
-            self.shape = ap.counts
+        itemsize = self.itemsize
+        element_strides = tuple(stride * itemsize for stride, _ in ap.pattern)
+        if loc.memory is MemoryType.DRAM:
+            self.shape = counts
             self.strides = element_strides
             self.byte_offset = 0
+        else:
+            row_bytes = PARTITION_BYTES[loc.memory]
+            self.shape = (ap.num_partitions, *counts)
+            self.strides = (row_bytes, *element_strides)
+            self.byte_offset = ap.partition_start * row_bytes + loc.address
         # Reach of the free pattern around its first element, for the bounds check.
-        reaches = [stride * (count - 1) for stride, count in ap.pattern]
-        self.low = sum(r for r in reaches if r < 0)
-        self.high = sum(r for r in reaches if r > 0)
+        low = high = 0
+        for stride, count in ap.pattern:
+            reach = stride * (count - 1)
+            if reach < 0:
+                low += reach
+            else:
+                high += reach
+        self.low, self.high = low, high
         self.static = None
         if not self.terms:
             self.static = self._build(ap.offset)
