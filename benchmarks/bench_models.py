@@ -289,7 +289,14 @@ def main() -> None:
         row = measure(name, races=args.races, fusion=not args.no_fusion)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    text = table(rows) + "\n\nConvert by phase (seconds):\n\n" + phase_table(rows)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+        f"`python benchmarks/bench_models.py{' --races' if args.races else ''}` on "
+        f"{os.cpu_count()} cores (load average {load} at the end: the cores are shared, "
+        "so read the ratios, not the seconds).\n\n"
+    )
+    text = header + table(rows) + "\n\nConvert by phase (seconds):\n\n" + phase_table(rows)
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
