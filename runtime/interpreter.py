@@ -29,6 +29,7 @@ from onnx2bir.bir.ir import (
     Loop,
     Module,
     RuntimeValue,
+    runtime_loops,
 )
 from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
@@ -71,6 +72,8 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
     # An input or constant nothing writes is read in place: no copy of the weights
     # (docs/simulation_speed.md#loading).
     written = {ins.dst.loc for ins in function.instructions() if ins.dst is not None}
+    for loop in runtime_loops(function.entry):  # their locals are reset when they end
+        written.update(loop.local_locations)
     for name, loc in locations.items():
         if loc.kind in _INPUT_KINDS:
             if name in inputs:
