@@ -239,3 +239,45 @@ def test_a_constant_an_instruction_writes_is_a_private_copy():
     out = run_function(module, {"x": x})["y"]
     assert out.tobytes() == (x * before).tobytes()
     assert weights.tobytes() == before.tobytes()  # the run wrote its own copy
+
+
+# ---- pooling windows ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("specials", ["none", "zeros", "negative zeros", "nans"])
+def test_a_windowed_max_or_min_reduce_gives_numpys_bits(op, specials):
+    """3 x 3 windows at stride 2 over 8 partitions of a 9 x 11 image (a max pool), with NaNs
+    of random payloads and zeros of either sign mixed in: the same bits as numpy's reduce
+    over the same strided view, whichever path the machine takes."""
+    rows, cols, out_h, out_w = 9, 11, 4, 5
+    src, dst = _tile("x", 8, rows * cols), _tile("y", 8, out_h * out_w, address=4096)
+    machine = Machine(Function("f", {"x": src, "y": dst}))
+    x = RNG.standard_normal((8, rows * cols)).astype(np.float32)
+    if specials != "none":
+        picks = RNG.random(x.shape) < 0.3
+        if specials == "zeros":
+            x[picks] = 0.0
+        elif specials == "negative zeros":
+            x[picks] = RNG.choice([0.0, -0.0], picks.sum())
+        else:
+            x[picks] = np.nan
+            bits = x.view(np.uint32)
+            bits[picks] ^= RNG.integers(0, 1 << 22, picks.sum()).astype(np.uint32)
+    machine.location_view("x")[...] = x
+    windows = ((2 * cols, out_h), (2, out_w), (cols, 3), (1, 3))
+    ins = _ins(
+        Opcode.TENSOR_REDUCE,
+        Engine.DVE,
+        AccessPattern("y", ((1, out_h * out_w),), 0, (), 0, 8),
+        {"in": AccessPattern("x", windows, 0, (), 0, 8)},
+        op=op,
+        axes=2,
+    )
+    SEMANTICS[Opcode.TENSOR_REDUCE](machine, ins, {})
+    view = np.lib.stride_tricks.as_strided(
+        x, (8, out_h, out_w, 3, 3), (x.strides[0], 2 * cols * 4, 8, cols * 4, 4)
+    )
+    ufunc = np.maximum if op == "max" else np.minimum
+    expected = ufunc.reduce(view, axis=(3, 4)).reshape(8, -1)
+    assert machine.location_view("y").tobytes() == expected.tobytes()
