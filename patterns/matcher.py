@@ -2,9 +2,14 @@
 
 A `Pattern` is a small graph of pattern nodes — each an op-type set and an optional predicate
 on the matched graph node — and edges that name the consumer's input index (or accept any
-index, for commutative ops). `find_matches` runs `networkx`'s MultiDiGraphMatcher, but only on
-the neighbourhood of each anchor node (the nodes within a few hops), so compile time grows
-linearly with the model rather than with its square.
+index, for commutative ops). `find_matches` grows each embedding outwards from the anchor node:
+the pattern nodes are placed in breadth-first order, each one among the producers or consumers
+of a node already placed, and every pattern edge between placed nodes is checked as soon as both
+ends are placed. The work per anchor depends on the pattern and the fan-out around the anchor,
+not on the model's size (a hub such as an attention mask read by every layer is only walked
+where the pattern leaves through it). The embeddings are the subgraph monomorphisms that
+`networkx`'s MultiDiGraphMatcher finds (`find_matches_vf2`, kept as the reference the tests
+compare with), restricted to nodes within `radius` hops of the anchor.
 
 A match becomes a rewrite only if it is valid (torch.fx's rules):
 - anchored: the pattern's anchor node is the anchor being tried;
@@ -96,10 +101,127 @@ def _is_op(data: dict, ops: frozenset[str]) -> bool:
     return data["op_type"] in ops and data.get("domain", "") in ("", "ai.onnx")
 
 
+def _edges_match(indices: list[int], wanted: list[int]) -> bool:
+    """Whether graph edges with input `indices` can carry pattern edges wanting `wanted`, each
+    graph edge used once (ANY_INDEX takes whichever is left)."""
+    if len(wanted) > len(indices):
+        return False
+    pool = list(indices)
+    for index in sorted(wanted, key=lambda i: i == ANY_INDEX):
+        if index == ANY_INDEX:
+            if not pool:
+                return False
+            pool.pop()
+        elif index in pool:
+            pool.remove(index)
+        else:
+            return False
+    return True
+
+
+@functools.cache
+def _plan(pattern: Pattern) -> tuple | None:
+    """The anchored search order: per pattern node after the anchor, (node, placed neighbour,
+    whether the node consumes that neighbour's output, the pattern edges to check once it is
+    placed as [(producer key, consumer key, wanted indices)]). None if the pattern is not
+    connected (the search falls back to networkx)."""
+    wanted: dict[tuple[str, str], list[int]] = {}
+    for src, dst, index in pattern.edges:
+        wanted.setdefault((src, dst), []).append(index)
+    by_key = {node.key: node for node in pattern.nodes}
+    order, placed = [pattern.anchor], {pattern.anchor}
+    steps = []
+    queue = [pattern.anchor]
+    while queue:
+        current = queue.pop(0)
+        for src, dst in wanted:
+            if current not in (src, dst):
+                continue
+            other, consumes = (dst, True) if src == current else (src, False)
+            if other in placed:
+                continue
+            placed.add(other)
+            order.append(other)
+            queue.append(other)
+            checks = [
+                (a, b, indices)
+                for (a, b), indices in wanted.items()
+                if other in (a, b) and (a == other or a in placed) and (b == other or b in placed)
+            ]
+            steps.append((by_key[other], current, consumes, checks))
+    if len(order) != len(pattern.nodes):
+        return None
+    return tuple(steps)
+
+
 def find_matches(
     graph: Graph, pattern: Pattern, anchor: str, radius: int | None = None
 ) -> Iterator[dict[str, str]]:
     """Every embedding of `pattern` whose anchor is `anchor`, as {pattern key: graph node}."""
+    anchor_node = next(n for n in pattern.nodes if n.key == pattern.anchor)
+    if not _is_op(graph.nx.nodes[anchor], anchor_node.ops):
+        return
+    if anchor_node.check is not None and not anchor_node.check(graph, anchor):
+        return
+    steps = _plan(pattern)
+    if steps is None:
+        yield from find_matches_vf2(graph, pattern, anchor, radius)
+        return
+    # A pattern node k hops from the anchor lands at most k hops from it in the graph, so the
+    # radius only restricts when it is below the pattern's own.
+    within = None
+    if radius is not None and radius < pattern.radius:
+        within = neighbourhood(graph, anchor, radius)
+    nxg = graph.nx
+    nodes = nxg.nodes
+    self_edges = [i for (a, b), i in _self_edges(pattern)]
+    if self_edges and not all(_edges_match(_indices(nxg, anchor, anchor), w) for w in self_edges):
+        return
+    mapping = {pattern.anchor: anchor}
+    used = {anchor}
+    keys = [node.key for node in pattern.nodes]
+
+    def extend(step: int) -> Iterator[dict[str, str]]:
+        if step == len(steps):
+            yield {key: mapping[key] for key in keys}  # in the pattern's node order
+            return
+        pnode, via, consumes, checks = steps[step]
+        base = mapping[via]
+        candidates = nxg.successors(base) if consumes else nxg.predecessors(base)
+        for candidate in candidates:
+            if candidate in used or (within is not None and candidate not in within):
+                continue
+            if not _is_op(nodes[candidate], pnode.ops):
+                continue
+            if pnode.check is not None and not pnode.check(graph, candidate):
+                continue
+            mapping[pnode.key] = candidate
+            if all(_edges_match(_indices(nxg, mapping[a], mapping[b]), w) for a, b, w in checks):
+                used.add(candidate)
+                yield from extend(step + 1)
+                used.discard(candidate)
+            del mapping[pnode.key]
+
+    yield from extend(0)
+
+
+def _self_edges(pattern: Pattern) -> list[tuple[tuple[str, str], list[int]]]:
+    grouped: dict[tuple[str, str], list[int]] = {}
+    for src, dst, index in pattern.edges:
+        if src == dst == pattern.anchor:
+            grouped.setdefault((src, dst), []).append(index)
+    return list(grouped.items())
+
+
+def _indices(nxg, producer: str, consumer: str) -> list[int]:
+    data = nxg.get_edge_data(producer, consumer)
+    return [] if data is None else [e["index"] for e in data.values()]
+
+
+def find_matches_vf2(
+    graph: Graph, pattern: Pattern, anchor: str, radius: int | None = None
+) -> Iterator[dict[str, str]]:
+    """`find_matches` by networkx's VF2 on the anchor's neighbourhood (the reference)."""
     data = graph.nx.nodes[anchor]
     anchor_node = next(n for n in pattern.nodes if n.key == pattern.anchor)
     if not _is_op(data, anchor_node.ops):

@@ -29,15 +29,18 @@ from onnx2bir.bir.ir import (
     Loop,
     Module,
     RuntimeValue,
+    runtime_loops,
 )
 from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
 
+from .blas import one_blas_thread
 from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
 
 Observer = Callable[[Instruction, dict[str, int]], None]
 _INPUT_KINDS = (MemoryKind.EXTERNAL_INPUT, MemoryKind.EXTERNAL_INPUT_PARAMETER)
+_LOADED_KINDS = (*_INPUT_KINDS, MemoryKind.CONST, MemoryKind.EXTERNAL_OUTPUT_PARAMETER)
 _UNBOUND = object()
 
 
@@ -56,11 +59,21 @@ def run_function(
 
 def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarray]) -> Machine:
     """A fresh machine for function with its input and constant DRAM locations loaded."""
-    machine = Machine(function)
     locations = function.memory_locations
     unknown = set(inputs) - {n for n, loc in locations.items() if loc.kind in _INPUT_KINDS}
     if unknown:
         raise ValueError(f"inputs {sorted(unknown)} name no input location of {function.name!r}")
+    loaded = {
+        name
+        for name, loc in locations.items()
+        if loc.memory is MemoryType.DRAM and loc.kind in _LOADED_KINDS
+    }
+    machine = Machine(function, loaded)
+    # An input or constant nothing writes is read in place: no copy of the weights
+    # (docs/simulation_speed.md#loading).
+    written = {ins.dst.loc for ins in function.instructions() if ins.dst is not None}
+    for loop in runtime_loops(function.entry):  # their locals are reset when they end
+        written.update(loop.local_locations)
     for name, loc in locations.items():
         if loc.kind in _INPUT_KINDS:
             if name in inputs:
@@ -87,7 +100,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
                 f"{source} {name!r} is {values.dtype}{list(values.shape)}, "
                 f"location wants {loc.dtype}{list(loc.shape)}"
             )
-        machine.load(name, values)
+        machine.load(name, values, share=name not in written)
     for name in function.outputs:
         if name not in locations or locations[name].memory is not MemoryType.DRAM:
             raise ValueError(f"output {name!r} of {function.name!r} is not a DRAM location")
@@ -97,7 +110,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
 def execute(machine: Machine, block: BasicBlock, observer: Observer | None = None) -> None:
     """Run block (and the loops nested in it) on machine, in program order."""
     # Hardware raises no floating-point exceptions; NaN and inf just flow through.
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), one_blas_thread():
         _run(_compile(block), machine, {}, observer)
 
 

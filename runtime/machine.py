@@ -17,6 +17,9 @@ numpy re-checks that the view stays inside the buffer. Views without loop terms 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection
+
 import numpy as np
 
 from onnx2bir.bir.enums import MemoryType
@@ -71,24 +74,31 @@ class Operand:
         self.dtype = loc.dtype.numpy
         self.itemsize = self.dtype.itemsize
         self.partitions = ap.num_partitions
-        self.free_size = ap.free_size
+        counts = tuple(count for _, count in ap.pattern)
+        self.free_size = math.prod(counts)
         self.buffer = buffer
         self.terms = ap.offset_terms
         self.limit = loc.num_elements
-        element_strides = tuple(stride * self.itemsize for stride, _ in ap.pattern)
-        if loc.on_chip:
-            row_bytes = PARTITION_BYTES[loc.memory]
-            self.shape = (ap.num_partitions, *ap.counts)
-            self.strides = (row_bytes, *element_strides)
-            self.byte_offset = ap.partition_start * row_bytes + loc.address
-        else:
-            self.shape = ap.counts
+        itemsize = self.itemsize
+        element_strides = tuple(stride * itemsize for stride, _ in ap.pattern)
+        if loc.memory is MemoryType.DRAM:
+            self.shape = counts
             self.strides = element_strides
             self.byte_offset = 0
+        else:
+            row_bytes = PARTITION_BYTES[loc.memory]
+            self.shape = (ap.num_partitions, *counts)
+            self.strides = (row_bytes, *element_strides)
+            self.byte_offset = ap.partition_start * row_bytes + loc.address
         # Reach of the free pattern around its first element, for the bounds check.
-        reaches = [stride * (count - 1) for stride, count in ap.pattern]
-        self.low = sum(r for r in reaches if r < 0)
-        self.high = sum(r for r in reaches if r > 0)
+        low = high = 0
+        for stride, count in ap.pattern:
+            reach = stride * (count - 1)
+            if reach < 0:
+                low += reach
+            else:
+                high += reach
+        self.low, self.high = low, high
         self.static = None
         if not self.terms:
             self.static = self._build(ap.offset)
@@ -132,7 +142,9 @@ class Operand:
 class Machine:
     """DRAM arrays, SBUF and PSUM of one NeuronCore, for the memory locations of one function."""
 
-    def __init__(self, function: Function):
+    def __init__(self, function: Function, loaded: Collection[str] = ()):
+        """`loaded` names DRAM locations the caller fills whole with `load` before the run:
+        they skip the sentinel fill."""
         self.function = function
         self.locations = function.memory_locations
         shape = (NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION)
@@ -141,18 +153,34 @@ class Machine:
         self._raw = {MemoryType.SB: self.sbuf.reshape(-1), MemoryType.PSUM: self.psum.reshape(-1)}
         self.dram: dict[str, np.ndarray] = {}
         for loc in self.locations.values():
-            if loc.memory is MemoryType.DRAM:
+            if loc.memory is MemoryType.DRAM and loc.name not in loaded:
                 raw = np.full(loc.num_elements * loc.dtype.itemsize, SENTINEL_BYTE, np.uint8)
                 self.dram[loc.name] = raw.view(loc.dtype.numpy)
         # Per-instruction caches: bound operands, and whatever a semantics function precomputed
         # (its static rules passed) the first time it ran the instruction.
         self.bound: dict[Instruction, dict[str, Operand]] = {}
         self.prepared: dict[Instruction, object] = {}
+        # Scratch arrays of the semantics functions, by shape (reused, never read before
+        # they are written).
+        self.scratch: dict[tuple, tuple[np.ndarray, ...]] = {}
         self._valid_locations: set[str] = set()
 
-    def load(self, name: str, values: np.ndarray) -> None:
-        """Write a whole DRAM location (inputs and constants), in row-major order."""
-        self.dram[name][...] = np.asarray(values).reshape(-1)
+    def load(self, name: str, values: np.ndarray, share: bool = False) -> None:
+        """Write a whole DRAM location (inputs and constants), in row-major order.
+
+        With `share` (a location no instruction writes), a contiguous payload of the
+        location's dtype becomes the location itself, read-only, instead of being copied."""
+        values = np.asarray(values)
+        flat = self.dram.get(name)
+        if flat is None:
+            dtype = self.locations[name].dtype.numpy
+            if share and values.dtype == dtype and values.flags.c_contiguous:
+                flat = values.reshape(-1).view()
+                flat.flags.writeable = False
+                self.dram[name] = flat
+                return
+            flat = self.dram[name] = np.empty(self.locations[name].num_elements, dtype)
+        flat[...] = values.reshape(-1)
 
     def read(self, name: str) -> np.ndarray:
         """A copy of a DRAM location in its declared shape."""

@@ -49,10 +49,25 @@ F64 = np.dtype(np.float64)
 Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
 
 
+_ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more than a cast
+
+
 def _store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None:
     """Write values into dst's view in row-major element order, rounding to dst's dtype
     (TF32 to 10 mantissa bits, FP8 e4m3 saturating at ±448: `alu.store_as`)."""
     view = dst.view(loop_values)
+    target, source = view.dtype, values.dtype
+    # One cast straight into the view where it is the cast `store_as` makes: from the dtype
+    # itself, from fp32 (every store rounds from fp32), and any float widened to fp32 (exact).
+    if dst.loc.dtype not in _ROUNDED_APART and (
+        source == target or source == F32 or (target == F32 and not int_like(source))
+    ):
+        if source != target:
+            # Convert in the source's memory order, then copy: a cast fused with a transposing
+            # copy walks one side against its strides and runs about 3x slower.
+            values = values.astype(target, order="K")
+        np.copyto(view, values.reshape(view.shape))
+        return
     view[...] = store_as(values, dst.loc.dtype).reshape(view.shape)
 
 
@@ -227,13 +242,27 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     )
     if dst.terms:
         _check_bank(ins, dst, dst.element_offset(loop_values))
-    a = stat.view(loop_values).reshape(k, m_size).astype(F64)
-    b = mov.view(loop_values).reshape(k, n_size).astype(F64)
+    # Scratch arrays per shape, reused run after run: a fresh 512 KiB array per Matmult costs
+    # page faults that take longer than the arithmetic (docs/simulation_speed.md).
+    key = (k, m_size, n_size)
+    scratch = m.scratch.get(key)
+    if scratch is None:
+        scratch = m.scratch[key] = (
+            np.empty((k, m_size), F64),
+            np.empty((k, n_size), F64),
+            np.empty((m_size, n_size), F64),
+            np.empty((m_size, n_size), F32),
+        )
+    a, b, wide, result = scratch
+    stat_view, mov_view = stat.view(loop_values), mov.view(loop_values)
+    np.copyto(a.reshape(stat_view.shape), stat_view, casting="unsafe")  # exact: to float64
+    np.copyto(b.reshape(mov_view.shape), mov_view, casting="unsafe")
+    np.matmul(a.T, b, out=wide)
+    np.copyto(result, wide, casting="same_kind")  # the one rounding, float64 to fp32
     out = dst.view(loop_values)
-    result = np.matmul(a.T, b).astype(F32)
     if accumulate:
-        result += out.reshape(m_size, n_size)
-    out[...] = result.reshape(out.shape)
+        np.add(result, out.reshape(m_size, n_size), out=result)
+    np.copyto(out, result.reshape(out.shape))
 
 
 def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -336,8 +365,43 @@ def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 def tensor_reduce(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """TensorReduce: reduce the last `axes` free dims with op; `negate` flips the sign."""
     src, dst, ufunc, axis, negate, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_reduce)
-    result = ufunc.reduce(src.view(loop_values).astype(dt, copy=False), axis=axis)
+    values = src.view(loop_values).astype(dt, copy=False)
+    result = None
+    if ufunc in _ORDER_FREE and math.prod(values.shape[axis[0] :]) <= _FOLD_MAX_WINDOW:
+        result = _fold_window(ufunc, values, axis[0])
+    if result is None:
+        result = ufunc.reduce(values, axis=axis)
     _store(dst, loop_values, -result if negate else result)
+
+
+# Max and min pick one of their inputs, so any order of visiting a window gives the same
+# value; only the sign of a zero and the payload of a NaN can depend on the order (numpy's own
+# reduction uses SIMD on some layouts). A pooling window (3 x 3 over strided rows) is reduced
+# by numpy one tiny inner loop per output element, about 20x slower than one call per window
+# position; `_fold_window` does that, and keeps its result only where it is provably the
+# reduction's: no NaN in the result and no -0 anywhere in the windows.
+_ORDER_FREE = (np.maximum, np.minimum)
+_FOLD_MAX_WINDOW = 64  # window positions (one numpy call each); larger windows reduce well
+
+
+def _fold_window(ufunc, values: np.ndarray, first_axis: int) -> np.ndarray | None:
+    """`ufunc.reduce` over the trailing axes from `first_axis`, one call per window position;
+    None where the result might differ from numpy's reduction in a zero's sign or a NaN."""
+    lead = (slice(None),) * first_axis
+    positions = np.ndindex(*values.shape[first_axis:])
+    out = values[lead + next(positions)].copy()
+    floating = values.dtype.kind == "f"
+    negative_zero = False
+    if floating:
+        negative_zero = bool(np.any((out == 0) & np.signbit(out)))
+    for position in positions:
+        window = values[lead + position]
+        ufunc(out, window, out=out)
+        if floating and not negative_zero:
+            negative_zero = bool(np.any((window == 0) & np.signbit(window)))
+    if floating and (negative_zero or np.isnan(out).any()):
+        return None
+    return out
 
 
 def _prep_tensor_copy(ins: Instruction, ops: dict[str, Operand]) -> tuple:
