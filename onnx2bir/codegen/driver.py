@@ -414,6 +414,14 @@ class BirCodeGen(InstructionBuilders):
         self._sb_top += nbytes
         return self.function.add_memory_location(loc)
 
+    def sb_free_bytes(self) -> int:
+        """Bytes of each SBUF partition the node can still allocate."""
+        return SBUF_BYTES_PER_PARTITION - self._sb_top
+
+    def psum_free_banks(self) -> int:
+        """PSUM banks the node can still allocate."""
+        return PSUM_NUM_BANKS - self._psum_next_bank
+
     def psum_tile(self, tag: str, partitions: int, free: int) -> MemoryLocation:
         """Allocate a PSUM tile (fp32) in whole 2 KiB banks; a node has the 8 banks to itself."""
         banks = -(-free * 4 // PSUM_BANK_BYTES)
