@@ -93,7 +93,12 @@ def tiles(
     full, rest = divmod(extent, size)
     copies = max(1, buffers)
     if predicated and rest and full and not peel_first:
-        for index, slot in _rotated(cg, name, 0, full + 1, copies):
+        count = full + 1
+        if count > copies > 1:
+            # Whole groups of `copies` trips; the padding trips' bound is ≤ 0, so they skip
+            # every instruction and the body stays one piece (docs/buffers.md#rotation).
+            count = -(-count // copies) * copies
+        for index, slot in _rotated(cg, name, 0, count, copies):
             bound = Predicate(
                 extent - index.const * size, tuple((a, -c * size) for a, c in index.terms)
             )
@@ -124,7 +129,7 @@ def _rotated(
         with cg.loop(name, first, stop) as axis:
             slot = Affine()
             if copies > 1:
-                _mark_buffered(cg, axis, count)
+                _mark_buffered(cg, axis, copies)
                 slot = Affine.axis(axis) + (-first)
             yield Affine.axis(axis), slot
         return
