@@ -33,6 +33,7 @@ from onnx2bir.bir.ir import (
 from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
 
+from .live_bytes import LiveBytes, check_before
 from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
 
@@ -57,6 +58,7 @@ def run_function(
 def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarray]) -> Machine:
     """A fresh machine for function with its input and constant DRAM locations loaded."""
     machine = Machine(function)
+    machine.live_bytes = LiveBytes(function)  # docs/buffers.md#live-bytes
     locations = function.memory_locations
     unknown = set(inputs) - {n for n, loc in locations.items() if loc.kind in _INPUT_KINDS}
     if unknown:
@@ -133,6 +135,7 @@ def _run(
 ) -> None:
     for semantics, item, body in steps:
         if body is None:
+            check_before(machine, item, loop_values)
             semantics(machine, item, loop_values)
             if observer is not None:
                 observer(item, loop_values)

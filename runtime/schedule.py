@@ -29,6 +29,7 @@ from onnx2bir.errors import MachineError, UserError
 
 from .cost import instruction_cost
 from .interpreter import _select, load_machine, record_trips, semantics_for
+from .live_bytes import check_before
 from .program import Program, unroll
 from .races import Race, RaceDetector
 
@@ -133,6 +134,7 @@ def run_scheduled(
         for i in order(program, schedule):
             inst = program.instructions[i]
             values = program.loop_values[i]
+            check_before(machine, inst, values)
             run[inst.id](machine, inst, values)
             if detector is not None:
                 detector.check(i)
