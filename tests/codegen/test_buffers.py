@@ -290,3 +290,24 @@ def test_depthwise_kernel_rotates_its_output_tiles(case):
     assert buffered and all(loops[axis].parallel for axis in buffered)
     assert_matches_onnxruntime(model)
     _check_races(model)
+
+
+COLUMN_PACKING_CASES = {
+    # C_in·kH = 144 > 128: rep_nhwc refuses, dense column packing takes it.
+    "below_k": ((1, 16, 40, 40), (3, 16, 9, 9)),  # 32 x 32 outputs: 2 row tiles, a copy each
+    "above_k": ((1, 16, 72, 72), (140, 16, 9, 9)),  # 8 row tiles (4 groups of 2), 2 C_out tiles
+}
+
+
+@pytest.mark.parametrize("case", list(COLUMN_PACKING_CASES))
+def test_column_packing_kernel_rotates_its_output_tiles(case):
+    x_shape, w_shape = COLUMN_PACKING_CASES[case]
+    model = _conv(x_shape, w_shape)
+    compiled = _compile(model)
+    fn = compiled.module.functions[0]
+    assert "kernel.conv2d_column_packing" in {i.origin.rule for i in fn.instructions()}
+    buffered = compiled.module.metadata[BUFFERED_LOOPS]
+    loops = {loop.axis: loop for loop in _loops(fn.entry)}
+    assert buffered and all(loops[axis].parallel for axis in buffered)
+    assert_matches_onnxruntime(model, atol=1e-4)
+    _check_races(model)
