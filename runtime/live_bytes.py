@@ -8,10 +8,10 @@ that is live (docs/buffers.md#live-bytes).
 A location is live from the first executed write into it until the last instance of each of
 its readers has run, in the order the machine executes (program order, or a schedule's order).
 While live, it holds the bytes its writers of this life have written and its still-pending
-readers read: a write elsewhere in its allocation is no conflict, which keeps the check free of false alarms under any order the
-dependency edges allow. Tiles of different nodes share bytes (each node's arena starts where
-the previous one started), so the check is what makes that sharing safe on the machine rather
-than by construction.
+readers read: a write elsewhere in its allocation is no conflict, which keeps the check free
+of false alarms under any order the dependency edges allow. Tiles of different nodes share
+bytes (each node's arena starts where the previous one started), so the check is what makes
+that sharing safe on the machine rather than by construction.
 
 Precomputed from the function once:
 
