@@ -89,6 +89,15 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
     plan = plan_memory(function, graph, first.arena_need, first.reserved_bytes)
     second = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels, memory_plan=plan)
     module = second.run()
+    # The plan placed the homes under the arenas the first pass measured: the second pass
+    # must allocate exactly those.
+    for item, need in second.arena_need.items():
+        if need != first.arena_need.get(item):
+            raise CompileError(
+                f"node {second.item_nodes[item]!r}: the memory plan's second pass allocated "
+                f"{need} SBUF bytes per partition where the first allocated "
+                f"{first.arena_need.get(item)} (docs/memory_planner.md#two-passes)"
+            )
     plan.psum_high_water = max(second.psum_need.values(), default=0)
     return module, plan
 

@@ -19,6 +19,9 @@ DESIGN.md's contract:
                       "dynamic_exact"} | null,
      "dependencies": {"Flow", "Anti", "Output", "Ordered", "loop_carried"} | null (edges of
         each kind between streams; loop_carried counts those carried by a loop),
+     "loops": {"static", "parallel", "sequential", "multi_buffered", "runtime"} | null (loops
+        of more than one trip; multi_buffered counts those whose iterations rotate buffer
+        copies, docs/buffers.md#reporting),
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
      "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type",
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
@@ -37,7 +40,9 @@ from __future__ import annotations
 from collections import Counter
 
 from onnx2bir.bir.enums import DepKind, Opcode
+from onnx2bir.bir.ir import DoWhile, DynamicLoop, Loop
 from onnx2bir.codegen.instances import estimate_instances
+from onnx2bir.codegen.tiling import BUFFERED_LOOPS
 from onnx2bir.compiler import Compilation
 from onnx2bir.options import CompileOptions
 from onnx2bir.report_cost import cost_json, cost_text
@@ -58,6 +63,29 @@ def dependency_counts(module) -> dict:
     return {**counts, "loop_carried": carried}
 
 
+def loop_counts(module) -> dict:
+    """Static loops of the first function with more than one trip (scope regions are one-trip
+    loops and not counted): how many are parallel, sequential and multi-buffered; and how
+    many runtime loops (DynamicFor, DoWhile) there are."""
+    buffered = module.metadata.get(BUFFERED_LOOPS, {})
+    counts = dict.fromkeys(("static", "parallel", "sequential", "multi_buffered", "runtime"), 0)
+
+    def walk(block) -> None:
+        for item in block.items:
+            if not isinstance(item, Loop):
+                continue
+            if isinstance(item, DynamicLoop | DoWhile):
+                counts["runtime"] += 1
+            elif item.trip_count > 1:
+                counts["static"] += 1
+                counts["parallel" if item.parallel else "sequential"] += 1
+                counts["multi_buffered"] += item.axis in buffered
+            walk(item.body)
+
+    walk(module.functions[0].entry)
+    return counts
+
+
 def build_report(model: str, compilation: Compilation) -> dict:
     findings = {
         record.name: [_as_json(f) for f in record.result.findings]
@@ -74,9 +102,10 @@ def build_report(model: str, compilation: Compilation) -> dict:
             )
         else:
             statistics["per_kernel"][stat.name.removeprefix("kernel_")] = stat.value
-    instructions = cost = dependencies = None
+    instructions = cost = dependencies = loops = None
     if compilation.module is not None:
         dependencies = dependency_counts(compilation.module)
+        loops = loop_counts(compilation.module)
         engines = Counter(i.engine.value for i in compilation.module.functions[0].instructions())
         instances = estimate_instances(compilation.module.functions[0])
         instructions = {
@@ -112,6 +141,7 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "pass_statistics": [stat.to_json() for stat in compilation.passes.statistics],
         "instructions": instructions,
         "dependencies": dependencies,
+        "loops": loops,
         "cost": cost,
         "autocast": autocast_summary(compilation),
         "memory": memory_json(compilation),
@@ -308,6 +338,13 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in deps.items() if k != "loop_carried")
         lines.append(
             f"dependency edges between streams: {kinds}; {deps['loop_carried']} loop-carried"
+        )
+    if doc.get("loops"):
+        loops = doc["loops"]
+        lines.append(
+            f"loops of more than one trip: {loops['static']} static ({loops['parallel']} "
+            f"parallel, {loops['sequential']} sequential; {loops['multi_buffered']} "
+            f"multi-buffered), {loops['runtime']} runtime"
         )
     if doc.get("cost"):
         lines += cost_text(doc["cost"])

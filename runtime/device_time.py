@@ -13,8 +13,8 @@ transfer that finds it taken stalls its queue. Every slice therefore begins wher
 estimate never exceeds the sum of all busy time.
 
 Loops: the first `table.loop_warmup` trips are simulated one by one (a dependency on a body
-instruction later in program order reads the previous trip, as does an edge that carries a
-nonzero `distance`, a loop-carried edge); the remaining
+instruction later in program order reads the previous trip; a loop-carried edge reads the
+source's last instance before the current trip of the loop that carries it); the remaining
 trips follow in steady state, each one iteration interval later (the last simulated trip's end
 minus the one before, at least the busiest stream's work per trip and at most all streams'
 work). The last simulated trip stands for the others: its slices and the state they leave are
@@ -95,9 +95,14 @@ class _Simulator:
         self.function, self.table = function, table
         self.sim = Simulation()
         self.free: dict[str, tuple[float, int]] = {}  # stream -> (free at, last slice)
-        self.shared: tuple[float, int] = (0.0, -1)  # shared DMA bandwidth
         self.finish: dict[int, tuple[float, int, str]] = {}  # ins id -> (end, slice, stream)
+        self.shared: tuple[float, int] = (0.0, -1)  # shared DMA bandwidth
         self.before: dict[int, tuple[float, int, str]] = {}  # the instance before that one
+        # Recent instances of each instruction (oldest first), and the slice at which the
+        # current trip of each loop began: a carried edge reads the source's last instance
+        # before the current trip of the loop that carries it (docs/buffers.md#device-time).
+        self.recent: dict[int, list[tuple[float, int, str]]] = {}
+        self.trip_start: dict[str, int] = {}
         self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
 
     def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...]]:
@@ -134,7 +139,12 @@ class _Simulator:
         sources = []
         for dep in ins.deps:
             done = self.finish.get(dep.source)
-            if getattr(dep, "distance", 0) and dep.source <= ins.id:
+            carrier = getattr(dep, "carried_by", None)
+            if carrier is not None and carrier in self.trip_start:
+                # The previous trip of the carrying loop (every distance is read as one trip):
+                # the source's last instance before that loop's current trip began.
+                done = self._before_trip(dep.source, self.trip_start[carrier])
+            elif getattr(dep, "distance", 0) and dep.source <= ins.id:
                 # A loop-carried edge to an instruction this trip already ran: the previous
                 # trip's instance (every distance is read as one trip).
                 done = self.before.get(dep.source)
@@ -178,6 +188,10 @@ class _Simulator:
         if ins.id in self.finish:
             self.before[ins.id] = self.finish[ins.id]
         self.finish[ins.id] = (end, index, stream)
+        recent = self.recent.setdefault(ins.id, [])
+        recent.append((end, index, stream))
+        if len(recent) > _RECENT:
+            del recent[0]
         sim = self.sim
         busy = (end - start) * weight
         sim.busy[stream] = sim.busy.get(stream, 0.0) + busy
@@ -194,6 +208,13 @@ class _Simulator:
         sim.flops += flops * weight
         sim.total_seconds = max(sim.total_seconds, end)
 
+    def _before_trip(self, source: int, trip_start: int) -> tuple[float, int, str] | None:
+        """The last instance of `source` that began before slice `trip_start`."""
+        for instance in reversed(self.recent.get(source, ())):
+            if instance[1] < trip_start:
+                return instance
+        return None
+
     def loop(self, loop: Loop, weight: int) -> None:
         trips = loop.trip_count
         if trips <= 0 or not loop.body.items:
@@ -203,6 +224,7 @@ class _Simulator:
         first = len(self.sim.slices)
         for trip in range(simulated):
             first = len(self.sim.slices)
+            self.trip_start[loop.axis] = first
             last = trip == simulated - 1
             self.block(loop.body, weight * (trips - simulated + 1) if last else weight)
             ends.append(max((s.end for s in self.sim.slices[first:]), default=0.0))
@@ -236,10 +258,17 @@ class _Simulator:
             for ins_id, (end, index, stream) in list(table.items()):
                 if index >= first:
                     table[ins_id] = (end + by, index, stream)
+        for recent in self.recent.values():
+            for i, (end, index, stream) in enumerate(recent):
+                if index >= first:
+                    recent[i] = (end + by, index, stream)
         if self.shared[1] >= first:
             self.shared = (self.shared[0] + by, self.shared[1])
         ends = [s.end for s in slices[first:]]
         self.sim.total_seconds = max(self.sim.total_seconds, *ends)
+
+
+_RECENT = 16  # instances kept per instruction for carried edges (inner trips per outer trip)
 
 
 def simulate(function: Function, table: CostTable) -> Simulation:

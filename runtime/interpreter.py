@@ -35,6 +35,7 @@ from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
 
 from .blas import one_blas_thread
+from .live_bytes import LiveBytes, check_before
 from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
 
@@ -69,6 +70,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
         if loc.memory is MemoryType.DRAM and loc.kind in _LOADED_KINDS
     }
     machine = Machine(function, loaded)
+    machine.live_bytes = LiveBytes(function)  # docs/buffers.md#live-bytes
     # An input or constant nothing writes is read in place: no copy of the weights
     # (docs/simulation_speed.md#loading).
     written = {ins.dst.loc for ins in function.instructions() if ins.dst is not None}
@@ -146,6 +148,7 @@ def _run(
 ) -> None:
     for semantics, item, body in steps:
         if body is None:
+            check_before(machine, item, loop_values)
             semantics(machine, item, loop_values)
             if observer is not None:
                 observer(item, loop_values)

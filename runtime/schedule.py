@@ -30,6 +30,7 @@ from onnx2bir.errors import MachineError, UserError
 from .blas import one_blas_thread
 from .cost import instruction_cost
 from .interpreter import _select, load_machine, record_trips, semantics_for
+from .live_bytes import check_before
 from .program import Program, unroll
 from .races import Race, RaceDetector
 
@@ -134,6 +135,7 @@ def run_scheduled(
         for i in order(program, schedule):
             inst = program.instructions[i]
             values = program.loop_values[i]
+            check_before(machine, inst, values)
             run[inst.id](machine, inst, values)
             if detector is not None:
                 detector.check(i)

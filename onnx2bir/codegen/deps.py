@@ -184,11 +184,79 @@ def _may_overlap(
         return False
     if early.static and late.static and not (early.dense and late.dense):
         return _elements_meet(early, late, loops, cache)
+    if relation > 0 and not (early.dense and late.dense):
+        return _shifted_meet(early, late, shared, level, loops, cache)
     return True
 
 
+SHIFT_LIMIT = 1 << 21  # element-iteration pairs up to which `_shifted_meet` decides exactly
+
+
+def _shifted_meet(
+    early: Footprint,
+    late: Footprint,
+    shared: tuple[str, ...],
+    level: int,
+    loops: dict[str, LoopRange],
+    cache: dict,
+) -> bool:
+    """Exact carried-overlap test for strided patterns that move with one loop.
+
+    When both footprints depend on the loop at `level` through the same coefficient c and
+    otherwise only on outer shared loops (equal coefficients, one value for both), the early
+    access in an iteration δ trips later touches its iteration-start elements shifted by c·δ:
+    enumerate every δ against the late access's elements (docs/buffers.md#rotation: a
+    multi-buffered loop's strided output rows must not look carried). True when unsure.
+    """
+    axis = shared[level]
+    coefs_early, coefs_late = dict(early.terms), dict(late.terms)
+    if coefs_early.get(axis, 0) != coefs_late.get(axis, 0) or not coefs_early.get(axis):
+        return True
+    for other in coefs_early.keys() | coefs_late.keys():
+        if other == axis:
+            continue
+        if other not in shared[:level] or coefs_early.get(other) != coefs_late.get(other):
+            return True
+    loop = loops[axis]
+    deltas = np.arange(loop.step, loop.last - loop.start + 1, loop.step, dtype=np.int64)
+    a, a_bytes = _runs(early, loops, cache)
+    b, b_bytes = _runs(late, loops, cache)
+    if a is None or b is None or len(deltas) * len(a) > SHIFT_LIMIT:
+        return True
+    shifted = (a[None, :] + coefs_early[axis] * deltas[:, None]).reshape(-1)
+    # a run of b at s meets a run of `shifted` at t when t - b_bytes < s < t + a_bytes
+    lo = np.searchsorted(b, shifted - b_bytes + 1, side="left")
+    hi = np.searchsorted(b, shifted + a_bytes, side="left")
+    return bool(np.any(hi > lo))
+
+
+def _runs(fp: Footprint, loops: dict[str, LoopRange], cache: dict) -> tuple[np.ndarray | None, int]:
+    """Sorted first byte of every contiguous run of a footprint (its unit-stride dim taken
+    whole; each loop axis at its first value), and the run's length in bytes."""
+    key = ("runs", id(fp))
+    if key in cache:
+        return cache[key][1]
+    pattern = list(fp.ap.pattern)
+    run = next((i for i, (stride, count) in enumerate(pattern) if stride == 1 and count > 1), None)
+    run_bytes = fp.itemsize
+    if run is not None:
+        run_bytes = pattern[run][1] * fp.itemsize
+        del pattern[run]
+    starts = None
+    if fp.ap.free_size // (run_bytes // fp.itemsize) <= ENUMERATE_LIMIT:
+        base = fp.base + sum(coef * loops[axis].start for axis, coef in fp.terms)
+        starts = np.array([base], dtype=np.int64)
+        for stride, count in pattern:
+            steps = np.arange(count, dtype=np.int64) * (stride * fp.itemsize)
+            starts = (starts[:, None] + steps[None, :]).reshape(-1)
+        starts.sort()
+    cache[key] = (fp, (starts, run_bytes))  # the footprint is kept alive so its id stays unique
+    return starts, run_bytes
+
+
 def _starts(fp: Footprint, loops: dict[str, LoopRange], cache: dict) -> np.ndarray | None:
-    """Sorted byte address of every element of a loop-invariant footprint (None: too many)."""
+    """Sorted byte address of every element of a footprint with each loop axis at its first
+    value (None: too many)."""
     key = id(fp)
     if key in cache:
         return cache[key][1]

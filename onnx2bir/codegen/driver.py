@@ -155,6 +155,7 @@ class BirCodeGen(InstructionBuilders):
         self.homes = memory_plan.homes if memory_plan else {}
         self.arena_need: dict[int, int] = {}
         self.psum_need: dict[int, int] = {}
+        self.item_nodes: dict[int, str] = {}
         self._dram_views: dict[str, MemoryLocation] = {}
         self._copy_engine = 0
         self._planned_copy = False
@@ -166,6 +167,7 @@ class BirCodeGen(InstructionBuilders):
         self._dma_queue = 0
         self._sb_top = 0
         self._arena_top = 0
+        self._arena_base = 0
         self._sb_reserved = 0
         self._psum_next_bank = 0
         self._tile_count = 0
@@ -242,7 +244,7 @@ class BirCodeGen(InstructionBuilders):
             self._sb_top, self._psum_next_bank = saved
             return
         base = self.memory_plan.arena_base(item) if self.memory_plan else self._sb_reserved
-        self._sb_top = self._arena_top = base
+        self._sb_top = self._arena_top = self._arena_base = base
         self._psum_next_bank = 0
         self._lowering_node = True
         try:
@@ -251,6 +253,7 @@ class BirCodeGen(InstructionBuilders):
         finally:
             self._lowering_node = False
         self.arena_need[item] = self._arena_top - base
+        self.item_nodes[item] = name
         self.psum_need[item] = self._psum_next_bank * PSUM_BANK_BYTES
 
     def after_function(self) -> None:
@@ -503,6 +506,17 @@ class BirCodeGen(InstructionBuilders):
         self._sb_top += nbytes
         self._arena_top = max(self._arena_top, self._sb_top)
         return self.function.add_memory_location(loc)
+
+    def sb_free_bytes(self) -> int:
+        """Bytes of each SBUF partition the node can still allocate, counted as if its arena
+        began just above the reserved tiles: the same in both passes of the memory planner,
+        so that lowerings choose the same tiles in both (docs/memory_planner.md)."""
+        used = self._sb_top - self._arena_base
+        return SBUF_BYTES_PER_PARTITION - self._sb_reserved - used
+
+    def psum_free_banks(self) -> int:
+        """PSUM banks the node can still allocate."""
+        return PSUM_NUM_BANKS - self._psum_next_bank
 
     def psum_tile(self, tag: str, partitions: int, free: int) -> MemoryLocation:
         """Allocate a PSUM tile (fp32) in whole 2 KiB banks; a node has the 8 banks to itself."""

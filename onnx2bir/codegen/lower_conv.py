@@ -16,6 +16,11 @@ depthwise conv costs taps x ceil(C / 128) matmuls per output tile instead of tap
 wider than 128 channels is tiled over C_in (accumulating) and C_out.
 
 The bias rides on the PSUM eviction: ScalarE computes `copy(psum + bias[C_out, 1])`.
+
+The output-tile loop is multi-buffered (docs/buffers.md#lowerings): band, out and acc have
+one copy per output tile (or two, rotated), so the load of one tile overlaps the matmuls of
+the previous one and the loop is `parallel`; the input-channel loop inside accumulates into
+one PSUM tile and stays sequential.
 """
 
 from __future__ import annotations
@@ -29,7 +34,15 @@ from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
-from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.codegen.tiling import (
+    Affine,
+    Tile,
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tiles,
+)
 
 
 def tile_index(tile: Tile, size: int) -> Affine:
@@ -81,11 +94,13 @@ class _Plan:
     y_loc: str
     rows: int
     cols: int
-    x_sb: MemoryLocation
+    x_sb: MemoryLocation  # `buffers` copies of x_sb, out_sb and acc
     w_sb: MemoryLocation
     bias_sb: MemoryLocation
     out_sb: MemoryLocation
     acc: MemoryLocation
+    buffers: tuple[int, int]  # copies rotated by the oh and ow loops (at most one is > 1)
+    band_stride: int  # elements between two copies of x_sb
 
 
 @lowering("Conv")
@@ -141,6 +156,15 @@ def emit_conv(
     cols = min(geo.out_w, MATMUL_MAX_MOVING_FREE)
     rows = max(1, min(geo.out_h, MATMUL_MAX_MOVING_FREE // cols))
     operand = pe_operand_dtype(cg)  # the band and weight DMAs cast under the autocast
+    w_sb = cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, operand)
+    bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
+    band_stride = copy_stride(geo.rows_needed(rows) * geo.cols_needed(cols), operand)
+    counts = [tile_count(geo.out_h, rows), tile_count(geo.out_w, cols)]
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        copy_bytes = band_stride * operand.itemsize + MATMUL_MAX_MOVING_FREE * 4
+        copies = buffer_count(cg, counts[level], copy_bytes, psum_banks=1)
     plan = _Plan(
         geo,
         source,
@@ -148,13 +172,13 @@ def emit_conv(
         y_loc,
         rows,
         cols,
-        x_sb=cg.sb_tile(
-            "band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols), operand
-        ),
-        w_sb=cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * taps * m_tile_size, operand),
-        bias_sb=cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32),
-        out_sb=cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32),
-        acc=cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE),
+        x_sb=cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, operand),
+        w_sb=w_sb,
+        bias_sb=bias_sb,
+        out_sb=cg.sb_tile("out", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32),
+        acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE),
+        buffers=tuple(copies if i == level else 1 for i in range(2)),
+        band_stride=band_stride,
     )
     w_sb, w_loc = plan.w_sb, weights.loc
     weight_row = c_in_group * taps  # elements of W per output channel
@@ -221,16 +245,20 @@ def _emit_output_tiles(
     geo, source = plan.geo, plan.source
     taps, width, plane = geo.taps, source.width, source.plane
     out_plane = geo.out_h * geo.out_w
-    for row in tiles(cg, geo.out_h, plan.rows, "oh"):
-        for col in tiles(cg, geo.out_w, plan.cols, "ow"):
+    b_oh, b_ow = plan.buffers
+    for row in tiles(cg, geo.out_h, plan.rows, "oh", buffers=b_oh):
+        for col in tiles(cg, geo.out_w, plan.cols, "ow", buffers=b_ow):
+            slot = row.slot + col.slot  # at most one of them rotates
+            band_at = slot * plan.band_stride
+            out_at = slot * MATMUL_MAX_MOVING_FREE
             band_rows = geo.rows_needed(row.size)
             band_cols = geo.cols_needed(col.size)
             pixels = row.size * col.size
-            psum = cg.ap(plan.acc, [(1, pixels)], partitions=m_size)
+            psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m_size)
             for k in tiles(cg, k_extent, NUM_PARTITIONS, "kc", peel_first=True):
                 first_channel = n.start * source.channels + first_in + k.start
                 cg.dma(
-                    cg.ap(plan.x_sb, [(1, band_rows * band_cols)], partitions=k.size),
+                    cg.ap(plan.x_sb, [(1, band_rows * band_cols)], band_at, partitions=k.size),
                     cg.dram_ap(
                         source.loc,
                         first_channel * plane
@@ -245,7 +273,7 @@ def _emit_output_tiles(
                     moving = cg.ap(
                         plan.x_sb,
                         [(geo.stride_h * band_cols, row.size), (geo.stride_w, col.size)],
-                        i * geo.dilation_h * band_cols + j * geo.dilation_w,
+                        band_at + i * geo.dilation_h * band_cols + j * geo.dilation_w,
                         partitions=k.size,
                     )
                     stationary = cg.ap(
@@ -255,7 +283,7 @@ def _emit_output_tiles(
                         partitions=k.size,
                     )
                     cg.matmul(psum, stationary, moving, accumulate=not (k.first and tap == 0))
-            result = cg.ap(plan.out_sb, [(1, pixels)], partitions=m_size)
+            result = cg.ap(plan.out_sb, [(1, pixels)], out_at, partitions=m_size)
             bias = cg.ap(plan.bias_sb, partitions=m_size) if plan.weights.bias else None
             cg.activation(result, psum, ActFunc.COPY, bias=bias)
             cg.dma(

@@ -9,6 +9,11 @@ output's preferred row length (a channel plane next to convs, a matrix row next 
 whose DRAM pattern has stride 0 along the dims it broadcasts over, so the compute instruction
 always sees same-shaped tiles. Transcendentals run on ScalarE (ACT), two-input arithmetic on
 VectorE (DVE), and the result goes back to DRAM by DMA.
+
+The innermost loop with more than one tile rotates the tiles over up to `COPIES` copies
+(docs/buffers.md#lowerings), so the loads of one tile overlap the compute on the previous one
+and the loop is `parallel`. Scratch tiles for a `compute` (`scratch_tile`) are addressed like
+the output tile (`like`), so they always hold `COPIES` copies.
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ from onnx2bir.codegen.residency import preferred_row
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
+    buffer_count,
     contiguous_strides,
     merge_broadcast_dims,
+    rotating_level,
+    tile_count,
     tiles,
 )
 
-FREE_TILE = 2048
+FREE_TILE = 2048  # elements; FREE_TILE x any itemsize is a multiple of the 64-byte alignment
+COPIES = 2  # at most this many copies of the tiles (double buffering)
 
 
 @dataclass(frozen=True)
@@ -89,8 +98,9 @@ Compute = Callable[[BirCodeGen, AccessPattern, list[AccessPattern]], None]
 
 
 def scratch_tile(cg: BirCodeGen, tag: str, dtype: Dtype = Dtype.FP32) -> MemoryLocation:
-    """An SBUF tile as large as `emit_elementwise`'s, for intermediates of a `compute`."""
-    return cg.sb_tile(tag, NUM_PARTITIONS, FREE_TILE, dtype)
+    """An SBUF tile as large as `emit_elementwise`'s (all its copies), for intermediates of a
+    `compute`: address it with `like(dst, tile)`."""
+    return cg.sb_tile(tag, NUM_PARTITIONS, COPIES * FREE_TILE, dtype)
 
 
 def like(ap: AccessPattern, loc: MemoryLocation) -> AccessPattern:
@@ -173,27 +183,68 @@ def emit_elementwise(
     if math.prod(out_shape) == 0:
         return
     locations = [cg.dram(out)] + [cg.dram(t) for t in inputs]
+    names = [out, *inputs]
+    pieces = _pieces(shape, merged, preferred_row(cg.graph, out))
+    trips = max((_rotating_trips(piece) for piece in pieces), default=1)
+    per_copy = sum(FREE_TILE * cg.graph.tensors[name].dtype.itemsize for name in names)
+    copies = buffer_count(cg, trips, per_copy, limit=COPIES)
     # Tiles in the tensors' own dtypes: under `--auto-cast all` the DMAs cast to and from
     # the DRAM storage dtype.
     sb = [
-        cg.sb_tile(f"x{index}", NUM_PARTITIONS, FREE_TILE, cg.graph.tensors[name].dtype)
-        for index, name in enumerate([out, *inputs])
+        cg.sb_tile(f"x{index}", NUM_PARTITIONS, copies * FREE_TILE, cg.graph.tensors[name].dtype)
+        for index, name in enumerate(names)
     ]
-    for piece in _pieces(shape, merged, preferred_row(cg.graph, out)):
-        _emit_piece(cg, piece, locations, sb, compute, 0, [Affine()] * len(locations))
+    for piece in pieces:
+        level = rotating_level(_tile_counts(piece)) if copies > 1 else None
+        walk = _Walk(piece, locations, sb, compute, level, copies)
+        _emit_piece(cg, walk, 0, [Affine()] * len(locations), Affine())
 
 
-def _emit_piece(cg, piece: _Piece, locations, sb, compute, depth: int, offsets) -> None:
+def _tile_counts(piece: _Piece) -> list[int]:
+    """Tiles per loop level of a piece: its outer dims, rows, cols."""
+    return [
+        *(extent for extent, _ in piece.outer),
+        tile_count(piece.rows, NUM_PARTITIONS),
+        tile_count(piece.cols, FREE_TILE),
+    ]
+
+
+def _rotating_trips(piece: _Piece) -> int:
+    counts = _tile_counts(piece)
+    level = rotating_level(counts)
+    return 1 if level is None else counts[level]
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """What `_emit_piece` carries down its loop levels."""
+
+    piece: _Piece
+    locations: list
+    sb: list
+    compute: Compute
+    level: int | None  # the loop level that rotates the tiles' copies
+    copies: int
+
+    def buffers(self, level: int) -> int:
+        return self.copies if level == self.level else 1
+
+
+def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
+    piece, locations, sb, compute = walk.piece, walk.locations, walk.sb, walk.compute
     if depth < len(piece.outer):
         extent, strides = piece.outer[depth]
-        for tile in tiles(cg, extent, 1, "i"):
+        for tile in tiles(cg, extent, 1, "i", buffers=walk.buffers(depth)):
             shifted = [off + tile.start * s for off, s in zip(offsets, strides, strict=True)]
-            _emit_piece(cg, piece, locations, sb, compute, depth + 1, shifted)
+            _emit_piece(cg, walk, depth + 1, shifted, slot + tile.slot)
         return
     # Rows are the leading dim of every operand (partitions, the DRAM row dim): a partial last
     # row tile runs in the same loop under a predicate instead of separate code.
-    for row in tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True):
-        for col in tiles(cg, piece.cols, FREE_TILE, "c"):
+    outer = len(piece.outer)
+    rows = tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True, buffers=walk.buffers(outer))
+    for row in rows:
+        for col in tiles(cg, piece.cols, FREE_TILE, "c", buffers=walk.buffers(outer + 1)):
+            at = (slot + row.slot + col.slot) * FREE_TILE
             aps = []
             for index, loc in enumerate(locations):
                 start = (
@@ -207,7 +258,7 @@ def _emit_piece(cg, piece: _Piece, locations, sb, compute, depth: int, offsets) 
                     start,
                     [(piece.row_strides[index], row.size), (piece.col_strides[index], col.size)],
                 )
-                aps.append((dram, cg.ap(sb[index], [(1, col.size)], partitions=row.size)))
+                aps.append((dram, cg.ap(sb[index], [(1, col.size)], at, partitions=row.size)))
             for dram, tile in aps[1:]:
                 cg.dma(tile, dram)
             compute(cg, aps[0][1], [tile for _, tile in aps[1:]])

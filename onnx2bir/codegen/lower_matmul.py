@@ -14,6 +14,11 @@ matrix: `matmul(psum[r, c], stationary=block[c, r], moving=I[c, c])` gives block
 Under the general autocast the operand tiles are in the cast dtype (`codegen/casting.py`): the
 loading DMA or the TensorCopy out of the transpose's PSUM tile is the cast. The transposes
 themselves stay fp32 (exact), PSUM accumulates fp32, the eviction writes fp32.
+
+MatMul and Gemm rotate their tiles over buffer copies along the innermost output-tile loop
+(batch, M or N) with more than one tile (docs/buffers.md#lowerings): the operand loads of one
+output tile overlap the matmuls of the previous one and that loop is `parallel`; the K loop
+accumulates into one PSUM tile and stays sequential.
 """
 
 from __future__ import annotations
@@ -22,12 +27,21 @@ import math
 from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
-from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, broadcast_strides, contiguous_strides, tiles
+from onnx2bir.codegen.tiling import (
+    Affine,
+    broadcast_strides,
+    buffer_count,
+    contiguous_strides,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tiles,
+)
 
 
 @dataclass(frozen=True)
@@ -67,26 +81,71 @@ class MatmulTiles:
     Operand tiles are fp32 whatever the tensors' dtype (the loading DMA converts), or the
     autocast dtype for an fp32 matmul under `--auto-cast matmult/all`. The staging tile of the
     PE transposes stays fp32: it pairs with the resident fp32 identity.
+
+    With `copies` > 1 every tile holds that many copies side by side; `at(tile, slot)` is the
+    element offset of copy `slot` (docs/buffers.md#rotation).
     """
 
-    def __init__(self, cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32) -> None:
+    PSUM_BANKS_PER_COPY = 2  # transposed and acc, one bank each
+
+    def __init__(self, cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32, copies: int = 1) -> None:
         p, dtype = NUM_PARTITIONS, pe_operand_dtype(cg, model_dtype)
+        self.copies = copies
         self.moving_dtype = dtype
-        self.stationary = cg.sb_tile("stationary", p, p, dtype)
-        self.moving = cg.sb_tile("moving", p, MATMUL_MAX_MOVING_FREE, dtype)
-        self.staging = cg.sb_tile("staging", p, p, Dtype.FP32)
-        self.transposed = cg.psum_tile("transposed", p, p)
-        self.acc = cg.psum_tile("acc", p, MATMUL_MAX_MOVING_FREE)
-        self.result = cg.sb_tile("result", p, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-        self.addend = cg.sb_tile("addend", p, MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+        self.strides: dict[str, int] = {}
+        self.stationary = self._tile(cg, "stationary", p, dtype)
+        self.moving = self._tile(cg, "moving", MATMUL_MAX_MOVING_FREE, dtype)
+        self.staging = self._tile(cg, "staging", p, Dtype.FP32)
+        # One PSUM bank (512 fp32) per copy of each: a copy never straddles two banks.
+        self.transposed = cg.psum_tile("transposed", p, (copies - 1) * _BANK_FP32 + p)
+        self.strides[self.transposed.name] = _BANK_FP32
+        self.acc = cg.psum_tile("acc", p, copies * MATMUL_MAX_MOVING_FREE)
+        self.strides[self.acc.name] = MATMUL_MAX_MOVING_FREE
+        self.result = self._tile(cg, "result", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+        self.addend = self._tile(cg, "addend", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+
+    def _tile(self, cg: BirCodeGen, tag: str, free: int, dtype: Dtype) -> MemoryLocation:
+        stride = copy_stride(free, dtype)
+        loc = cg.sb_tile(tag, NUM_PARTITIONS, (self.copies - 1) * stride + free, dtype)
+        self.strides[loc.name] = stride
+        return loc
+
+    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
+        """Element offset of copy `slot` of `tile`."""
+        return slot * self.strides[tile.name]
+
+    @staticmethod
+    def sb_bytes_per_copy(cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32) -> int:
+        """SBUF bytes per partition one copy of the tiles takes."""
+        dtype = pe_operand_dtype(cg, model_dtype)
+        return (
+            copy_stride(NUM_PARTITIONS, dtype) * dtype.itemsize
+            + copy_stride(MATMUL_MAX_MOVING_FREE, dtype) * dtype.itemsize
+            + NUM_PARTITIONS * 4
+            + 2 * MATMUL_MAX_MOVING_FREE * 4
+        )
+
+
+_BANK_FP32 = 512  # fp32 elements in one 2 KiB PSUM bank
 
 
 def load_tile(
-    cg: BirCodeGen, view: MatrixView, dst_tile, tiles_: MatmulTiles, offset: int = 0
+    cg: BirCodeGen,
+    view: MatrixView,
+    dst_tile,
+    tiles_: MatmulTiles,
+    slot: Affine | None = None,
+    offset: Affine | int = 0,
 ) -> AccessPattern:
     """Bring `view` (rows ≤ 128) into `dst_tile` as [rows partitions, cols free], starting at
-    free element `offset`."""
-    dst = cg.ap(dst_tile, [(1, view.cols)], offset, partitions=view.rows)
+    free element `offset`; with `slot`, into that copy of `dst_tile` through that copy of the
+    staging tiles (`tiles_.at`)."""
+
+    def at(tile) -> Affine:
+        return Affine() if slot is None else tiles_.at(tile, slot)
+
+    dst_offset = (Affine() if slot is None else tiles_.at(dst_tile, slot)) + offset
+    dst = cg.ap(dst_tile, [(1, view.cols)], dst_offset, partitions=view.rows)
     if view.col_stride == 1 or view.row_stride != 1 or view.rows > NUM_PARTITIONS:
         cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
         return dst
@@ -94,11 +153,15 @@ def load_tile(
     for chunk in range(0, view.cols, NUM_PARTITIONS):
         width = min(NUM_PARTITIONS, view.cols - chunk)
         block = view.T.window(Affine(chunk), width, Affine(), view.rows)
-        staged = cg.ap(tiles_.staging, [(1, view.rows)], partitions=width)
+        staged = cg.ap(tiles_.staging, [(1, view.rows)], at(tiles_.staging), partitions=width)
         cg.dma(staged, cg.dram_ap(block.loc, block.offset, block.pattern()))
-        flipped = cg.ap(tiles_.transposed, [(1, width)], partitions=view.rows)
+        flipped = cg.ap(
+            tiles_.transposed, [(1, width)], at(tiles_.transposed), partitions=view.rows
+        )
         cg.matmul(flipped, staged, cg.identity(width), accumulate=False)
-        cg.tensor_copy(cg.ap(dst_tile, [(1, width)], offset + chunk, partitions=view.rows), flipped)
+        cg.tensor_copy(
+            cg.ap(dst_tile, [(1, width)], dst_offset + chunk, partitions=view.rows), flipped
+        )
     return dst
 
 
@@ -111,53 +174,86 @@ def emit_gemm(
     alpha: float = 1.0,
     c: MatrixView | None = None,
     beta: float = 1.0,
+    slot: Affine | None = None,
 ) -> None:
     """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N].
 
+    With `mm.copies` > 1 and no `slot`, the innermost of the M and N loops with more than one
+    tile rotates the copies; a `slot` from an enclosing (batch) loop picks one copy instead.
+
     When a's rows need more than one tile and b's column block fits (`B_BLOCK_BYTES` per
     partition), the K tiles of b's column block are loaded once and stay in SBUF while the
-    row tiles of a pass by: each weight is read once instead of once per row tile.
+    row tiles of a pass by (rotating the copies): each weight is read once, not once per row
+    tile.
     """
-    k_tiles = -(-a.cols // NUM_PARTITIONS)
+    k_tiles = tile_count(a.cols, NUM_PARTITIONS)
     n_size = min(b.cols, MATMUL_MAX_MOVING_FREE)
     block_bytes = k_tiles * n_size * mm.moving_dtype.itemsize
-    keep_b = a.rows > NUM_PARTITIONS and block_bytes <= B_BLOCK_BYTES
-    block = (
-        cg.sb_tile("b_block", NUM_PARTITIONS, k_tiles * n_size, mm.moving_dtype) if keep_b else None
-    )
-    for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
-        if block is not None:
-            for k in tiles(cg, a.cols, NUM_PARTITIONS, "kb"):
-                slot = tile_ordinal(k, NUM_PARTITIONS) * n_size
-                load_tile(cg, b.window(k.start, k.size, n.start, n.size), block, mm, slot)
-        for m in tiles(cg, a.rows, NUM_PARTITIONS, "m"):
-            acc = cg.ap(mm.acc, [(1, n.size)], partitions=m.size)
+    if a.rows > NUM_PARTITIONS and block_bytes <= min(B_BLOCK_BYTES, cg.sb_free_bytes()):
+        _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size)
+        return
+    buffers = [1, 1]
+    if slot is None and mm.copies > 1:
+        level = rotating_level(
+            [tile_count(a.rows, NUM_PARTITIONS), tile_count(b.cols, MATMUL_MAX_MOVING_FREE)]
+        )
+        if level is not None:
+            buffers[level] = mm.copies
+    for m in tiles(cg, a.rows, NUM_PARTITIONS, "m", buffers=buffers[0]):
+        for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n", buffers=buffers[1]):
+            copy = slot if slot is not None else m.slot + n.slot
+            acc = cg.ap(mm.acc, [(1, n.size)], mm.at(mm.acc, copy), partitions=m.size)
             for k in tiles(cg, a.cols, NUM_PARTITIONS, "k", peel_first=True):
                 stationary = load_tile(
-                    cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm
+                    cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm, copy
                 )
-                if block is not None:
-                    moving = cg.ap(
-                        block,
-                        [(1, n.size)],
-                        tile_ordinal(k, NUM_PARTITIONS) * n_size,
-                        partitions=k.size,
-                    )
-                else:
-                    window = b.window(k.start, k.size, n.start, n.size)
-                    moving = load_tile(cg, window, mm.moving, mm)
+                moving = load_tile(
+                    cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm, copy
+                )
                 cg.matmul(acc, stationary, moving, accumulate=not k.first)
-            result = cg.ap(mm.result, [(1, n.size)], partitions=m.size)
-            cg.activation(result, acc, ActFunc.COPY, scale=alpha)
-            if c is not None and beta != 0.0:
-                addend = cg.ap(mm.addend, [(1, n.size)], partitions=m.size)
-                window = c.window(m.start, m.size, n.start, n.size)
-                cg.dma(addend, cg.dram_ap(window.loc, window.offset, window.pattern()))
-                if beta != 1.0:
-                    cg.tensor_scalar(addend, addend, AluOp.MULTIPLY, beta)
-                cg.tensor_tensor(result, result, addend, AluOp.ADD)
-            out = y.window(m.start, m.size, n.start, n.size)
-            cg.dma(cg.dram_ap(out.loc, out.offset, out.pattern()), result)
+            _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy)
+
+
+def _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size: int) -> None:
+    """emit_gemm with b's column block held in SBUF across the row tiles of a."""
+    block = cg.sb_tile(
+        "b_block", NUM_PARTITIONS, tile_count(a.cols, NUM_PARTITIONS) * n_size, mm.moving_dtype
+    )
+    copies = mm.copies if slot is None else 1
+    for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
+        for k in tiles(cg, a.cols, NUM_PARTITIONS, "kb"):
+            window = b.window(k.start, k.size, n.start, n.size)
+            load_tile(cg, window, block, mm, offset=tile_ordinal(k, NUM_PARTITIONS) * n_size)
+        for m in tiles(cg, a.rows, NUM_PARTITIONS, "m", buffers=copies):
+            copy = slot if slot is not None else m.slot
+            acc = cg.ap(mm.acc, [(1, n.size)], mm.at(mm.acc, copy), partitions=m.size)
+            for k in tiles(cg, a.cols, NUM_PARTITIONS, "k", peel_first=True):
+                stationary = load_tile(
+                    cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm, copy
+                )
+                moving = cg.ap(
+                    block,
+                    [(1, n.size)],
+                    tile_ordinal(k, NUM_PARTITIONS) * n_size,
+                    partitions=k.size,
+                )
+                cg.matmul(acc, stationary, moving, accumulate=not k.first)
+            _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy)
+
+
+def _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy) -> None:
+    """Evict one output tile from PSUM with alpha, add beta·c, store it."""
+    result = cg.ap(mm.result, [(1, n.size)], mm.at(mm.result, copy), partitions=m.size)
+    cg.activation(result, acc, ActFunc.COPY, scale=alpha)
+    if c is not None and beta != 0.0:
+        addend = cg.ap(mm.addend, [(1, n.size)], mm.at(mm.addend, copy), partitions=m.size)
+        window = c.window(m.start, m.size, n.start, n.size)
+        cg.dma(addend, cg.dram_ap(window.loc, window.offset, window.pattern()))
+        if beta != 1.0:
+            cg.tensor_scalar(addend, addend, AluOp.MULTIPLY, beta)
+        cg.tensor_tensor(result, result, addend, AluOp.ADD)
+    out = y.window(m.start, m.size, n.start, n.size)
+    cg.dma(cg.dram_ap(out.loc, out.offset, out.pattern()), result)
 
 
 B_BLOCK_BYTES = 64 * 1024  # SBUF per partition a resident column block of b may take
@@ -195,13 +291,14 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     b_batch = broadcast_strides(b_shape[:-2], batch) if batch else ()
     a_batch = tuple(s * m * k for s in a_batch)
     b_batch = tuple(s * k * n for s in b_batch)
-    mm = MatmulTiles(cg, cg.graph.tensors[out].dtype)
+    dtype = cg.graph.tensors[out].dtype
     a_loc, b_loc, y_loc = cg.dram(a_name).name, cg.dram(b_name).name, cg.dram(out).name
     rows = math.prod(batch)
     a_contiguous = a_batch == tuple(s * m * k for s in contiguous_strides(batch))
     if batch and len(a_shape) > 1 and not any(b_batch) and a_contiguous:
         # One b for every batch index of a contiguous a: the batches are just more rows of a
         # (and b is read once, not once per batch index).
+        mm = _rotating_tiles(cg, dtype, [tile_count(rows * m, NUM_PARTITIONS)], n)
         emit_gemm(
             cg,
             _row_major(a_loc, Affine(), rows * m, k),
@@ -210,8 +307,10 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
             mm,
         )
         return
+    mm = _rotating_tiles(cg, dtype, [*batch, tile_count(m, NUM_PARTITIONS)], n)
+    level = rotating_level([*batch, tile_count(m, NUM_PARTITIONS), tile_count(n, 512)])
 
-    def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine) -> None:
+    def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine, slot: Affine) -> None:
         if depth == len(batch):
             emit_gemm(
                 cg,
@@ -219,20 +318,39 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
                 _row_major(b_loc, b_off, k, n),
                 _row_major(y_loc, y_off, m, n),
                 mm,
+                slot=slot if level is not None and level < len(batch) else None,
             )
             return
         inner = 1
         for size in batch[depth + 1 :]:
             inner *= size
-        for index in tiles(cg, batch[depth], 1, "b"):
+        copies = mm.copies if depth == level else 1
+        for index in tiles(cg, batch[depth], 1, "b", buffers=copies):
             walk(
                 depth + 1,
                 a_off + index.start * a_batch[depth],
                 b_off + index.start * b_batch[depth],
                 y_off + index.start * (inner * m * n),
+                slot + index.slot,
             )
 
-    walk(0, Affine(), Affine(), Affine())
+    walk(0, Affine(), Affine(), Affine(), Affine())
+
+
+def _rotating_tiles(cg: BirCodeGen, dtype: Dtype, outer: list[int], n: int) -> MatmulTiles:
+    """Tiles with as many copies as the innermost loop of more than one tile (`outer` tile
+    counts, then N's) can use (docs/buffers.md#choice)."""
+    counts = [*outer, tile_count(n, MATMUL_MAX_MOVING_FREE)]
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        copies = buffer_count(
+            cg,
+            counts[level],
+            MatmulTiles.sb_bytes_per_copy(cg, dtype),
+            MatmulTiles.PSUM_BANKS_PER_COPY,
+        )
+    return MatmulTiles(cg, dtype, copies)
 
 
 @lowering("Gemm")
@@ -257,5 +375,7 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
             tuple(cg.graph.tensors[c_name].shape), (a.rows, b.cols)
         )
         c = MatrixView(cg.dram(c_name).name, Affine(), a.rows, b.cols, row_stride, col_stride)
-    mm = MatmulTiles(cg, cg.graph.tensors[out].dtype)
+    mm = _rotating_tiles(
+        cg, cg.graph.tensors[out].dtype, [tile_count(a.rows, NUM_PARTITIONS)], b.cols
+    )
     emit_gemm(cg, a, b, y, mm, float(attrs.get("alpha", 1.0)), c, float(attrs.get("beta", 1.0)))

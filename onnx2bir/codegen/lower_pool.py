@@ -10,6 +10,10 @@ partition by DMA. GlobalAveragePool / GlobalMaxPool reduce each plane along the 
 chunks when the plane is larger than a tile, then reduce the partial results); the average
 scales by 1 / (H·W) on ScalarE. MaxPool and AveragePool on 5-D inputs go to `lower_pool3d`
 (a depth pass, then `window_pool` here).
+
+The window pools' output-tile loops (planes, output rows, output columns) rotate band, out and
+divisor tiles over buffer copies along the innermost loop with more than one tile
+(docs/buffers.md#lowerings): that loop is `parallel`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,13 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
-from onnx2bir.codegen.tiling import tiles
+from onnx2bir.codegen.tiling import (
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tiles,
+)
 
 POOL_OUT_TILE = 1024
 POOL_BAND_BYTES = 96 * 1024  # SBUF bytes per partition one input band may take
@@ -158,18 +168,34 @@ def window_pool(
             rows = max(1, rows // 2)
         else:
             cols = max(1, cols // 2)
-    band = cg.sb_tile("band", NUM_PARTITIONS, geo.rows_needed(rows) * geo.cols_needed(cols), dtype)
-    out_sb = cg.sb_tile("out", NUM_PARTITIONS, rows * cols, dtype)
+    # band, out and divisors rotate over the innermost tile loop with more than one tile
+    # (docs/buffers.md#lowerings).
+    band_stride = copy_stride(geo.rows_needed(rows) * geo.cols_needed(cols), dtype)
+    out_stride = copy_stride(rows * cols, dtype)
+    counts = [tile_count(planes, NUM_PARTITIONS), tile_count(geo.out_h, rows)]
+    counts.append(tile_count(geo.out_w, cols))
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        per_copy = (band_stride + out_stride * (2 if isinstance(divisor, str) else 1)) * (
+            dtype.itemsize
+        )
+        copies = buffer_count(cg, counts[level], per_copy)
+    buffers = [copies if i == level else 1 for i in range(3)]
+    band = cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, dtype)
+    out_sb = cg.sb_tile("out", NUM_PARTITIONS, copies * out_stride, dtype)
     if isinstance(divisor, str):
-        div_sb = cg.sb_tile("divisors", NUM_PARTITIONS, rows * cols, dtype)
+        div_sb = cg.sb_tile("divisors", NUM_PARTITIONS, copies * out_stride, dtype)
     y_loc = cg.dram(out_name).name
     out_plane = geo.out_h * geo.out_w
-    for p in tiles(cg, planes, NUM_PARTITIONS, "p"):
-        for row in tiles(cg, geo.out_h, rows, "oh"):
-            for col in tiles(cg, geo.out_w, cols, "ow"):
+    for p in tiles(cg, planes, NUM_PARTITIONS, "p", buffers=buffers[0]):
+        for row in tiles(cg, geo.out_h, rows, "oh", buffers=buffers[1]):
+            for col in tiles(cg, geo.out_w, cols, "ow", buffers=buffers[2]):
+                slot = p.slot + row.slot + col.slot  # at most one of them rotates
+                band_at, out_at = slot * band_stride, slot * out_stride
                 band_rows, band_cols = geo.rows_needed(row.size), geo.cols_needed(col.size)
                 cg.dma(
-                    cg.ap(band, [(1, band_rows * band_cols)], partitions=p.size),
+                    cg.ap(band, [(1, band_rows * band_cols)], band_at, partitions=p.size),
                     cg.dram_ap(
                         src,
                         p.start * plane
@@ -186,14 +212,15 @@ def window_pool(
                         (geo.dilation_h * band_cols, geo.kernel_h),
                         (geo.dilation_w, geo.kernel_w),
                     ],
+                    band_at,
                     partitions=p.size,
                 )
-                result = cg.ap(out_sb, [(1, row.size * col.size)], partitions=p.size)
+                result = cg.ap(out_sb, [(1, row.size * col.size)], out_at, partitions=p.size)
                 cg.tensor_reduce(result, windows, op, axes=2)
                 if isinstance(divisor, float):
                     cg.tensor_scalar(result, result, AluOp.DIVIDE, divisor)
                 elif isinstance(divisor, str):
-                    div = cg.ap(div_sb, [(1, row.size * col.size)], partitions=p.size)
+                    div = cg.ap(div_sb, [(1, row.size * col.size)], out_at, partitions=p.size)
                     cg.dma(
                         div,
                         cg.dram_ap(

@@ -6,6 +6,12 @@ value scaled into the tile's start index), a leftover tile is emitted after the 
 constant offsets, or, for a `predicated` extent, run by the same loop under a per-instruction
 predicate. A lowering written as nested `for tile in tiles(...)` therefore produces loops
 wherever the iterations are uniform and straight-line code only at unpredicated edges.
+
+Multi-buffered loops (`tiles(..., buffers=k)`, docs/buffers.md): each tile carries a `slot`,
+the copy of the loop's per-iteration buffers it uses (`offset = slot * copy_stride + ...`).
+With k copies, k or fewer uniform tiles become one loop whose iterations each own a copy (no
+loop-carried hazard, so the dependency analysis finds the loop `parallel`); more become an
+outer loop over groups of k and an inner loop of k iterations, the inner axis being the slot.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import Predicate
 
 if TYPE_CHECKING:
@@ -61,6 +68,7 @@ class Tile:
     start: Affine
     size: int
     first: bool  # the tile that opens an accumulation (see `tiles(peel_first=True)`)
+    slot: Affine = Affine()  # the buffer copy it uses (see `tiles(buffers=k)`)
 
 
 def tiles(
@@ -70,6 +78,7 @@ def tiles(
     name: str,
     peel_first: bool = False,
     predicated: bool = False,
+    buffers: int = 1,
 ) -> Iterator[Tile]:
     """Yield the tiles covering [0, extent), opening a BIR loop around the uniform ones.
 
@@ -78,26 +87,107 @@ def tiles(
     `predicated`, a partial edge tile is not emitted separately: one loop runs every tile at
     full size and each instruction in it carries the predicate "leading index < extent −
     start", so the body must put this extent on the leading dim of every operand
-    (docs/predicates.md).
+    (docs/predicates.md). With `buffers=k`, the tiles' `slot`s rotate over k buffer copies
+    (docs/buffers.md#rotation); the body must index its per-iteration tiles by `slot`.
     """
     full, rest = divmod(extent, size)
+    copies = max(1, buffers)
     if predicated and rest and full and not peel_first:
-        with cg.loop(name, 0, full + 1) as axis:
-            with cg.predicated(Predicate(extent, ((axis, -size),))):
-                yield Tile(Affine.axis(axis, size), size, False)
+        count = full + 1
+        if count > copies > 1:
+            # Whole groups of `copies` trips; the padding trips' bound is ≤ 0, so they skip
+            # every instruction and the body stays one piece (docs/buffers.md#rotation).
+            count = -(-count // copies) * copies
+        for index, slot in _rotated(cg, name, 0, count, copies):
+            bound = Predicate(
+                extent - index.const * size, tuple((a, -c * size) for a, c in index.terms)
+            )
+            with cg.predicated(bound):
+                yield Tile(index * size, size, False, slot)
         return
     first_index = 0
     if peel_first and full:
         yield Tile(Affine(0), size, True)
         first_index = 1
-    remaining = full - first_index
-    if remaining == 1:
-        yield Tile(Affine(first_index * size), size, first_index == 0)
-    elif remaining > 1:
-        with cg.loop(name, first_index, full) as axis:
-            yield Tile(Affine.axis(axis, size), size, False)
+    for index, slot in _rotated(cg, name, first_index, full, copies):
+        yield Tile(index * size, size, index.is_const and index.const == 0, slot)
     if rest:
-        yield Tile(Affine(full * size), rest, full == 0)
+        yield Tile(Affine(full * size), rest, full == 0, Affine(full % copies))
+
+
+def _rotated(
+    cg: BirCodeGen, name: str, first: int, stop: int, copies: int
+) -> Iterator[tuple[Affine, Affine]]:
+    """(tile index, buffer slot) of tiles first..stop-1, under the loops that run them."""
+    count = stop - first
+    if count <= 0:
+        return
+    if count == 1:
+        yield Affine(first), Affine(first % copies)
+        return
+    if copies == 1 or count <= copies:
+        with cg.loop(name, first, stop) as axis:
+            slot = Affine()
+            if copies > 1:
+                _mark_buffered(cg, axis, copies)
+                slot = Affine.axis(axis) + (-first)
+            yield Affine.axis(axis), slot
+        return
+    groups, left = divmod(count, copies)
+    with cg.loop(f"{name}g", 0, groups) as outer:
+        with cg.loop(name, 0, copies) as inner:
+            _mark_buffered(cg, inner, copies)
+            yield Affine.axis(outer, copies) + Affine.axis(inner) + first, Affine.axis(inner)
+    yield from _rotated(cg, name, first + groups * copies, stop, copies)
+
+
+BUFFERED_LOOPS = "buffered_loops"  # module metadata: {loop axis: buffer copies it rotates}
+
+
+def _mark_buffered(cg: BirCodeGen, axis: str, copies: int) -> None:
+    cg.module.metadata.setdefault(BUFFERED_LOOPS, {})[axis] = copies
+
+
+FULL_EXPANSION = 4  # up to this many tiles, a multi-buffered loop gets one copy per tile
+
+
+def tile_count(extent: int, size: int) -> int:
+    """How many tiles `tiles(extent, size)` yields."""
+    return -(-extent // size)
+
+
+def buffer_count(
+    cg: BirCodeGen, trips: int, sb_bytes: int = 0, psum_banks: int = 0, limit: int = FULL_EXPANSION
+) -> int:
+    """Copies for a loop of `trips` tiles whose rotated tiles take `sb_bytes` of each SBUF
+    partition and `psum_banks` PSUM banks per copy: one per tile when `trips` ≤ `limit` and
+    they fit, else 2 (double buffering) when that fits, else 1 (docs/buffers.md#choice)."""
+    if trips < 2:
+        return 1
+
+    def fits(copies: int) -> bool:
+        return copies * sb_bytes <= cg.sb_free_bytes() and copies * psum_banks <= (
+            cg.psum_free_banks()
+        )
+
+    if trips <= limit and fits(trips):
+        return trips
+    return 2 if fits(2) else 1
+
+
+def copy_stride(free: int, dtype: Dtype) -> int:
+    """Elements between two copies of a rotated SBUF tile of `free` elements per partition:
+    each copy starts on the arena's 64-byte alignment."""
+    return -(-free * dtype.itemsize // 64) * 64 // dtype.itemsize
+
+
+def rotating_level(counts: list[int]) -> int | None:
+    """Which of nested tile loops (outermost first, `counts` tiles each) rotates the buffers:
+    the innermost one with more than one tile (None: every level has one tile)."""
+    for level in range(len(counts) - 1, -1, -1):
+        if counts[level] > 1:
+            return level
+    return None
 
 
 def merge_broadcast_dims(

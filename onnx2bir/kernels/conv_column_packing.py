@@ -64,7 +64,14 @@ from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.spatial import fill_dram
-from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.codegen.tiling import (
+    Affine,
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tiles,
+)
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.conv_common import (
     ConvKernelArgs,
@@ -188,11 +195,22 @@ def _window(
 
 
 def _evict(
-    cg: BirCodeGen, args: ConvKernelArgs, psum, out_sb, bias, first_channel, channels, n, row, col
+    cg: BirCodeGen,
+    args: ConvKernelArgs,
+    psum,
+    out_sb,
+    bias,
+    first_channel,
+    channels,
+    n,
+    row,
+    col,
+    out_at: Affine | int = 0,
 ) -> None:
-    """PSUM → SBUF with the bias column on ScalarE, then SBUF → y."""
+    """PSUM → SBUF (at element `out_at` of out_sb) with the bias column on ScalarE, then
+    SBUF → y."""
     pixels = row.size * col.size
-    result = cg.ap(out_sb, [(1, pixels)], partitions=channels)
+    result = cg.ap(out_sb, [(1, pixels)], out_at, partitions=channels)
     cg.activation(result, psum, ActFunc.COPY, bias=bias)
     ys_b, ys_f, ys_h, ys_w = args.y_strides
     cg.dma(
@@ -241,13 +259,30 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
             )
     bias_sb = load_bias(cg, args.bias, c_out, m_tile) if args.bias else None
     src = staged_input(cg, args, c_in, dtype)
-    mov = cg.sb_tile("im2col", k_max, len(groups) * tile_pixels, operand)
-    out_sb = cg.sb_tile("out", m_tile, tile_pixels, cg.graph.tensors[node["outputs"][0]].dtype)
-    acc = cg.psum_tile("acc", m_tile, tile_pixels)
+    # im2col, out and acc rotate over the innermost output-tile loop with more than one tile
+    # (docs/buffers.md#lowerings); the C_out loop inside reuses the copy its tile picked.
+    out_dtype = cg.graph.tensors[node["outputs"][0]].dtype
+    mov_stride = copy_stride(len(groups) * tile_pixels, operand)
+    out_stride = copy_stride(tile_pixels, out_dtype)
+    counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        per_copy = mov_stride * operand.itemsize + out_stride * out_dtype.itemsize
+        copies = buffer_count(cg, counts[level], per_copy, psum_banks=1)
+    buffers = [copies if i == level else 1 for i in range(3)]
+    mov = cg.sb_tile(
+        "im2col", k_max, (copies - 1) * mov_stride + len(groups) * tile_pixels, operand
+    )
+    out_sb = cg.sb_tile("out", m_tile, (copies - 1) * out_stride + tile_pixels, out_dtype)
+    acc = cg.psum_tile("acc", m_tile, (copies - 1) * MATMUL_MAX_MOVING_FREE + tile_pixels)
 
-    for n in tiles(cg, args.batch, 1, "n"):
-        for row in tiles(cg, args.out_h, rows, "oh"):
-            for col in tiles(cg, args.out_w, cols, "ow"):
+    for n in tiles(cg, args.batch, 1, "n", buffers=buffers[0]):
+        for row in tiles(cg, args.out_h, rows, "oh", buffers=buffers[1]):
+            for col in tiles(cg, args.out_w, cols, "ow", buffers=buffers[2]):
+                slot = n.slot + row.slot + col.slot  # at most one of them rotates
+                mov_at, out_at = slot * mov_stride, slot * out_stride
+                acc_at = slot * MATMUL_MAX_MOVING_FREE
                 pixels = row.size * col.size
                 # The implicit im2col: tap t's C_in partitions read the window shifted by t.
                 for index, group in enumerate(groups):
@@ -257,7 +292,7 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
                             cg.ap(
                                 mov,
                                 [(1, pixels)],
-                                index * tile_pixels,
+                                mov_at + index * tile_pixels,
                                 partitions=block.taps * c_in,
                                 partition_start=block.first * c_in,
                             ),
@@ -266,13 +301,13 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
                             ),
                         )
                 for m in tiles(cg, c_out, m_tile, "m"):
-                    psum = cg.ap(acc, [(1, pixels)], partitions=m.size)
+                    psum = cg.ap(acc, [(1, pixels)], acc_at, partitions=m.size)
                     for index, group in enumerate(groups):
                         k = group_taps(group) * c_in
                         cg.matmul(
                             psum,
                             cg.ap(w_sb, [(1, m.size)], m.start + index * c_out, partitions=k),
-                            cg.ap(mov, [(1, pixels)], index * tile_pixels, partitions=k),
+                            cg.ap(mov, [(1, pixels)], mov_at + index * tile_pixels, partitions=k),
                             accumulate=index > 0,
                         )
                     bias = (
@@ -280,7 +315,7 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
                         if bias_sb is not None
                         else None
                     )
-                    _evict(cg, args, psum, out_sb, bias, m.start, m.size, n, row, col)
+                    _evict(cg, args, psum, out_sb, bias, m.start, m.size, n, row, col, out_at)
 
 
 # --- depthwise transposed -----------------------------------------------------------------------

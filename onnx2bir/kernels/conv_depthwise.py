@@ -23,6 +23,8 @@ fully parallel over channels (the parallel axis goes on P, docs/neuroncore.md#pa
   matmul; here the reduce stays on VectorE (`tensor_reduce`, docs/neuroncore.md#vectore), which
   keeps the kernel off PSUM. The bias rides on a ScalarE copy (`activation` with a [P, 1] bias,
   docs/neuroncore.md#scalare), so VectorE does two instructions per tile and ScalarE one.
+  Band, products and out rotate over buffer copies along the innermost output-tile loop with
+  more than one tile (docs/buffers.md#lowerings), which makes that loop `parallel`.
 - 1-D (`tensor_scalar`, docs/neuroncore.md#vectore): per output tile of L_t ≤ 2048 positions, tap k
   multiplies the strided window band[k·d :: s] by the per-partition weight column w[c, k] (a [P, 1]
   operand). Tap 0 writes the accumulator, adding the bias in the same instruction (op1); later taps
@@ -49,7 +51,14 @@ from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.spatial import fill_dram
-from onnx2bir.codegen.tiling import Tile, tiles
+from onnx2bir.codegen.tiling import (
+    Tile,
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tiles,
+)
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.conv_common import ConvKernelArgs, conv_kernel_args
 from onnx2bir.patterns.conv import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE
@@ -203,11 +212,22 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
     c_tile = min(args.c_in, NUM_PARTITIONS)
     taps_sb = cg.sb_tile("taps", NUM_PARTITIONS, taps, Dtype.FP32)
     bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32) if args.bias else None
-    band = cg.sb_tile(
-        "band", NUM_PARTITIONS, rows_needed(args, rows) * cols_needed(args, cols), Dtype.FP32
-    )
-    product = cg.sb_tile("product", NUM_PARTITIONS, rows * cols * taps, Dtype.FP32)
-    out = cg.sb_tile("out", NUM_PARTITIONS, rows * cols, Dtype.FP32)
+    # band, product and out rotate over the innermost output-tile loop with more than one
+    # tile (docs/buffers.md#lowerings).
+    strides = [
+        copy_stride(rows_needed(args, rows) * cols_needed(args, cols), Dtype.FP32),
+        copy_stride(rows * cols * taps, Dtype.FP32),
+        copy_stride(rows * cols, Dtype.FP32),
+    ]
+    counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        copies = buffer_count(cg, counts[level], sum(strides) * FP32_BYTES)
+    buffers = [copies if i == level else 1 for i in range(3)]
+    band = cg.sb_tile("band", NUM_PARTITIONS, copies * strides[0], Dtype.FP32)
+    product = cg.sb_tile("product", NUM_PARTITIONS, copies * strides[1], Dtype.FP32)
+    out = cg.sb_tile("out", NUM_PARTITIONS, copies * strides[2], Dtype.FP32)
     (s_h, s_w), (d_h, d_w) = args.stride, args.rhs_dilation
     x_b, x_f, x_h, x_w = src.strides
     y_b, y_f, y_h, y_w = args.y_strides
@@ -215,13 +235,15 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
     for c in tiles(cg, args.c_in, c_tile, "c"):
         load_channel_constants(cg, args, c, taps_sb, bias_sb)
         p = c.size
-        for n in tiles(cg, args.batch, 1, "n"):
-            for row in tiles(cg, args.out_h, rows, "oh"):
-                for col in tiles(cg, args.out_w, cols, "ow"):
+        for n in tiles(cg, args.batch, 1, "n", buffers=buffers[0]):
+            for row in tiles(cg, args.out_h, rows, "oh", buffers=buffers[1]):
+                for col in tiles(cg, args.out_w, cols, "ow", buffers=buffers[2]):
+                    slot = n.slot + row.slot + col.slot  # at most one of them rotates
+                    band_at, product_at, out_at = (slot * stride for stride in strides)
                     band_rows = rows_needed(args, row.size)
                     band_cols = cols_needed(args, col.size)
                     cg.dma(
-                        cg.ap(band, [(1, band_rows * band_cols)], partitions=p),
+                        cg.ap(band, [(1, band_rows * band_cols)], band_at, partitions=p),
                         cg.dram_ap(
                             src.loc,
                             n.start * x_b
@@ -239,6 +261,7 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
                             (d_h * band_cols, args.k_h),
                             (d_w, args.k_w),
                         ],
+                        band_at,
                         partitions=p,
                     )
                     weights = cg.ap(
@@ -254,10 +277,11 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
                             (args.k_w, args.k_h),
                             (1, args.k_w),
                         ],
+                        product_at,
                         partitions=p,
                     )
                     cg.tensor_tensor(products, window, weights, AluOp.MULTIPLY)
-                    result = cg.ap(out, [(1, row.size * col.size)], partitions=p)
+                    result = cg.ap(out, [(1, row.size * col.size)], out_at, partitions=p)
                     cg.tensor_reduce(result, products, AluOp.ADD, axes=2)
                     if bias_sb is not None:
                         cg.activation(

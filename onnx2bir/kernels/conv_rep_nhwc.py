@@ -28,7 +28,15 @@ from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input
-from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.codegen.tiling import (
+    Affine,
+    Tile,
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tiles,
+)
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.conv_common import ConvKernelArgs, conv_kernel_args
 from onnx2bir.patterns.conv import REP_NHWC
@@ -70,10 +78,12 @@ class _Plan:
     cols: int
     w_slot: int  # weight elements per (row group, channel tile)
     weights: MemoryLocation
-    band: MemoryLocation
+    band: MemoryLocation  # `buffers` copies of band, out and acc (docs/buffers.md#rotation)
     bias: MemoryLocation
     out: MemoryLocation
     acc: MemoryLocation
+    buffers: tuple[int, int, int]  # copies rotated by the n, oh and ow loops (one is > 1)
+    band_stride: int  # elements between two copies of the band
 
     def slot(self, group: int, k: Tile) -> Affine:
         return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
@@ -94,10 +104,12 @@ def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
                 cg.ap(plan.bias, partitions=m.size),
                 cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
             )
-        for n in tiles(cg, args.batch, 1, "n"):
-            for row in tiles(cg, args.out_h, plan.rows, "oh"):
-                for col in tiles(cg, args.out_w, plan.cols, "ow"):
-                    _output_tile(cg, plan, m, n, row, col)
+        b_n, b_oh, b_ow = plan.buffers
+        for n in tiles(cg, args.batch, 1, "n", buffers=b_n):
+            for row in tiles(cg, args.out_h, plan.rows, "oh", buffers=b_oh):
+                for col in tiles(cg, args.out_w, plan.cols, "ow", buffers=b_ow):
+                    slot = n.slot + row.slot + col.slot  # at most one of them rotates
+                    _output_tile(cg, plan, m, n, row, col, slot)
 
 
 def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
@@ -112,6 +124,19 @@ def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
     rows = max(1, min(args.out_h, MATMUL_MAX_MOVING_FREE // cols))
     w_slot = args.k_w * min(args.c_out, NUM_PARTITIONS)
     operand = pe_operand_dtype(cg)
+    # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
+    # Both PE operands in the autocast dtype: the weight and band DMAs are the casts.
+    weights = cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, operand)
+    bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
+    # The output-tile loop rotates band, out and acc (docs/buffers.md#lowerings).
+    band_stride = copy_stride(rows * geo.cols_needed(cols), operand)
+    counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        copy_bytes = band_stride * operand.itemsize + MATMUL_MAX_MOVING_FREE * 4
+        copies = buffer_count(cg, counts[level], copy_bytes, psum_banks=1)
+    buffers = tuple(copies if i == level else 1 for i in range(3))
     return _Plan(
         args,
         geo,
@@ -126,13 +151,13 @@ def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
         rows,
         cols,
         w_slot,
-        # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
-        # Both PE operands in the autocast dtype: the weight and band DMAs are the casts.
-        weights=cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, operand),
-        band=cg.sb_tile("band", NUM_PARTITIONS, rows * geo.cols_needed(cols), operand),
-        bias=cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32),
-        out=cg.sb_tile("out", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE, Dtype.FP32),
-        acc=cg.psum_tile("acc", NUM_PARTITIONS, MATMUL_MAX_MOVING_FREE),
+        weights=weights,
+        band=cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, operand),
+        bias=bias,
+        out=cg.sb_tile("out", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32),
+        acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE),
+        buffers=buffers,
+        band_stride=band_stride,
     )
 
 
@@ -159,12 +184,17 @@ def _load_weights(cg: BirCodeGen, plan: _Plan, m: Tile) -> None:
                 )
 
 
-def _output_tile(cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: Tile) -> None:
-    """Replicate the band once per kernel row, kW matmuls per group, evict, store."""
+def _output_tile(
+    cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: Tile, slot: Affine
+) -> None:
+    """Replicate the band once per kernel row, kW matmuls per group, evict, store; band, out
+    and acc are the copies `slot` picks."""
     args, geo = plan.args, plan.geo
     band_cols = geo.cols_needed(col.size)
     pixels = row.size * col.size
-    psum = cg.ap(plan.acc, [(1, pixels)], partitions=m.size)
+    band_at = slot * plan.band_stride
+    out_at = slot * MATMUL_MAX_MOVING_FREE
+    psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
     for gi, (g0, g_rows) in enumerate(plan.row_groups):
         for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
             first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
@@ -174,6 +204,7 @@ def _output_tile(cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: 
                     cg.ap(
                         plan.band,
                         [(1, row.size * band_cols)],
+                        band_at,
                         partitions=k.size,
                         partition_start=r * k.size,
                     ),
@@ -201,12 +232,12 @@ def _output_tile(cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: 
                     cg.ap(
                         plan.band,
                         [(band_cols, row.size), (geo.stride_w, col.size)],
-                        kw * geo.dilation_w,
+                        band_at + kw * geo.dilation_w,
                         partitions=g_rows * k.size,
                     ),
                     accumulate=not (gi == 0 and k.first and kw == 0),
                 )
-    result = cg.ap(plan.out, [(1, pixels)], partitions=m.size)
+    result = cg.ap(plan.out, [(1, pixels)], out_at, partitions=m.size)
     bias = cg.ap(plan.bias, partitions=m.size) if args.bias else None
     cg.activation(result, psum, ActFunc.COPY, bias=bias)
     y_b, y_f, y_h, y_w = args.y_strides
