@@ -23,6 +23,7 @@ moved to the last trip's time, and its totals are weighted by the number of trip
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -96,7 +97,11 @@ class _Simulator:
         self.sim = Simulation()
         self.free: dict[str, tuple[float, int]] = {}  # stream -> (free at, last slice)
         self.finish: dict[int, tuple[float, int, str]] = {}  # ins id -> (end, slice, stream)
-        self.shared: tuple[float, int] = (0.0, -1)  # shared DMA bandwidth
+        # The core's shared DMA bandwidth: when each transfer held it, sorted by start, as
+        # parallel lists (start, end, slice index); transfers fill the gaps between others.
+        self.shared_starts: list[float] = []
+        self.shared_ends: list[float] = []
+        self.shared_slices: list[int] = []
         self.before: dict[int, tuple[float, int, str]] = {}  # the instance before that one
         # Recent instances of each instruction (oldest first), and the slice at which the
         # current trip of each loop began: a carried edge reads the source's last instance
@@ -160,16 +165,14 @@ class _Simulator:
         end = ready + seconds
         if ins.engine is Engine.DMA and moved:
             # The core's DMA bandwidth drains every queue's bytes: this transfer's data, which
-            # may begin after the fixed latency, is through no earlier than the shared
-            # resource's backlog plus bytes / core bandwidth.
-            shared_free, shared_cause = self.shared
+            # may begin after the issue cost, takes bytes / core bandwidth of it, in the first
+            # gap other transfers leave (whatever order the simulation met them in).
             data_start = ready + table.dma_issue_s
-            drained = max(shared_free, data_start) + moved / table.dma_core_bytes_per_s
-            if drained > end:
-                end = drained
-                if shared_free > data_start:
-                    cause = shared_cause  # stalled behind other queues' transfers
-            self.shared = (drained, len(self.sim.slices))
+            held, blocker = self._hold_bandwidth(data_start, moved / table.dma_core_bytes_per_s)
+            if held > end:
+                end = held
+                if blocker >= 0:
+                    cause = blocker  # stalled behind other queues' transfers
         index = len(self.sim.slices)
         self.sim.slices.append(
             Slice(
@@ -214,6 +217,25 @@ class _Simulator:
             if instance[1] < trip_start:
                 return instance
         return None
+
+    def _hold_bandwidth(self, earliest: float, duration: float) -> tuple[float, int]:
+        """Reserve the shared bandwidth for `duration` from the first gap at or after
+        `earliest`; (end of the reservation, slice of the transfer it waited behind or -1)."""
+        starts, ends, owners = self.shared_starts, self.shared_ends, self.shared_slices
+        begin, blocker = earliest, -1
+        # Reservations never overlap, so sorted by start they are sorted by end too.
+        j = bisect.bisect_right(ends, earliest)
+        while j < len(starts):
+            if starts[j] >= begin + duration:
+                break
+            if ends[j] > begin:
+                begin, blocker = ends[j], owners[j]
+            j += 1
+        position = bisect.bisect_left(starts, begin)
+        starts.insert(position, begin)
+        ends.insert(position, begin + duration)
+        owners.insert(position, len(self.sim.slices))
+        return begin + duration, blocker
 
     def loop(self, loop: Loop, weight: int) -> None:
         trips = loop.trip_count
@@ -262,8 +284,16 @@ class _Simulator:
             for i, (end, index, stream) in enumerate(recent):
                 if index >= first:
                     recent[i] = (end + by, index, stream)
-        if self.shared[1] >= first:
-            self.shared = (self.shared[0] + by, self.shared[1])
+        moved = [
+            (start + by if owner >= first else start, end + by if owner >= first else end, owner)
+            for start, end, owner in zip(
+                self.shared_starts, self.shared_ends, self.shared_slices, strict=True
+            )
+        ]
+        moved.sort()
+        self.shared_starts = [m[0] for m in moved]
+        self.shared_ends = [m[1] for m in moved]
+        self.shared_slices = [m[2] for m in moved]
         ends = [s.end for s in slices[first:]]
         self.sim.total_seconds = max(self.sim.total_seconds, *ends)
 

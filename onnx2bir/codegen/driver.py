@@ -118,7 +118,7 @@ class PlanningRun:
         pass
 
 
-COPY_ENGINES = (Engine.ACT, Engine.DVE)  # on-chip copies of resident tensors, in turn
+COPY_ENGINES = (Engine.ACT, Engine.DVE, Engine.POOL)  # on-chip copies of resident tensors
 
 
 class CodegenError(CompileError):

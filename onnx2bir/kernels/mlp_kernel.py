@@ -56,7 +56,7 @@ from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
 from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_matmul import MatrixView, load_tile
-from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.codegen.tiling import Affine, Tile, buffer_count, copy_stride, tile_count, tiles
 from onnx2bir.kernels import kernel
 
 TARGET = "AwsNeuronMLPNKI"
@@ -203,11 +203,13 @@ def weight_columns(view: MatrixView, width: int, itemsize: int) -> int:
     return (view.rows // P) * width if whole_rows(view, width, itemsize) else width
 
 
-def load_weight_block(cg: BirCodeGen, view: MatrixView, tile, cols: Tile, width: int) -> None:
+def load_weight_block(
+    cg: BirCodeGen, view: MatrixView, tile, cols: Tile, width: int, offset: Affine
+) -> None:
     """All row tiles of `view`'s columns `cols` in one DMA: row tile r at free offset
-    r · width of `tile`, rows within the tile on partitions."""
+    `offset` + r · width of `tile`, rows within the tile on partitions."""
     cg.dma(
-        cg.ap(tile, [(width, view.rows // P), (1, cols.size)], partitions=P),
+        cg.ap(tile, [(width, view.rows // P), (1, cols.size)], offset, partitions=P),
         cg.dram_ap(
             view.loc,
             view.offset + cols.start,
@@ -260,17 +262,8 @@ class MlpTiles:
         self.x = cg.sb_tile("x", P, a.k, fp32)
         self.xt = cg.sb_tile("xT", P, -(-a.k // P) * block, pe)
         self.h = cg.sb_tile("hT", P, -(-a.h // P) * block, pe)
-        # A weight tile holds every 128-row tile of one column block (`whole_rows`), or one
-        # 128 x 128 tile when the weight is transposed or its rows are not whole tiles.
         self.pe_bytes = pe.itemsize
-        self.w1 = cg.sb_tile("w1", P, weight_columns(a.w1, P, pe.itemsize), pe)
-        self.w_up = (
-            cg.sb_tile("w_up", P, weight_columns(a.w_up, P, pe.itemsize), pe)
-            if a.w_up is not None
-            else None
-        )
         self.staging = cg.sb_tile("staging", P, P, fp32)
-        self.w2 = cg.sb_tile("w2", P, weight_columns(a.w2, N_CHUNK, pe.itemsize), pe)
         self.b2 = cg.sb_tile("b2", P, N_CHUNK, fp32)
         self.y = cg.sb_tile("y", P, N_CHUNK, a.out_dtype)
         self.bias = cg.sb_tile("bias", P, 2, fp32)  # b1, b_up columns
@@ -281,6 +274,32 @@ class MlpTiles:
         self.h_ps = cg.psum_tile("h", P, block)
         self.up_ps = cg.psum_tile("up", P, block) if a.w_up is not None else None
         self.y_ps = cg.psum_tile("y", P, -(-block // P) * N_CHUNK)
+        # A weight tile holds every 128-row tile of one column block (`whole_rows`), or one
+        # 128 x 128 tile when the weight is transposed or its rows are not whole tiles; with
+        # room left, two copies, so that the next block loads while this one is multiplied
+        # (docs/buffers.md#rotation).
+        self.strides: dict[str, int] = {}
+        width1 = weight_columns(a.w1, P, pe.itemsize)
+        per_copy = copy_stride(width1, pe) * pe.itemsize * (2 if a.w_up is not None else 1)
+        self.hidden_copies = buffer_count(cg, tile_count(a.h, P), per_copy, limit=2)
+        self.w1 = self._weight(cg, "w1", width1, pe, self.hidden_copies)
+        self.w_up = (
+            self._weight(cg, "w_up", width1, pe, self.hidden_copies) if a.w_up is not None else None
+        )
+        width2 = weight_columns(a.w2, N_CHUNK, pe.itemsize)
+        per_copy = copy_stride(width2, pe) * pe.itemsize
+        self.output_copies = buffer_count(cg, tile_count(a.n, N_CHUNK), per_copy, limit=2)
+        self.w2 = self._weight(cg, "w2", width2, pe, self.output_copies)
+
+    def _weight(self, cg: BirCodeGen, tag: str, free: int, dtype: Dtype, copies: int):
+        stride = copy_stride(free, dtype)
+        loc = cg.sb_tile(tag, P, (copies - 1) * stride + free, dtype)
+        self.strides[loc.name] = stride
+        return loc
+
+    def at(self, tile, slot: Affine) -> Affine:
+        """Element offset of copy `slot` of a weight tile."""
+        return slot * self.strides[tile.name]
 
 
 @kernel(TARGET)
@@ -329,36 +348,38 @@ class MlpEmitter:
     def hidden(self, blk: Tile) -> None:
         """hᵀ[H, block] = act(w1ᵀ·xᵀ + b1), kept in SBUF."""
         cg, a, t = self.cg, self.a, self.t
-        for hc in tiles(cg, a.h, P, "h"):
+        for hc in tiles(cg, a.h, P, "h", buffers=t.hidden_copies):
             acc = cg.ap(t.h_ps, [(1, blk.size)], partitions=hc.size)
             up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
             for view, tile in ((a.w1, t.w1), (a.w_up, t.w_up)):
                 if view is not None and whole_rows(view, P, t.pe_bytes):
-                    load_weight_block(cg, view, tile, hc, min(P, view.cols))
+                    width = min(P, view.cols)
+                    load_weight_block(cg, view, tile, hc, width, t.at(tile, hc.slot))
             for kc in tiles(cg, a.k, P, "k", peel_first=True):
                 moving = cg.ap(
                     t.xt, [(1, blk.size)], tile_index(kc, P) * self.block, partitions=kc.size
                 )
-                w1 = self.weight_tile(a.w1, t.w1, kc, hc, P)
+                w1 = self.weight_tile(a.w1, t.w1, kc, hc, P, hc.slot)
                 cg.matmul(acc, w1, moving, accumulate=not kc.first)
                 if up is not None:
-                    w_up = self.weight_tile(a.w_up, t.w_up, kc, hc, P)
+                    w_up = self.weight_tile(a.w_up, t.w_up, kc, hc, P, hc.slot)
                     cg.matmul(up, w_up, moving, accumulate=not kc.first)
             h = cg.ap(t.h, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
             self.activate(h, acc, up, hc, blk)
 
     def weight_tile(
-        self, view: MatrixView, tile, rows: Tile, cols: Tile, width: int
+        self, view: MatrixView, tile, rows: Tile, cols: Tile, width: int, slot: Affine
     ) -> AccessPattern:
-        """Rows `rows` x columns `cols` of a weight: a slice of its loaded column block, or
-        one tile loaded (and flipped when transposed) now."""
+        """Rows `rows` x columns `cols` of a weight, in copy `slot` of its tile: a slice of
+        its loaded column block, or one tile loaded (and flipped when transposed) now."""
+        copy = self.t.at(tile, slot)
         if whole_rows(view, width, self.t.pe_bytes):
             width = min(width, view.cols)
             return self.cg.ap(
-                tile, [(1, cols.size)], tile_index(rows, P) * width, partitions=rows.size
+                tile, [(1, cols.size)], copy + tile_index(rows, P) * width, partitions=rows.size
             )
         window = view.window(rows.start, rows.size, cols.start, cols.size)
-        return load_tile(self.cg, window, tile, self.t)
+        return load_tile(self.cg, window, tile, self.t, offset=copy)
 
     def bias_column(self, name: str | None, column: int, hc: Tile) -> AccessPattern | None:
         if name is None:
@@ -412,16 +433,17 @@ class MlpEmitter:
     def output(self, blk: Tile) -> None:
         """y[block, N] = hᵀᵀ·w2 + b2, per 128 tokens into separate PSUM banks."""
         cg, a, t = self.cg, self.a, self.t
-        for nc in tiles(cg, a.n, N_CHUNK, "n"):
+        for nc in tiles(cg, a.n, N_CHUNK, "n", buffers=t.output_copies):
             if a.b2 is not None:  # b2 broadcast to every partition by a stride-0 DMA
                 cg.dma(
                     cg.ap(t.b2, [(1, nc.size)], partitions=P),
                     cg.dram_ap(a.b2, nc.start, [(0, P), (1, nc.size)]),
                 )
             if whole_rows(a.w2, N_CHUNK, t.pe_bytes):
-                load_weight_block(cg, a.w2, t.w2, nc, min(N_CHUNK, a.w2.cols))
+                width = min(N_CHUNK, a.w2.cols)
+                load_weight_block(cg, a.w2, t.w2, nc, width, t.at(t.w2, nc.slot))
             for hc in tiles(cg, a.h, P, "h2", peel_first=True):
-                w2 = self.weight_tile(a.w2, t.w2, hc, nc, N_CHUNK)
+                w2 = self.weight_tile(a.w2, t.w2, hc, nc, N_CHUNK, nc.slot)
                 for ts in tiles(cg, blk.size, P, "ty"):
                     cg.matmul(
                         self.y_acc(ts, nc),

@@ -34,8 +34,9 @@ def test_resnet18_convert_has_a_parallel_loop(tmp_path, capsys):
     ]
     parallel = [loop for loop in loops if loop["parallel"]]
     assert parallel, "no parallel loop in resnet18's BIR"
-    # The stem conv's output-row loop: each trip has its own copy of band, out and acc.
-    assert set(loop["axis"] for loop in parallel) <= set(doc["metadata"]["buffered_loops"])
+    # The stem conv's output-row loop: each trip has its own copy of band, out and acc. (A
+    # loop whose trips share only a read-only tile, a fill's, is parallel without copies.)
+    assert set(loop["axis"] for loop in parallel) & set(doc["metadata"]["buffered_loops"])
 
 
 def test_resnet18_report_counts_parallel_and_multi_buffered_loops(capsys):
