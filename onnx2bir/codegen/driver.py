@@ -159,6 +159,7 @@ class BirCodeGen(InstructionBuilders):
         self._dram_views: dict[str, MemoryLocation] = {}
         self._copy_engine = 0
         self._planned_copy = False
+        self._direct_aps: set[AccessPattern] = set()  # home accesses handed to a lowering
         self._lowering_node = False  # inside a top-level node's lowering
         self.origin = Origin("<prologue>", "codegen.prologue")
         self._next_id = 0
@@ -578,13 +579,55 @@ class BirCodeGen(InstructionBuilders):
         inst = Instruction(opcode, engine, dst, srcs, attrs, self.origin)
         if self.homes and not self._planned_copy:
             for ap in (dst, *srcs.values()):
-                if ap is not None and ap.loc in self.homes:
+                if ap is not None and ap.loc in self.homes and ap not in self._direct_aps:
                     raise self.fail(
                         f"{opcode} addresses {ap.loc!r}, which the memory plan keeps in SBUF; "
                         "only copies may (docs/memory_planner.md)"
                     )
         self._finalize(inst)
         return inst
+
+    def read_operand(self, tile: AccessPattern, src: AccessPattern) -> AccessPattern:
+        """The operand a compute instruction reads for `src` (an access to a tensor's DRAM
+        view) through `tile`: the tensor's SBUF home itself when the memory plan keeps it
+        there and the access lines up lane to lane with the tile in the same dtype, else
+        `tile`, loaded from `src` now (docs/memory_planner.md#direct-operands)."""
+        direct = self._direct(tile, src, reading=True)
+        if direct is not None:
+            return direct
+        self.dma(tile, src)
+        return tile
+
+    def write_operand(self, tile: AccessPattern, dst: AccessPattern) -> AccessPattern:
+        """The operand a compute instruction writes for `dst`: the SBUF home, as
+        `read_operand` decides, or `tile`, which `store_result` then copies out."""
+        direct = self._direct(tile, dst, reading=False)
+        return tile if direct is None else direct
+
+    def store_result(self, dst: AccessPattern, tile: AccessPattern, written: AccessPattern) -> None:
+        """Finish a `write_operand`: copy the tile out unless the home was written directly."""
+        if written == tile:
+            self.dma(dst, tile)
+
+    def _direct(self, tile: AccessPattern, view: AccessPattern, reading: bool):
+        if view.loc not in self.homes:
+            return None
+        locations = self.function.memory_locations
+        if locations[tile.loc].dtype != locations[view.loc].dtype:
+            return None
+        pair = (tile, view) if reading else (view, tile)
+        copies = plan_copy(
+            *pair,
+            self.homes,
+            lambda name: locations[name].on_chip,
+            self.axis_ranges,
+            bool(self._predicates),
+        )
+        if isinstance(copies, str) or len(copies) != 1 or not copies[0].on_chip:
+            return None
+        home = copies[0].src if reading else copies[0].dst
+        self._direct_aps.add(home)
+        return home
 
     def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
         """A DmaCopy; with a memory plan, a copy touching a resident tensor is rewritten onto

@@ -164,12 +164,18 @@ def iota(
 
 
 def emit_elementwise(
-    cg: BirCodeGen, node: dict, compute: Compute, shapes: dict[str, tuple[int, ...]] | None = None
+    cg: BirCodeGen,
+    node: dict,
+    compute: Compute,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    direct: bool = False,
 ) -> None:
     """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out.
 
     `shapes` overrides the shape an input broadcasts from (same elements, e.g. a [C] slope
-    seen as [C, 1, 1] where an old opset broadcasts along the channel axis).
+    seen as [C, 1, 1] where an old opset broadcasts along the channel axis). With `direct`,
+    inputs and output the memory plan keeps in SBUF are `compute`'s operands themselves
+    (`BirCodeGen.read_operand`): only for a compute that makes no scratch tile `like` them.
     """
     inputs = [t for t in node["inputs"] if t]
     out = node["outputs"][0]
@@ -196,7 +202,7 @@ def emit_elementwise(
     ]
     for piece in pieces:
         level = rotating_level(_tile_counts(piece)) if copies > 1 else None
-        walk = _Walk(piece, locations, sb, compute, level, copies)
+        walk = _Walk(piece, locations, sb, compute, level, copies, direct)
         _emit_piece(cg, walk, 0, [Affine()] * len(locations), Affine())
 
 
@@ -225,6 +231,7 @@ class _Walk:
     compute: Compute
     level: int | None  # the loop level that rotates the tiles' copies
     copies: int
+    direct: bool  # operands straight from and into SBUF homes
 
     def buffers(self, level: int) -> int:
         return self.copies if level == self.level else 1
@@ -259,10 +266,16 @@ def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
                     [(piece.row_strides[index], row.size), (piece.col_strides[index], col.size)],
                 )
                 aps.append((dram, cg.ap(sb[index], [(1, col.size)], at, partitions=row.size)))
-            for dram, tile in aps[1:]:
-                cg.dma(tile, dram)
-            compute(cg, aps[0][1], [tile for _, tile in aps[1:]])
-            cg.dma(aps[0][0], aps[0][1])
+            out_dram, out_tile = aps[0]
+            if walk.direct:  # homes the memory plan keeps in SBUF are operands themselves
+                srcs = [cg.read_operand(tile, dram) for dram, tile in aps[1:]]
+                dst = cg.write_operand(out_tile, out_dram)
+            else:
+                for dram, tile in aps[1:]:
+                    cg.dma(tile, dram)
+                srcs, dst = [tile for _, tile in aps[1:]], out_tile
+            compute(cg, dst, srcs)
+            cg.store_result(out_dram, out_tile, dst)
 
 
 _ACTIVATIONS = {
@@ -284,13 +297,16 @@ _ACTIVATIONS = {
 def lower_activation(cg: BirCodeGen, node: dict) -> None:
     """Unary math on ScalarE's lookup table."""
     func = _ACTIVATIONS[node["op_type"]]
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func))
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 
 
 @lowering("Neg")
 def lower_neg(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(
-        cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], ActFunc.COPY, scale=-1.0)
+        cg,
+        node,
+        lambda cg, dst, srcs: cg.activation(dst, srcs[0], ActFunc.COPY, scale=-1.0),
+        direct=True,
     )
 
 
@@ -349,4 +365,4 @@ def lower_binary(cg: BirCodeGen, node: dict) -> None:
         for src in srcs[2:]:
             cg.tensor_tensor(dst, dst, src, op)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
