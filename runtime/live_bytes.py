@@ -140,6 +140,8 @@ class LiveBytes:
                     self._reshape(name)
         if dst is None:
             return
+        if ins.predicate is not None and ins.predicate.bound(loop_values) <= 0:
+            return  # a padding trip of a predicated loop: the instruction does not run
         if (
             not self.pending.get(dst)
             and self.readers.get(dst)  # a location nothing reads is never live
@@ -202,6 +204,12 @@ class LiveBytes:
                         offset = ap.offset + sum(c * env[a] for a, c in ap.offset_terms)
                         parts.append(_keys(ap, offset, self.boxes[name].first, self.itemsize[name]))
                 keys = np.unique(np.concatenate(parts))
+                # Only the location's own bytes: an access beyond them can only belong to a
+                # trip a predicate skips (the padding trips of a rotated loop), since every
+                # access that runs is checked in bounds.
+                box = self.boxes[name]
+                inside = ((keys & 0xFFFFFFFF) >= box.first) & ((keys & 0xFFFFFFFF) < box.stop)
+                keys = keys[inside]
         self._exact_keys[key] = keys
         return keys
 
@@ -378,4 +386,6 @@ def _reach(ap, boxes: dict[str, Box], itemsize: dict[str, int], path: tuple[Loop
     first = whole.first + (low + sum(r for r in reaches if r < 0)) * size
     stop = whole.first + (high + sum(r for r in reaches if r > 0) + 1) * size
     p_first = ap.partition_start
-    return Box(whole.memory, p_first, p_first + ap.num_partitions, first, stop)
+    # Clipped to the location: what lies beyond is reached only by trips a predicate skips.
+    first, stop = max(first, whole.first), min(stop, whole.stop)
+    return Box(whole.memory, p_first, p_first + ap.num_partitions, first, max(first, stop))
