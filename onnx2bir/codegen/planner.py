@@ -272,16 +272,24 @@ def _settle(
     """Drop homes until every copy touching one can be rewritten with all the others in place
     (two resident sides must agree on their partition chunks)."""
     homes = dict(homes)
+    # Each access alone was rewritable when its home was chosen (`_choose_home`, the other
+    # side in DRAM), and a home only ever leaves: only copies between two homes need checking.
+    pairs = {
+        id(access): access
+        for name in homes
+        for access in accesses[name]
+        if access.inst.dst.loc in homes and access.inst.srcs["in"].loc in homes
+    }
     while True:
         victims: dict[str, str] = {}
-        for name in homes:
-            for access in accesses[name]:
-                problem = _check(access, homes, fn)
-                if problem is not None:
-                    # Keep the producer's tensor; the copy's destination goes back to DRAM.
-                    dst = access.inst.dst.loc
-                    victims.setdefault(dst if dst in homes else name, problem)
-                    break
+        for access in pairs.values():
+            dst, src = access.inst.dst.loc, access.inst.srcs["in"].loc
+            if dst not in homes or src not in homes or dst in victims or src in victims:
+                continue
+            problem = _check(access, homes, fn)
+            if problem is not None:
+                # Keep the producer's tensor; the copy's destination goes back to DRAM.
+                victims[dst] = problem
         if not victims:
             return homes
         for name, problem in victims.items():
