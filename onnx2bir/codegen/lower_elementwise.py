@@ -248,6 +248,23 @@ def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
     # Rows are the leading dim of every operand (partitions, the DRAM row dim): a partial last
     # row tile runs in the same loop under a predicate instead of separate code.
     outer = len(piece.outer)
+    # An input the same for every row (stride 0 down the rows: a bias, a scale) that fits one
+    # column tile is loaded once, before the row loop, into its tile, which the loop then only
+    # reads.
+    hoisted: set[int] = set()
+    if tile_count(piece.cols, FREE_TILE) == 1:
+        width = min(piece.rows, NUM_PARTITIONS)
+        for index in range(1, len(locations)):
+            if piece.row_strides[index] == 0:
+                cg.dma(
+                    cg.ap(sb[index], [(1, piece.cols)], partitions=width),
+                    cg.dram_ap(
+                        locations[index].name,
+                        piece.base[index] + offsets[index],
+                        [(0, width), (piece.col_strides[index], piece.cols)],
+                    ),
+                )
+                hoisted.add(index)
     rows = tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True, buffers=walk.buffers(outer))
     for row in rows:
         for col in tiles(cg, piece.cols, FREE_TILE, "c", buffers=walk.buffers(outer + 1)):
@@ -267,13 +284,16 @@ def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
                 )
                 aps.append((dram, cg.ap(sb[index], [(1, col.size)], at, partitions=row.size)))
             out_dram, out_tile = aps[0]
-            if walk.direct:  # homes the memory plan keeps in SBUF are operands themselves
-                srcs = [cg.read_operand(tile, dram) for dram, tile in aps[1:]]
-                dst = cg.write_operand(out_tile, out_dram)
-            else:
-                for dram, tile in aps[1:]:
+            srcs = []
+            for index, (dram, tile) in enumerate(aps[1:], start=1):
+                if index in hoisted:
+                    srcs.append(cg.ap(sb[index], [(1, col.size)], partitions=row.size))
+                elif walk.direct:  # homes the memory plan keeps in SBUF are operands
+                    srcs.append(cg.read_operand(tile, dram))
+                else:
                     cg.dma(tile, dram)
-                srcs, dst = [tile for _, tile in aps[1:]], out_tile
+                    srcs.append(tile)
+            dst = cg.write_operand(out_tile, out_dram) if walk.direct else out_tile
             compute(cg, dst, srcs)
             cg.store_result(out_dram, out_tile, dst)
 

@@ -36,14 +36,14 @@ SCHEMA = json.loads((Path(__file__).parents[2] / "onnx2bir" / "bir" / "schema.js
 def test_edge_row_tile_runs_in_the_loop_under_a_predicate(rows):
     model = one_node_model("Add", {"a": (rows, 7), "b": (7,)})
     module = compile_model(model).module
-    node = [i for i in module.functions[0].instructions() if i.origin.node == "Add_0"]
-    # One loop body, no separate edge code: one load per input, one add, one store.
-    assert [i.opcode for i in node] == [
-        Opcode.DMA_COPY,
-        Opcode.DMA_COPY,
-        Opcode.TENSOR_TENSOR,
-        Opcode.DMA_COPY,
-    ]
+    instructions = [i for i in module.functions[0].instructions() if i.origin.node == "Add_0"]
+    # b is the same for every row: it is loaded once, before the row loop.
+    (hoisted,) = [i for i in instructions if i.predicate is None]
+    assert hoisted.opcode is Opcode.DMA_COPY and hoisted.srcs["in"].loc == "b"
+    assert hoisted.loopnest == instructions[0].loopnest[:1]  # in the node's scope, no loop
+    # One loop body, no separate edge code: the load of a, the add, the store.
+    node = [i for i in instructions if i.predicate is not None]
+    assert [i.opcode for i in node] == [Opcode.DMA_COPY, Opcode.TENSOR_TENSOR, Opcode.DMA_COPY]
     # The row tiles rotate over two buffer copies (docs/buffers.md#rotation): 2 tiles are one
     # loop, more become groups of 2 (outer, inner axis), padded to whole groups. Every trip's
     # bound is the rows left from its first row: 128 or more runs the whole tile, the edge
