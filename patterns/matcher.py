@@ -237,20 +237,7 @@ def find_matches_vf2(
 
     def edge_match(graph_edges: dict, pattern_edges: dict) -> bool:
         indices = [e["index"] for e in graph_edges.values()]
-        wanted = [e["index"] for e in pattern_edges.values()]
-        if len(wanted) > len(indices):
-            return False
-        pool = list(indices)
-        for index in sorted(wanted, key=lambda i: i == ANY_INDEX):
-            if index == ANY_INDEX:
-                if not pool:
-                    return False
-                pool.pop()
-            elif index in pool:
-                pool.remove(index)
-            else:
-                return False
-        return True
+        return _edges_match(indices, [e["index"] for e in pattern_edges.values()])
 
     matcher = isomorphism.MultiDiGraphMatcher(local, pattern.graph, node_match, edge_match)
     for mapping in matcher.subgraph_monomorphisms_iter():

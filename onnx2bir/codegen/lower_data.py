@@ -149,38 +149,30 @@ def lower_transpose(cg: BirCodeGen, node: dict) -> None:
     out_shape = tuple(in_shape[axis] for axis in perm)
     in_strides = contiguous_strides(in_shape)
     permuted = tuple(in_strides[a] for a in perm)
-    if rank >= 3 and math.prod(out_shape) and perm[-1] == rank - 1 and perm != list(range(rank)):
+    if not math.prod(out_shape):
+        return
+    swapped = perm[-2:] == [rank - 1, rank - 2] and perm[:-2] == list(range(rank - 2))
+    if rank >= 2 and swapped and cg.graph.tensors[src].dtype is Dtype.FP32:
+        _transpose_on_pe(cg, src, out, in_shape)
+        return
+    order, max_dims = list(range(rank)), DMA_MAX_DIMS
+    if rank >= 3 and perm[-1] == rank - 1 and perm != list(range(rank)):
         # The longest other dim becomes the rows of each block; the rest loop.
         rows = max(range(rank - 1), key=lambda d: (out_shape[d], d))
         if out_shape[rows] * out_shape[-1] >= ROW_BLOCK:
             order = [d for d in range(rank - 1) if d != rows] + [rows, rank - 1]
-            out_strides = contiguous_strides(out_shape)
-            copy_strided(
-                cg,
-                cg.dram(out).name,
-                Affine(),
-                cg.dram(src).name,
-                Affine(),
-                tuple(out_shape[d] for d in order),
-                tuple(out_strides[d] for d in order),
-                tuple(permuted[d] for d in order),
-                max_dims=2,
-            )
-            return
-    swapped = perm[-2:] == [rank - 1, rank - 2] and perm[:-2] == list(range(rank - 2))
-    if rank >= 2 and swapped and math.prod(out_shape):
-        if cg.graph.tensors[src].dtype is Dtype.FP32:
-            _transpose_on_pe(cg, src, out, in_shape)
-            return
+            max_dims = 2
+    out_strides = contiguous_strides(out_shape)
     copy_strided(
         cg,
         cg.dram(out).name,
         Affine(),
         cg.dram(src).name,
         Affine(),
-        out_shape,
-        contiguous_strides(out_shape),
-        permuted,
+        tuple(out_shape[d] for d in order),
+        tuple(out_strides[d] for d in order),
+        tuple(permuted[d] for d in order),
+        max_dims=max_dims,
     )
 
 
