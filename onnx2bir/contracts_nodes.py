@@ -61,6 +61,8 @@ def _check_spatial(n: _Node) -> None:
     auto_pad = auto_pad.decode(errors="replace") if isinstance(auto_pad, bytes) else auto_pad
     if auto_pad not in AUTO_PAD:
         n.refuse(f"auto_pad {auto_pad!r} is not one of {', '.join(AUTO_PAD)}")
+    if auto_pad != "NOTSET" and "pads" in n.attrs:
+        n.refuse(f"pads and auto_pad {auto_pad!r} are both given; the op takes one or the other")
     x = n.shape(0)
     rank = len(x) - 2 if x is not None and len(x) >= 2 else None
     for name, low in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("pads", 0)):

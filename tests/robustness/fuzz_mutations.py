@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -337,5 +338,12 @@ def run_cli(argv: list[str], limit: int = TIME_LIMIT) -> tuple[Outcome, str]:
     text = err.getvalue()
     if "Traceback" in text:
         return Outcome.TRACEBACK, text
+    if not text.strip() and "--json" in argv:
+        # With --json a refusal is one JSON document on stdout: {"error": {kind, message}}.
+        try:
+            error = json.loads(out.getvalue())["error"]
+            text = f"{error['kind']}: {error['message']}"
+        except (ValueError, KeyError, TypeError):
+            text = out.getvalue()
     outcome = {0: Outcome.OK, 1: Outcome.MISMATCH, 2: Outcome.REFUSED, 3: Outcome.INTERNAL}
     return outcome.get(code, Outcome.OTHER), text

@@ -104,6 +104,22 @@ def test_pool_auto_pad_value_and_kernel():
     assert not _ort_loads(model)
 
 
+def test_pads_with_auto_pad_are_refused_as_onnxruntime_refuses_them():
+    node = helper.make_node(
+        "Conv",
+        ["x", "w"],
+        ["y"],
+        name="conv",
+        kernel_shape=[3, 3],
+        auto_pad="SAME_UPPER",
+        pads=[1, 1, 1, 1],
+    )
+    w = np.ones((4, 4, 3, 3), np.float32)
+    model = _model([node], {"x": [1, 4, 6, 6]}, {"y": None}, {"w": w})
+    _refused(model, "node 'conv' (Conv): pads and auto_pad 'SAME_UPPER' are both given")
+    assert not _ort_loads(model)
+
+
 def test_softmax_axis_out_of_range():
     node = helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=-3)
     model = _model([node], {"x": [2, 3]}, {"y": [2, 3]})
