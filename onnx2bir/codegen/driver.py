@@ -103,19 +103,20 @@ def kernel_name_of(data: dict) -> str | None:
 
 class PlanningRun:
     """The dependency tracker of a first pass whose BIR only feeds the memory planner: it
-    records nothing (the second pass computes the real edges)."""
+    records nothing (the second pass computes the real edges), so every call is a no-op."""
 
     def define_axis(self, axis: str, start: int, last: int, step: int) -> None:
-        pass
+        """No edges in a planning run: an axis needs no range."""
 
     def open_loop(self, loop: Loop) -> None:
-        pass
+        """No edges in a planning run: a loop opens nothing."""
 
     def close_loop(self, loop: Loop) -> bool:
+        """No analysis, so no loop is known to be free of carried hazards."""
         return True
 
     def add(self, inst: Instruction, locations: dict[str, MemoryLocation]) -> None:
-        pass
+        """No edges in a planning run: the instruction gets none."""
 
 
 COPY_ENGINES = (Engine.ACT, Engine.DVE, Engine.POOL)  # on-chip copies of resident tensors
@@ -615,26 +616,16 @@ class BirCodeGen(InstructionBuilders):
         locations = self.function.memory_locations
         if locations[tile.loc].dtype != locations[view.loc].dtype:
             return None
-        pair = (tile, view) if reading else (view, tile)
-        copies = plan_copy(
-            *pair,
-            self.homes,
-            lambda name: locations[name].on_chip,
-            self.axis_ranges,
-            bool(self._predicates),
-        )
+        copies = self._plan_copy(tile, view) if reading else self._plan_copy(view, tile)
         if isinstance(copies, str) or len(copies) != 1 or not copies[0].on_chip:
             return None
         home = copies[0].src if reading else copies[0].dst
         self._direct_aps.add(home)
         return home
 
-    def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
-        """A DmaCopy; with a memory plan, a copy touching a resident tensor is rewritten onto
-        its SBUF home, as a TensorCopy when both sides are then on chip."""
-        if not self.homes or (dst.loc not in self.homes and src.loc not in self.homes):
-            return super().dma(dst, src)
-        copies = plan_copy(
+    def _plan_copy(self, dst: AccessPattern, src: AccessPattern):
+        """`residency.plan_copy` for a copy emitted here, under the open loops and predicate."""
+        return plan_copy(
             dst,
             src,
             self.homes,
@@ -642,6 +633,13 @@ class BirCodeGen(InstructionBuilders):
             self.axis_ranges,
             bool(self._predicates),
         )
+
+    def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
+        """A DmaCopy; with a memory plan, a copy touching a resident tensor is rewritten onto
+        its SBUF home, as a TensorCopy when both sides are then on chip."""
+        if not self.homes or (dst.loc not in self.homes and src.loc not in self.homes):
+            return super().dma(dst, src)
+        copies = self._plan_copy(dst, src)
         if isinstance(copies, str):
             raise self.fail(f"memory plan: {copies}")
         self._planned_copy = True

@@ -41,17 +41,9 @@ from onnx2bir.codegen.tiling import (
     copy_stride,
     rotating_level,
     tile_count,
+    tile_index,
     tiles,
 )
-
-
-def tile_index(tile: Tile, size: int) -> Affine:
-    """The ordinal of a tile produced by `tiles(extent, size)` (its start divided by size)."""
-    if tile.start.const % size or any(coef % size for _, coef in tile.start.terms):
-        raise ValueError("tile start is not a multiple of the tile size")
-    return Affine(
-        tile.start.const // size, tuple((axis, coef // size) for axis, coef in tile.start.terms)
-    )
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,10 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_data import copy_strided
 from onnx2bir.codegen.lower_elementwise import iota, scalar_op
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
+from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
 
 MAX_CONST_RUNS = 64
 SELECT_CHUNK = 2048  # table elements per partition per VectorE select step

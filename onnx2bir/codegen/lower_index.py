@@ -26,11 +26,10 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_elementwise import fill_exact, iota, scalar_op
 from onnx2bir.codegen.lower_logic import INF
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.codegen.tiling import Affine, tile_index, tiles
 
 FREE_TILE = 2048
 SCAN_CHUNK = 4096

@@ -40,6 +40,7 @@ from onnx2bir.codegen.tiling import (
     copy_stride,
     rotating_level,
     tile_count,
+    tile_index,
     tiles,
 )
 
@@ -223,7 +224,7 @@ def _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size: int) ->
     for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n"):
         for k in tiles(cg, a.cols, NUM_PARTITIONS, "kb"):
             window = b.window(k.start, k.size, n.start, n.size)
-            load_tile(cg, window, block, mm, offset=tile_ordinal(k, NUM_PARTITIONS) * n_size)
+            load_tile(cg, window, block, mm, offset=tile_index(k, NUM_PARTITIONS) * n_size)
         for m in tiles(cg, a.rows, NUM_PARTITIONS, "m", buffers=copies):
             copy = slot if slot is not None else m.slot
             acc = cg.ap(mm.acc, [(1, n.size)], mm.at(mm.acc, copy), partitions=m.size)
@@ -234,7 +235,7 @@ def _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size: int) ->
                 moving = cg.ap(
                     block,
                     [(1, n.size)],
-                    tile_ordinal(k, NUM_PARTITIONS) * n_size,
+                    tile_index(k, NUM_PARTITIONS) * n_size,
                     partitions=k.size,
                 )
                 cg.matmul(acc, stationary, moving, accumulate=not k.first)
@@ -257,13 +258,6 @@ def _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy) -> None:
 
 
 B_BLOCK_BYTES = 64 * 1024  # SBUF per partition a resident column block of b may take
-
-
-def tile_ordinal(tile, size: int) -> Affine:
-    """The ordinal of a tile of `tiles(extent, size)`: its start divided by size."""
-    return Affine(
-        tile.start.const // size, tuple((axis, coef // size) for axis, coef in tile.start.terms)
-    )
 
 
 def _row_major(loc: str, offset: Affine, rows: int, cols: int) -> MatrixView:

@@ -25,11 +25,17 @@ import math
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_data import copy_strided
 from onnx2bir.codegen.lower_elementwise import iota
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_strides, tiles
+from onnx2bir.codegen.tiling import (
+    Affine,
+    Tile,
+    broadcast_strides,
+    contiguous_strides,
+    tile_index,
+    tiles,
+)
 
 FREE_TILE = 4096
 ROW_CHUNK = 8192

@@ -26,7 +26,6 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import (
@@ -34,6 +33,7 @@ from onnx2bir.codegen.tiling import (
     copy_stride,
     rotating_level,
     tile_count,
+    tile_index,
     tiles,
 )
 

@@ -19,10 +19,9 @@ import math
 from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_elementwise import like, scalar_op
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
+from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
 
 REDUCE_CHUNK = 8192
 _OPS = {

@@ -18,9 +18,8 @@ import math
 from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import tiles
+from onnx2bir.codegen.tiling import tile_index, tiles
 
 ROW_CHUNK = 8192
 

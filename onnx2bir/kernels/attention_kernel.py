@@ -69,8 +69,7 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_NUM_BANKS
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
-from onnx2bir.codegen.lower_conv import tile_index
-from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.codegen.tiling import Affine, Tile, tile_index, tiles
 from onnx2bir.kernels import kernel
 from onnx2bir.kernels.attention_args import KT, OUT, AttentionArgs, Q, Step, V, attention_args
 from onnx2bir.kernels.attention_args import STORAGE_DTYPES as STORAGE_DTYPES

@@ -62,7 +62,6 @@ from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.spatial import fill_dram
 from onnx2bir.codegen.tiling import (
     Affine,
@@ -70,6 +69,7 @@ from onnx2bir.codegen.tiling import (
     copy_stride,
     rotating_level,
     tile_count,
+    tile_index,
     tiles,
 )
 from onnx2bir.kernels import kernel

@@ -26,7 +26,6 @@ from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input
 from onnx2bir.codegen.tiling import (
     Affine,
@@ -35,6 +34,7 @@ from onnx2bir.codegen.tiling import (
     copy_stride,
     rotating_level,
     tile_count,
+    tile_index,
     tiles,
 )
 from onnx2bir.kernels import kernel

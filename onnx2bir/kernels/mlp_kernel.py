@@ -54,9 +54,16 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
-from onnx2bir.codegen.lower_conv import tile_index
 from onnx2bir.codegen.lower_matmul import MatrixView, load_tile
-from onnx2bir.codegen.tiling import Affine, Tile, buffer_count, copy_stride, tile_count, tiles
+from onnx2bir.codegen.tiling import (
+    Affine,
+    Tile,
+    buffer_count,
+    copy_stride,
+    tile_count,
+    tile_index,
+    tiles,
+)
 from onnx2bir.kernels import kernel
 
 TARGET = "AwsNeuronMLPNKI"

@@ -37,7 +37,7 @@ class _Level(enum.IntEnum):
 
 
 class _Items(list):
-    pass
+    """A list subclass: the encoder must write it as a plain list."""
 
 
 def test_corner_cases_match_the_standard_encoder():
