@@ -15,6 +15,18 @@ Under the general autocast the operand tiles are in the cast dtype (`codegen/cas
 loading DMA or the TensorCopy out of the transpose's PSUM tile is the cast. The transposes
 themselves stay fp32 (exact), PSUM accumulates fp32, the eviction writes fp32.
 
+Panels. When the product has more than one output tile and b, whole, takes at most
+`B_BLOCK_BYTES` per partition (a projection's weight), b is loaded once (one DMA per K tile,
+on different queues) and each row tile of a gets its panel: its K tiles of Aᵀ, flipped back to
+back through `PANEL_FLIPS` PSUM slots, then multiplied by every column block. A flip is done
+once per row tile rather than once per output tile, and the PE array runs the flips and the
+accumulation chains without waiting for each copy in between (`emit_gemm_panels`).
+
+Batched products whose b changes with the innermost batch index (attention's per-head Q·Kᵀ and
+P·V) load every b of that loop in one DMA when they fit (`PRELOAD_BYTES`): one transfer per pass
+rather than one per head. Operands and results in SBUF homes are read and written in place
+(docs/memory_planner.md#direct-operands).
+
 MatMul and Gemm rotate their tiles over buffer copies along the innermost output-tile loop
 (batch, M or N) with more than one tile (docs/buffers.md#lowerings): the operand loads of one
 output tile overlap the matmuls of the previous one and that loop is `parallel`; the K loop
@@ -33,6 +45,7 @@ from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import (
+    FULL_EXPANSION,
     Affine,
     broadcast_strides,
     buffer_count,
@@ -154,8 +167,10 @@ def load_tile(
     for chunk in range(0, view.cols, NUM_PARTITIONS):
         width = min(NUM_PARTITIONS, view.cols - chunk)
         block = view.T.window(Affine(chunk), width, Affine(), view.rows)
-        staged = cg.ap(tiles_.staging, [(1, view.rows)], at(tiles_.staging), partitions=width)
-        cg.dma(staged, cg.dram_ap(block.loc, block.offset, block.pattern()))
+        staged = cg.read_operand(
+            cg.ap(tiles_.staging, [(1, view.rows)], at(tiles_.staging), partitions=width),
+            cg.dram_ap(block.loc, block.offset, block.pattern()),
+        )
         flipped = cg.ap(
             tiles_.transposed, [(1, width)], at(tiles_.transposed), partitions=view.rows
         )
@@ -176,8 +191,12 @@ def emit_gemm(
     c: MatrixView | None = None,
     beta: float = 1.0,
     slot: Affine | None = None,
+    b_loaded: AccessPattern | None = None,
 ) -> None:
     """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N].
+
+    `b_loaded` is b already in SBUF as [K partitions, N] (K and N one tile each); it is
+    used as the moving operand instead of loading b.
 
     With `mm.copies` > 1 and no `slot`, the innermost of the M and N loops with more than one
     tile rotates the copies; a `slot` from an enclosing (batch) loop picks one copy instead.
@@ -190,7 +209,11 @@ def emit_gemm(
     k_tiles = tile_count(a.cols, NUM_PARTITIONS)
     n_size = min(b.cols, MATMUL_MAX_MOVING_FREE)
     block_bytes = k_tiles * n_size * mm.moving_dtype.itemsize
-    if a.rows > NUM_PARTITIONS and block_bytes <= min(B_BLOCK_BYTES, cg.sb_free_bytes()):
+    if (
+        b_loaded is None
+        and a.rows > NUM_PARTITIONS
+        and block_bytes <= min(B_BLOCK_BYTES, cg.sb_free_bytes())
+    ):
         _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size)
         return
     buffers = [1, 1]
@@ -208,9 +231,12 @@ def emit_gemm(
                 stationary = load_tile(
                     cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm, copy
                 )
-                moving = load_tile(
-                    cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm, copy
-                )
+                if b_loaded is not None:
+                    moving = b_loaded
+                else:
+                    moving = load_tile(
+                        cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm, copy
+                    )
                 cg.matmul(acc, stationary, moving, accumulate=not k.first)
             _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy)
 
@@ -244,7 +270,10 @@ def _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size: int) ->
 
 def _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy) -> None:
     """Evict one output tile from PSUM with alpha, add beta·c, store it."""
-    result = cg.ap(mm.result, [(1, n.size)], mm.at(mm.result, copy), partitions=m.size)
+    out = y.window(m.start, m.size, n.start, n.size)
+    out_ap = cg.dram_ap(out.loc, out.offset, out.pattern())
+    tile = cg.ap(mm.result, [(1, n.size)], mm.at(mm.result, copy), partitions=m.size)
+    result = cg.write_operand(tile, out_ap)
     cg.activation(result, acc, ActFunc.COPY, scale=alpha)
     if c is not None and beta != 0.0:
         addend = cg.ap(mm.addend, [(1, n.size)], mm.at(mm.addend, copy), partitions=m.size)
@@ -253,8 +282,7 @@ def _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy) -> None:
         if beta != 1.0:
             cg.tensor_scalar(addend, addend, AluOp.MULTIPLY, beta)
         cg.tensor_tensor(result, result, addend, AluOp.ADD)
-    out = y.window(m.start, m.size, n.start, n.size)
-    cg.dma(cg.dram_ap(out.loc, out.offset, out.pattern()), result)
+    cg.store_result(out_ap, tile, result)
 
 
 B_BLOCK_BYTES = 64 * 1024  # SBUF per partition a resident column block of b may take
@@ -292,19 +320,34 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     if batch and len(a_shape) > 1 and not any(b_batch) and a_contiguous:
         # One b for every batch index of a contiguous a: the batches are just more rows of a
         # (and b is read once, not once per batch index).
+        a_rows = _row_major(a_loc, Affine(), rows * m, k)
+        b_view, y_view = _row_major(b_loc, Affine(), k, n), _row_major(y_loc, Affine(), rows * m, n)
+        if _try_panels(cg, a_rows, b_view, y_view, dtype):
+            return
         mm = _rotating_tiles(cg, dtype, [tile_count(rows * m, NUM_PARTITIONS)], n)
-        emit_gemm(
-            cg,
-            _row_major(a_loc, Affine(), rows * m, k),
-            _row_major(b_loc, Affine(), k, n),
-            _row_major(y_loc, Affine(), rows * m, n),
-            mm,
-        )
+        emit_gemm(cg, a_rows, b_view, y_view, mm)
+        return
+    if not batch and _try_panels(
+        cg,
+        _row_major(a_loc, Affine(), m, k),
+        _row_major(b_loc, Affine(), k, n),
+        _row_major(y_loc, Affine(), m, n),
+        dtype,
+    ):
         return
     mm = _rotating_tiles(cg, dtype, [*batch, tile_count(m, NUM_PARTITIONS)], n)
     level = rotating_level([*batch, tile_count(m, NUM_PARTITIONS), tile_count(n, 512)])
 
-    def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine, slot: Affine) -> None:
+    preload = _batch_preload(cg, batch, b_batch, k, n, mm.moving_dtype)
+
+    def walk(
+        depth: int,
+        a_off: Affine,
+        b_off: Affine,
+        y_off: Affine,
+        slot: Affine,
+        b_loaded: AccessPattern | None = None,
+    ) -> None:
         if depth == len(batch):
             emit_gemm(
                 cg,
@@ -313,22 +356,47 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
                 _row_major(y_loc, y_off, m, n),
                 mm,
                 slot=slot if level is not None and level < len(batch) else None,
+                b_loaded=b_loaded,
             )
             return
         inner = 1
         for size in batch[depth + 1 :]:
             inner *= size
+        preloaded = None
+        if preload is not None and depth == len(batch) - 1:
+            # Every b of this innermost batch loop in one DMA: [K partitions, batch x N].
+            preloaded = cg.ap(preload, [(1, batch[depth] * n)], Affine(), partitions=k)
+            source = [(n, k), (b_batch[depth], batch[depth]), (1, n)]
+            cg.dma(preloaded, cg.dram_ap(b_loc, b_off, source))
         copies = mm.copies if depth == level else 1
         for index in tiles(cg, batch[depth], 1, "b", buffers=copies):
+            if preloaded is not None:
+                b_loaded = cg.ap(preload, [(1, n)], index.start * n, partitions=k)
             walk(
                 depth + 1,
                 a_off + index.start * a_batch[depth],
                 b_off + index.start * b_batch[depth],
                 y_off + index.start * (inner * m * n),
                 slot + index.slot,
+                b_loaded,
             )
 
     walk(0, Affine(), Affine(), Affine(), Affine())
+
+
+PRELOAD_BYTES = 16 * 1024  # SBUF per partition the b operands of one batch loop may take
+
+
+def _batch_preload(cg: BirCodeGen, batch, b_batch, k: int, n: int, dtype: Dtype):
+    """A tile for every b of the innermost batch loop at once, when b changes along it, is
+    one tile (K ≤ 128, N ≤ 512) per index and they fit in `PRELOAD_BYTES`: one DMA per pass of
+    that loop instead of one per index (each DMA costs its issue time and a queue's turn)."""
+    if not batch or not b_batch[-1] or k > NUM_PARTITIONS or n > MATMUL_MAX_MOVING_FREE:
+        return None
+    free = batch[-1] * n
+    if batch[-1] < 2 or free * dtype.itemsize > min(PRELOAD_BYTES, cg.sb_free_bytes() // 2):
+        return None
+    return cg.sb_tile("b_batch", NUM_PARTITIONS, free, dtype)
 
 
 def _rotating_tiles(cg: BirCodeGen, dtype: Dtype, outer: list[int], n: int) -> MatmulTiles:
@@ -369,7 +437,164 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
             tuple(cg.graph.tensors[c_name].shape), (a.rows, b.cols)
         )
         c = MatrixView(cg.dram(c_name).name, Affine(), a.rows, b.cols, row_stride, col_stride)
-    mm = _rotating_tiles(
-        cg, cg.graph.tensors[out].dtype, [tile_count(a.rows, NUM_PARTITIONS)], b.cols
+    dtype = cg.graph.tensors[out].dtype
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if _try_panels(cg, a, b, y, dtype, alpha, c, beta):
+        return
+    mm = _rotating_tiles(cg, dtype, [tile_count(a.rows, NUM_PARTITIONS)], b.cols)
+    emit_gemm(cg, a, b, y, mm, alpha, c, beta)
+
+
+def _try_panels(
+    cg: BirCodeGen,
+    a: MatrixView,
+    b: MatrixView,
+    y: MatrixView,
+    model_dtype: Dtype,
+    alpha: float = 1.0,
+    c: MatrixView | None = None,
+    beta: float = 1.0,
+) -> bool:
+    """`emit_gemm_panels` when the product has more than one output tile and b, whole, takes
+    at most `B_BLOCK_BYTES` of each partition; False when it does not apply or fit."""
+    dtype = pe_operand_dtype(cg, model_dtype)
+    several_tiles = a.rows > NUM_PARTITIONS or b.cols > MATMUL_MAX_MOVING_FREE
+    whole_bytes = tile_count(a.cols, NUM_PARTITIONS) * b.cols * dtype.itemsize
+    if not several_tiles or whole_bytes > B_BLOCK_BYTES:
+        return False
+    return emit_gemm_panels(cg, a, b, y, dtype, alpha, c, beta)
+
+
+PANEL_FLIPS = 4  # PE transposes in flight while a panel loads: 128-column slots of one bank
+
+
+class _FlipTiles:
+    """The staging tile and PSUM slots that transposed operand tiles are flipped through:
+    `PANEL_FLIPS` slots per copy (one PSUM bank), so that successive flips do not wait for
+    each other's copies, and one copy per rotated row tile. `load_tile` uses copy 0."""
+
+    def __init__(self, cg: BirCodeGen, copies: int) -> None:
+        slots = copies * PANEL_FLIPS * NUM_PARTITIONS
+        self.staging = cg.sb_tile("staging", NUM_PARTITIONS, slots, Dtype.FP32)
+        self.transposed = cg.psum_tile("transposed", NUM_PARTITIONS, slots)
+
+    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
+        return slot * NUM_PARTITIONS
+
+
+def _panel_copies(
+    cg: BirCodeGen, a: MatrixView, b: MatrixView, dtype: Dtype, addend: bool
+) -> tuple[int, int] | None:
+    """(copies of the per-row-tile tiles, accumulators per row tile), or None when even one
+    of each does not fit. A row tile copy holds its panel, its flip slots, and per column
+    block in flight a PSUM accumulator and a result (and addend) tile; b is held once. Each
+    count is one per tile up to `FULL_EXPANSION` tiles, else 2, else 1 (docs/buffers.md#choice),
+    the column blocks' first."""
+    p = NUM_PARTITIONS
+    k_tiles = tile_count(a.cols, p)
+    sb_free = cg.sb_free_bytes() - copy_stride(k_tiles * b.cols, dtype) * dtype.itemsize
+    banks_free = cg.psum_free_banks()
+    result_bytes = (1 + addend) * MATMUL_MAX_MOVING_FREE * 4
+    panel_bytes = copy_stride(k_tiles * p, dtype) * dtype.itemsize + PANEL_FLIPS * p * 4
+    for accumulators in _counts(tile_count(b.cols, MATMUL_MAX_MOVING_FREE)):
+        for copies in _counts(tile_count(a.rows, p)):
+            sb_bytes = copies * (panel_bytes + accumulators * result_bytes)
+            if sb_bytes <= sb_free and copies * (1 + accumulators) <= banks_free:
+                return copies, accumulators
+    return None
+
+
+def _counts(trips: int) -> list[int]:
+    """Buffer counts to try for a loop of `trips` tiles, most first."""
+    return [c for c in (trips if trips <= FULL_EXPANSION else 0, 2, 1) if 0 < c <= trips]
+
+
+def emit_gemm_panels(
+    cg: BirCodeGen,
+    a: MatrixView,
+    b: MatrixView,
+    y: MatrixView,
+    dtype: Dtype,
+    alpha: float = 1.0,
+    c: MatrixView | None = None,
+    beta: float = 1.0,
+) -> bool:
+    """y = alpha·(a @ b) + beta·c with all of b resident and, per row tile of a, its panel:
+    the K tiles of Aᵀ loaded (flipped on the PE array when a is row-major) once and used by
+    every column block. The flips of one panel run back to back through `PANEL_FLIPS` PSUM
+    slots; row tiles rotate their panels, results and accumulators (docs/buffers.md) so the
+    next panel loads while this one multiplies. Returns False, emitting nothing, when the
+    tiles do not fit (the caller then tiles the product another way)."""
+    p = NUM_PARTITIONS
+    k_tiles = tile_count(a.cols, p)
+    with_addend = c is not None and beta != 0.0
+    fit = _panel_copies(cg, a, b, dtype, with_addend)
+    if fit is None:
+        return False
+    copies, accumulators = fit
+    whole_b = cg.sb_tile("b_whole", p, k_tiles * b.cols, dtype)
+    flips = _FlipTiles(cg, copies)
+    panel_stride = copy_stride(k_tiles * p, dtype)
+    panel = cg.sb_tile("panel", p, copies * panel_stride, dtype)
+    acc = cg.psum_tile("acc", p, copies * accumulators * MATMUL_MAX_MOVING_FREE)
+    result = cg.sb_tile("result", p, copies * accumulators * MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+    addend = None
+    if with_addend:
+        addend = cg.sb_tile("addend", p, copies * accumulators * MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+    # One DMA per K tile, unrolled, so that they take different DMA queues and transfer in
+    # parallel (the instructions of one loop all run on one queue).
+    for k_index, k0 in enumerate(range(0, a.cols, p)):
+        window = b.window(Affine(k0), min(p, a.cols - k0), Affine(), b.cols)
+        load_tile(cg, window, whole_b, flips, offset=Affine(k_index * b.cols))
+    for m in tiles(cg, a.rows, p, "m", buffers=copies):
+        base = m.slot * panel_stride
+        for k in tiles(cg, a.cols, p, "pt", buffers=PANEL_FLIPS):
+            dst = cg.ap(panel, [(1, m.size)], base + tile_index(k, p) * p, partitions=k.size)
+            _load_panel_tile(cg, a, m, k, dst, flips, m.slot * PANEL_FLIPS + k.slot)
+        for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n", buffers=accumulators):
+            at = (m.slot * accumulators + n.slot) * MATMUL_MAX_MOVING_FREE
+            total = cg.ap(acc, [(1, n.size)], at, partitions=m.size)
+            for k in tiles(cg, a.cols, p, "k", peel_first=True):
+                stationary = cg.ap(
+                    panel, [(1, m.size)], base + tile_index(k, p) * p, partitions=k.size
+                )
+                moving = cg.ap(
+                    whole_b, [(1, n.size)], tile_index(k, p) * b.cols + n.start, partitions=k.size
+                )
+                cg.matmul(total, stationary, moving, accumulate=not k.first)
+            out = y.window(m.start, m.size, n.start, n.size)
+            out_ap = cg.dram_ap(out.loc, out.offset, out.pattern())
+            tile = cg.ap(result, [(1, n.size)], at, partitions=m.size)
+            written = cg.write_operand(tile, out_ap)
+            cg.activation(written, total, ActFunc.COPY, scale=alpha)
+            if addend is not None:
+                add = cg.ap(addend, [(1, n.size)], at, partitions=m.size)
+                window = c.window(m.start, m.size, n.start, n.size)
+                cg.dma(add, cg.dram_ap(window.loc, window.offset, window.pattern()))
+                if beta != 1.0:
+                    cg.tensor_scalar(add, add, AluOp.MULTIPLY, beta)
+                cg.tensor_tensor(written, written, add, AluOp.ADD)
+            cg.store_result(out_ap, tile, written)
+    return True
+
+
+def _load_panel_tile(
+    cg: BirCodeGen, a: MatrixView, m, k, dst: AccessPattern, flips: _FlipTiles, slot: Affine
+) -> None:
+    """Aᵀ[k, m] into `dst`: one DMA when its rows are contiguous, else a's block [m, k] read
+    (from its SBUF home when it has one), flipped on the PE array in flip slot `slot`, and
+    copied (cast to the PE dtype) into the panel."""
+    view = a.T.window(k.start, k.size, m.start, m.size)
+    if view.col_stride == 1 or view.row_stride != 1:
+        cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
+        return
+    block = view.T
+    staged = cg.read_operand(
+        cg.ap(flips.staging, [(1, k.size)], flips.at(flips.staging, slot), partitions=m.size),
+        cg.dram_ap(block.loc, block.offset, block.pattern()),
     )
-    emit_gemm(cg, a, b, y, mm, float(attrs.get("alpha", 1.0)), c, float(attrs.get("beta", 1.0)))
+    flipped = cg.ap(
+        flips.transposed, [(1, m.size)], flips.at(flips.transposed, slot), partitions=k.size
+    )
+    cg.matmul(flipped, staged, cg.identity(m.size), accumulate=False)
+    cg.tensor_copy(dst, flipped)

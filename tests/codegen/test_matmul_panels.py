@@ -1,0 +1,138 @@
+"""The generic MatMul/Gemm lowering's panel path, per-batch b preloads and weights stored in the
+autocast dtype (docs/buffers.md#lowerings, docs/autocast.md#weights).
+
+Each case checks that the path under test was taken (its tiles exist in the BIR) and that the
+numbers match onnxruntime, race-free under a random schedule.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import assert_matches_onnxruntime, one_node_model
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.compiler import compile_graph, import_graph
+from onnx2bir.options import CompileOptions
+from onnx2bir.runtime.oracle import synthesize_inputs
+from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.uninit import run_checked
+
+
+def _compile(model, options: CompileOptions | None = None):
+    return compile_graph(import_graph(model), options or CompileOptions(auto_cast="none"), [])
+
+
+def _tiles(compiled) -> set[str]:
+    """The tags of the SBUF tiles the lowering allocated ("b_whole" of "node/b_whole#3")."""
+    names = compiled.module.functions[0].memory_locations
+    return {name.split("/")[-1].split("#")[0] for name in names if "/" in name}
+
+
+def _race_free(model) -> None:
+    compiled = _compile(model)
+    feeds = synthesize_inputs(compiled.graph, 0)
+    run = run_scheduled(compiled.module, feeds, parse_schedule("random:1"), True)
+    assert run.race_count == 0, run.races[:3]
+
+
+def _weights(shape, seed=2):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+
+PANEL_CASES = {
+    # rows in several tiles, one column block
+    "rows": ({"a": (300, 200)}, {"b": _weights((200, 96))}, {}),
+    # one row tile, three column blocks (K over two tiles, the last partial)
+    "columns": ({"a": (64, 150)}, {"b": _weights((150, 1100))}, {}),
+    # a batched a against one weight: the batches are rows
+    "batched_rows": ({"a": (2, 200, 256)}, {"b": _weights((256, 640))}, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(PANEL_CASES))
+def test_matmul_panels_match_onnxruntime(case):
+    inputs, initializers, attrs = PANEL_CASES[case]
+    model = one_node_model("MatMul", inputs, initializers=initializers, **attrs)
+    assert {"b_whole", "panel"} <= _tiles(_compile(model))
+    assert_matches_onnxruntime(model, passes=[], atol=1e-4)
+    _race_free(model)
+
+
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_gemm_panels_with_transposes_alpha_and_bias(trans_a, trans_b):
+    a_shape = (96, 260) if trans_a else (260, 96)
+    b = _weights((600, 96) if trans_b else (96, 600))
+    c = _weights((600,), seed=5)
+    model = one_node_model(
+        "Gemm",
+        {"a": a_shape},
+        initializers={"b": b, "c": c},
+        transA=trans_a,
+        transB=trans_b,
+        alpha=0.5,
+        beta=2.0,
+    )
+    assert {"b_whole", "panel", "addend"} <= _tiles(_compile(model))
+    assert_matches_onnxruntime(model, passes=[], atol=1e-4)
+    _race_free(model)
+
+
+def test_per_head_matmul_loads_every_b_of_a_batch_loop_at_once():
+    # Attention's Q·Kᵀ: [batch, heads, 128, 64] x [batch, heads, 64, 128].
+    model = one_node_model("MatMul", {"q": (2, 3, 128, 64), "k": (2, 3, 64, 128)})
+    compiled = _compile(model)
+    assert "b_batch" in _tiles(compiled)
+    loads = [
+        ins
+        for ins in compiled.module.functions[0].instructions()
+        if ins.opcode.value == "DmaCopy" and ins.srcs["in"].loc == "k"
+    ]
+    assert len(loads) == 1  # one DMA instruction, once per batch index (not per head)
+    assert_matches_onnxruntime(model, passes=[])
+    _race_free(model)
+
+
+def _gemm_with_bias():
+    return one_node_model(
+        "Gemm", {"a": (200, 96)}, initializers={"b": _weights((96, 300)), "c": _weights((300,))}
+    )
+
+
+def test_weights_read_only_as_bf16_operands_are_stored_in_bf16():
+    model = _gemm_with_bias()
+    compiled = _compile(model, CompileOptions())  # the default autocast: matmult -> bf16
+    fn, constants = compiled.module.functions[0], compiled.module.constants
+    assert fn.memory_locations["b"].dtype is Dtype.BF16
+    expected = _weights((96, 300)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(
+        np.asarray(constants["b"]).reshape(96, 300).view(np.uint16), expected.view(np.uint16)
+    )
+    # The bias is added in fp32 on VectorE: it keeps its dtype.
+    assert fn.memory_locations["c"].dtype is Dtype.FP32
+
+
+def test_casting_weights_at_compile_time_changes_no_output_bit():
+    model = _gemm_with_bias()
+    compiled = _compile(model, CompileOptions())
+    feeds = synthesize_inputs(compiled.graph, 0)
+    cast_run = run_checked(compiled.module, feeds)
+    # The same program with the weight left in fp32: its loads do the cast instead.
+    module = copy.deepcopy(compiled.module)
+    fn = module.functions[0]
+    fn.memory_locations["b"] = replace(fn.memory_locations["b"], dtype=Dtype.FP32)
+    module.constants["b"] = _weights((96, 300))
+    fp32_run = run_checked(module, feeds)
+    for name, values in cast_run.items():
+        np.testing.assert_array_equal(values, fp32_run[name])
+
+
+def test_no_weight_is_cast_without_the_autocast():
+    compiled = _compile(_gemm_with_bias(), CompileOptions(auto_cast="none"))
+    locations = compiled.module.functions[0].memory_locations
+    assert locations["b"].dtype is Dtype.FP32 and locations["c"].dtype is Dtype.FP32
