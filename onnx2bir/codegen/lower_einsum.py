@@ -23,7 +23,8 @@ import numpy as np
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_data import copy_strided
-from onnx2bir.codegen.lower_matmul import MatmulTiles, MatrixView, emit_gemm
+from onnx2bir.codegen.lower_matmul import emit_gemm
+from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
 

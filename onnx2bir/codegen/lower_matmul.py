@@ -16,11 +16,11 @@ loading DMA or the TensorCopy out of the transpose's PSUM tile is the cast. The 
 themselves stay fp32 (exact), PSUM accumulates fp32, the eviction writes fp32.
 
 Panels. When the product has more than one output tile and b, whole, takes at most
-`B_BLOCK_BYTES` per partition (a projection's weight), b is loaded once (one DMA per K tile,
-on different queues) and each row tile of a gets its panel: its K tiles of Aᵀ, flipped back to
-back through `PANEL_FLIPS` PSUM slots, then multiplied by every column block. A flip is done
+`matmul_panels.B_WHOLE_BYTES` per partition (a projection's weight), b is loaded once (one DMA
+per K tile, on different queues) and each row tile of a gets its panel: its K tiles of Aᵀ,
+flipped back to back through `PANEL_FLIPS` PSUM slots, then multiplied by every column block. A flip is done
 once per row tile rather than once per output tile, and the PE array runs the flips and the
-accumulation chains without waiting for each copy in between (`emit_gemm_panels`).
+accumulation chains without waiting for each copy in between (`matmul_panels.py`).
 
 Batched products whose b changes with the innermost batch index (attention's per-head Q·Kᵀ and
 P·V) load every b of that loop in one DMA when they fit (`PRELOAD_BYTES`): one transfer per pass
@@ -36,149 +36,24 @@ accumulates into one PSUM tile and stays sequential.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
-from onnx2bir.bir.ir import AccessPattern, MemoryLocation
+from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
-from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.matmul_panels import try_panels
+from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView, load_tile
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import (
-    FULL_EXPANSION,
     Affine,
     broadcast_strides,
     buffer_count,
     contiguous_strides,
-    copy_stride,
     rotating_level,
     tile_count,
     tile_index,
     tiles,
 )
-
-
-@dataclass(frozen=True)
-class MatrixView:
-    """A 2-D window on a DRAM tensor: element (i, j) at offset + i·row_stride + j·col_stride."""
-
-    loc: str
-    offset: Affine
-    rows: int
-    cols: int
-    row_stride: int
-    col_stride: int
-
-    @property
-    def T(self) -> MatrixView:  # noqa: N802 - the usual name for a transpose
-        return MatrixView(
-            self.loc, self.offset, self.cols, self.rows, self.col_stride, self.row_stride
-        )
-
-    def window(self, row0: Affine, rows: int, col0: Affine, cols: int) -> MatrixView:
-        return MatrixView(
-            self.loc,
-            self.offset + row0 * self.row_stride + col0 * self.col_stride,
-            rows,
-            cols,
-            self.row_stride,
-            self.col_stride,
-        )
-
-    def pattern(self) -> list[tuple[int, int]]:
-        return [(self.row_stride, self.rows), (self.col_stride, self.cols)]
-
-
-class MatmulTiles:
-    """The SBUF/PSUM tiles one matmul lowering reuses across all its loop iterations.
-
-    Operand tiles are fp32 whatever the tensors' dtype (the loading DMA converts), or the
-    autocast dtype for an fp32 matmul under `--auto-cast matmult/all`. The staging tile of the
-    PE transposes stays fp32: it pairs with the resident fp32 identity.
-
-    With `copies` > 1 every tile holds that many copies side by side; `at(tile, slot)` is the
-    element offset of copy `slot` (docs/buffers.md#rotation).
-    """
-
-    PSUM_BANKS_PER_COPY = 2  # transposed and acc, one bank each
-
-    def __init__(self, cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32, copies: int = 1) -> None:
-        p, dtype = NUM_PARTITIONS, pe_operand_dtype(cg, model_dtype)
-        self.copies = copies
-        self.moving_dtype = dtype
-        self.strides: dict[str, int] = {}
-        self.stationary = self._tile(cg, "stationary", p, dtype)
-        self.moving = self._tile(cg, "moving", MATMUL_MAX_MOVING_FREE, dtype)
-        self.staging = self._tile(cg, "staging", p, Dtype.FP32)
-        # One PSUM bank (512 fp32) per copy of each: a copy never straddles two banks.
-        self.transposed = cg.psum_tile("transposed", p, (copies - 1) * _BANK_FP32 + p)
-        self.strides[self.transposed.name] = _BANK_FP32
-        self.acc = cg.psum_tile("acc", p, copies * MATMUL_MAX_MOVING_FREE)
-        self.strides[self.acc.name] = MATMUL_MAX_MOVING_FREE
-        self.result = self._tile(cg, "result", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-        self.addend = self._tile(cg, "addend", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-
-    def _tile(self, cg: BirCodeGen, tag: str, free: int, dtype: Dtype) -> MemoryLocation:
-        stride = copy_stride(free, dtype)
-        loc = cg.sb_tile(tag, NUM_PARTITIONS, (self.copies - 1) * stride + free, dtype)
-        self.strides[loc.name] = stride
-        return loc
-
-    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
-        """Element offset of copy `slot` of `tile`."""
-        return slot * self.strides[tile.name]
-
-    @staticmethod
-    def sb_bytes_per_copy(cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32) -> int:
-        """SBUF bytes per partition one copy of the tiles takes."""
-        dtype = pe_operand_dtype(cg, model_dtype)
-        return (
-            copy_stride(NUM_PARTITIONS, dtype) * dtype.itemsize
-            + copy_stride(MATMUL_MAX_MOVING_FREE, dtype) * dtype.itemsize
-            + NUM_PARTITIONS * 4
-            + 2 * MATMUL_MAX_MOVING_FREE * 4
-        )
-
-
-_BANK_FP32 = 512  # fp32 elements in one 2 KiB PSUM bank
-
-
-def load_tile(
-    cg: BirCodeGen,
-    view: MatrixView,
-    dst_tile,
-    tiles_: MatmulTiles,
-    slot: Affine | None = None,
-    offset: Affine | int = 0,
-) -> AccessPattern:
-    """Bring `view` (rows ≤ 128) into `dst_tile` as [rows partitions, cols free], starting at
-    free element `offset`; with `slot`, into that copy of `dst_tile` through that copy of the
-    staging tiles (`tiles_.at`)."""
-
-    def at(tile) -> Affine:
-        return Affine() if slot is None else tiles_.at(tile, slot)
-
-    dst_offset = (Affine() if slot is None else tiles_.at(dst_tile, slot)) + offset
-    dst = cg.ap(dst_tile, [(1, view.cols)], dst_offset, partitions=view.rows)
-    if view.col_stride == 1 or view.row_stride != 1 or view.rows > NUM_PARTITIONS:
-        cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
-        return dst
-    # Columns are strided, rows contiguous: load the transpose and flip it on the PE array.
-    for chunk in range(0, view.cols, NUM_PARTITIONS):
-        width = min(NUM_PARTITIONS, view.cols - chunk)
-        block = view.T.window(Affine(chunk), width, Affine(), view.rows)
-        staged = cg.read_operand(
-            cg.ap(tiles_.staging, [(1, view.rows)], at(tiles_.staging), partitions=width),
-            cg.dram_ap(block.loc, block.offset, block.pattern()),
-        )
-        flipped = cg.ap(
-            tiles_.transposed, [(1, width)], at(tiles_.transposed), partitions=view.rows
-        )
-        cg.matmul(flipped, staged, cg.identity(width), accumulate=False)
-        cg.tensor_copy(
-            cg.ap(dst_tile, [(1, width)], dst_offset + chunk, partitions=view.rows), flipped
-        )
-    return dst
 
 
 def emit_gemm(
@@ -322,12 +197,12 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
         # (and b is read once, not once per batch index).
         a_rows = _row_major(a_loc, Affine(), rows * m, k)
         b_view, y_view = _row_major(b_loc, Affine(), k, n), _row_major(y_loc, Affine(), rows * m, n)
-        if _try_panels(cg, a_rows, b_view, y_view, dtype):
+        if try_panels(cg, a_rows, b_view, y_view, dtype):
             return
         mm = _rotating_tiles(cg, dtype, [tile_count(rows * m, NUM_PARTITIONS)], n)
         emit_gemm(cg, a_rows, b_view, y_view, mm)
         return
-    if not batch and _try_panels(
+    if not batch and try_panels(
         cg,
         _row_major(a_loc, Affine(), m, k),
         _row_major(b_loc, Affine(), k, n),
@@ -439,162 +314,7 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
         c = MatrixView(cg.dram(c_name).name, Affine(), a.rows, b.cols, row_stride, col_stride)
     dtype = cg.graph.tensors[out].dtype
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
-    if _try_panels(cg, a, b, y, dtype, alpha, c, beta):
+    if try_panels(cg, a, b, y, dtype, alpha, c, beta):
         return
     mm = _rotating_tiles(cg, dtype, [tile_count(a.rows, NUM_PARTITIONS)], b.cols)
     emit_gemm(cg, a, b, y, mm, alpha, c, beta)
-
-
-def _try_panels(
-    cg: BirCodeGen,
-    a: MatrixView,
-    b: MatrixView,
-    y: MatrixView,
-    model_dtype: Dtype,
-    alpha: float = 1.0,
-    c: MatrixView | None = None,
-    beta: float = 1.0,
-) -> bool:
-    """`emit_gemm_panels` when the product has more than one output tile and b, whole, takes
-    at most `B_BLOCK_BYTES` of each partition; False when it does not apply or fit."""
-    dtype = pe_operand_dtype(cg, model_dtype)
-    several_tiles = a.rows > NUM_PARTITIONS or b.cols > MATMUL_MAX_MOVING_FREE
-    whole_bytes = tile_count(a.cols, NUM_PARTITIONS) * b.cols * dtype.itemsize
-    if not several_tiles or whole_bytes > B_BLOCK_BYTES:
-        return False
-    return emit_gemm_panels(cg, a, b, y, dtype, alpha, c, beta)
-
-
-PANEL_FLIPS = 4  # PE transposes in flight while a panel loads: 128-column slots of one bank
-
-
-class _FlipTiles:
-    """The staging tile and PSUM slots that transposed operand tiles are flipped through:
-    `PANEL_FLIPS` slots per copy (one PSUM bank), so that successive flips do not wait for
-    each other's copies, and one copy per rotated row tile. `load_tile` uses copy 0."""
-
-    def __init__(self, cg: BirCodeGen, copies: int) -> None:
-        slots = copies * PANEL_FLIPS * NUM_PARTITIONS
-        self.staging = cg.sb_tile("staging", NUM_PARTITIONS, slots, Dtype.FP32)
-        self.transposed = cg.psum_tile("transposed", NUM_PARTITIONS, slots)
-
-    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
-        return slot * NUM_PARTITIONS
-
-
-def _panel_copies(
-    cg: BirCodeGen, a: MatrixView, b: MatrixView, dtype: Dtype, addend: bool
-) -> tuple[int, int] | None:
-    """(copies of the per-row-tile tiles, accumulators per row tile), or None when even one
-    of each does not fit. A row tile copy holds its panel, its flip slots, and per column
-    block in flight a PSUM accumulator and a result (and addend) tile; b is held once. Each
-    count is one per tile up to `FULL_EXPANSION` tiles, else 2, else 1 (docs/buffers.md#choice),
-    the column blocks' first."""
-    p = NUM_PARTITIONS
-    k_tiles = tile_count(a.cols, p)
-    sb_free = cg.sb_free_bytes() - copy_stride(k_tiles * b.cols, dtype) * dtype.itemsize
-    banks_free = cg.psum_free_banks()
-    result_bytes = (1 + addend) * MATMUL_MAX_MOVING_FREE * 4
-    panel_bytes = copy_stride(k_tiles * p, dtype) * dtype.itemsize + PANEL_FLIPS * p * 4
-    for accumulators in _counts(tile_count(b.cols, MATMUL_MAX_MOVING_FREE)):
-        for copies in _counts(tile_count(a.rows, p)):
-            sb_bytes = copies * (panel_bytes + accumulators * result_bytes)
-            if sb_bytes <= sb_free and copies * (1 + accumulators) <= banks_free:
-                return copies, accumulators
-    return None
-
-
-def _counts(trips: int) -> list[int]:
-    """Buffer counts to try for a loop of `trips` tiles, most first."""
-    return [c for c in (trips if trips <= FULL_EXPANSION else 0, 2, 1) if 0 < c <= trips]
-
-
-def emit_gemm_panels(
-    cg: BirCodeGen,
-    a: MatrixView,
-    b: MatrixView,
-    y: MatrixView,
-    dtype: Dtype,
-    alpha: float = 1.0,
-    c: MatrixView | None = None,
-    beta: float = 1.0,
-) -> bool:
-    """y = alpha·(a @ b) + beta·c with all of b resident and, per row tile of a, its panel:
-    the K tiles of Aᵀ loaded (flipped on the PE array when a is row-major) once and used by
-    every column block. The flips of one panel run back to back through `PANEL_FLIPS` PSUM
-    slots; row tiles rotate their panels, results and accumulators (docs/buffers.md) so the
-    next panel loads while this one multiplies. Returns False, emitting nothing, when the
-    tiles do not fit (the caller then tiles the product another way)."""
-    p = NUM_PARTITIONS
-    k_tiles = tile_count(a.cols, p)
-    with_addend = c is not None and beta != 0.0
-    fit = _panel_copies(cg, a, b, dtype, with_addend)
-    if fit is None:
-        return False
-    copies, accumulators = fit
-    whole_b = cg.sb_tile("b_whole", p, k_tiles * b.cols, dtype)
-    flips = _FlipTiles(cg, copies)
-    panel_stride = copy_stride(k_tiles * p, dtype)
-    panel = cg.sb_tile("panel", p, copies * panel_stride, dtype)
-    acc = cg.psum_tile("acc", p, copies * accumulators * MATMUL_MAX_MOVING_FREE)
-    result = cg.sb_tile("result", p, copies * accumulators * MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-    addend = None
-    if with_addend:
-        addend = cg.sb_tile("addend", p, copies * accumulators * MATMUL_MAX_MOVING_FREE, Dtype.FP32)
-    # One DMA per K tile, unrolled, so that they take different DMA queues and transfer in
-    # parallel (the instructions of one loop all run on one queue).
-    for k_index, k0 in enumerate(range(0, a.cols, p)):
-        window = b.window(Affine(k0), min(p, a.cols - k0), Affine(), b.cols)
-        load_tile(cg, window, whole_b, flips, offset=Affine(k_index * b.cols))
-    for m in tiles(cg, a.rows, p, "m", buffers=copies):
-        base = m.slot * panel_stride
-        for k in tiles(cg, a.cols, p, "pt", buffers=PANEL_FLIPS):
-            dst = cg.ap(panel, [(1, m.size)], base + tile_index(k, p) * p, partitions=k.size)
-            _load_panel_tile(cg, a, m, k, dst, flips, m.slot * PANEL_FLIPS + k.slot)
-        for n in tiles(cg, b.cols, MATMUL_MAX_MOVING_FREE, "n", buffers=accumulators):
-            at = (m.slot * accumulators + n.slot) * MATMUL_MAX_MOVING_FREE
-            total = cg.ap(acc, [(1, n.size)], at, partitions=m.size)
-            for k in tiles(cg, a.cols, p, "k", peel_first=True):
-                stationary = cg.ap(
-                    panel, [(1, m.size)], base + tile_index(k, p) * p, partitions=k.size
-                )
-                moving = cg.ap(
-                    whole_b, [(1, n.size)], tile_index(k, p) * b.cols + n.start, partitions=k.size
-                )
-                cg.matmul(total, stationary, moving, accumulate=not k.first)
-            out = y.window(m.start, m.size, n.start, n.size)
-            out_ap = cg.dram_ap(out.loc, out.offset, out.pattern())
-            tile = cg.ap(result, [(1, n.size)], at, partitions=m.size)
-            written = cg.write_operand(tile, out_ap)
-            cg.activation(written, total, ActFunc.COPY, scale=alpha)
-            if addend is not None:
-                add = cg.ap(addend, [(1, n.size)], at, partitions=m.size)
-                window = c.window(m.start, m.size, n.start, n.size)
-                cg.dma(add, cg.dram_ap(window.loc, window.offset, window.pattern()))
-                if beta != 1.0:
-                    cg.tensor_scalar(add, add, AluOp.MULTIPLY, beta)
-                cg.tensor_tensor(written, written, add, AluOp.ADD)
-            cg.store_result(out_ap, tile, written)
-    return True
-
-
-def _load_panel_tile(
-    cg: BirCodeGen, a: MatrixView, m, k, dst: AccessPattern, flips: _FlipTiles, slot: Affine
-) -> None:
-    """Aᵀ[k, m] into `dst`: one DMA when its rows are contiguous, else a's block [m, k] read
-    (from its SBUF home when it has one), flipped on the PE array in flip slot `slot`, and
-    copied (cast to the PE dtype) into the panel."""
-    view = a.T.window(k.start, k.size, m.start, m.size)
-    if view.col_stride == 1 or view.row_stride != 1:
-        cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
-        return
-    block = view.T
-    staged = cg.read_operand(
-        cg.ap(flips.staging, [(1, k.size)], flips.at(flips.staging, slot), partitions=m.size),
-        cg.dram_ap(block.loc, block.offset, block.pattern()),
-    )
-    flipped = cg.ap(
-        flips.transposed, [(1, m.size)], flips.at(flips.transposed, slot), partitions=k.size
-    )
-    cg.matmul(flipped, staged, cg.identity(m.size), accumulate=False)
-    cg.tensor_copy(dst, flipped)

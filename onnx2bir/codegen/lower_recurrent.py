@@ -30,7 +30,8 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_matmul import MatmulTiles, MatrixView, emit_gemm
+from onnx2bir.codegen.lower_matmul import emit_gemm
+from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine
 

@@ -40,7 +40,7 @@ even for 128 tokens fails with `cg.fail`. Weights stream per block: for each 128
 block of w1/w_up (the stationaries) and each ≤512-column block of w2 (the movings), one DMA
 brings every 128-row tile of the block when the weight's rows come in whole tiles and its
 columns are contiguous; otherwise tile by tile, transposed ones flipped on the PE array by
-`lower_matmul.load_tile`.
+`matmul_tiles.load_tile`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
-from onnx2bir.codegen.lower_matmul import MatrixView, load_tile
+from onnx2bir.codegen.matmul_tiles import MatrixView, load_tile
 from onnx2bir.codegen.tiling import (
     Affine,
     Tile,

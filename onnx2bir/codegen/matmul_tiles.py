@@ -1,0 +1,139 @@
+"""Operand views and tiles of the PE matmul lowerings: a `MatrixView` on a DRAM tensor, the SBUF
+and PSUM tiles one matmul reuses (`MatmulTiles`), and `load_tile`, which brings a view into SBUF
+— one DMA when its rows are contiguous, else the contiguous transpose loaded and flipped on the
+PE array against the resident identity (`lower_matmul.py`, `matmul_panels.py`, the MLP kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.bir.ir import AccessPattern, MemoryLocation
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.tiling import Affine, copy_stride
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """A 2-D window on a DRAM tensor: element (i, j) at offset + i·row_stride + j·col_stride."""
+
+    loc: str
+    offset: Affine
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+
+    @property
+    def T(self) -> MatrixView:  # noqa: N802 - the usual name for a transpose
+        return MatrixView(
+            self.loc, self.offset, self.cols, self.rows, self.col_stride, self.row_stride
+        )
+
+    def window(self, row0: Affine, rows: int, col0: Affine, cols: int) -> MatrixView:
+        return MatrixView(
+            self.loc,
+            self.offset + row0 * self.row_stride + col0 * self.col_stride,
+            rows,
+            cols,
+            self.row_stride,
+            self.col_stride,
+        )
+
+    def pattern(self) -> list[tuple[int, int]]:
+        return [(self.row_stride, self.rows), (self.col_stride, self.cols)]
+
+
+class MatmulTiles:
+    """The SBUF/PSUM tiles one matmul lowering reuses across all its loop iterations.
+
+    Operand tiles are fp32 whatever the tensors' dtype (the loading DMA converts), or the
+    autocast dtype for an fp32 matmul under `--auto-cast matmult/all`. The staging tile of the
+    PE transposes stays fp32: it pairs with the resident fp32 identity.
+
+    With `copies` > 1 every tile holds that many copies side by side; `at(tile, slot)` is the
+    element offset of copy `slot` (docs/buffers.md#rotation).
+    """
+
+    PSUM_BANKS_PER_COPY = 2  # transposed and acc, one bank each
+
+    def __init__(self, cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32, copies: int = 1) -> None:
+        p, dtype = NUM_PARTITIONS, pe_operand_dtype(cg, model_dtype)
+        self.copies = copies
+        self.moving_dtype = dtype
+        self.strides: dict[str, int] = {}
+        self.stationary = self._tile(cg, "stationary", p, dtype)
+        self.moving = self._tile(cg, "moving", MATMUL_MAX_MOVING_FREE, dtype)
+        self.staging = self._tile(cg, "staging", p, Dtype.FP32)
+        # One PSUM bank (512 fp32) per copy of each: a copy never straddles two banks.
+        self.transposed = cg.psum_tile("transposed", p, (copies - 1) * _BANK_FP32 + p)
+        self.strides[self.transposed.name] = _BANK_FP32
+        self.acc = cg.psum_tile("acc", p, copies * MATMUL_MAX_MOVING_FREE)
+        self.strides[self.acc.name] = MATMUL_MAX_MOVING_FREE
+        self.result = self._tile(cg, "result", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+        self.addend = self._tile(cg, "addend", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
+
+    def _tile(self, cg: BirCodeGen, tag: str, free: int, dtype: Dtype) -> MemoryLocation:
+        stride = copy_stride(free, dtype)
+        loc = cg.sb_tile(tag, NUM_PARTITIONS, (self.copies - 1) * stride + free, dtype)
+        self.strides[loc.name] = stride
+        return loc
+
+    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
+        """Element offset of copy `slot` of `tile`."""
+        return slot * self.strides[tile.name]
+
+    @staticmethod
+    def sb_bytes_per_copy(cg: BirCodeGen, model_dtype: Dtype = Dtype.FP32) -> int:
+        """SBUF bytes per partition one copy of the tiles takes."""
+        dtype = pe_operand_dtype(cg, model_dtype)
+        return (
+            copy_stride(NUM_PARTITIONS, dtype) * dtype.itemsize
+            + copy_stride(MATMUL_MAX_MOVING_FREE, dtype) * dtype.itemsize
+            + NUM_PARTITIONS * 4
+            + 2 * MATMUL_MAX_MOVING_FREE * 4
+        )
+
+
+_BANK_FP32 = 512  # fp32 elements in one 2 KiB PSUM bank
+
+
+def load_tile(
+    cg: BirCodeGen,
+    view: MatrixView,
+    dst_tile,
+    tiles_: MatmulTiles,
+    slot: Affine | None = None,
+    offset: Affine | int = 0,
+) -> AccessPattern:
+    """Bring `view` (rows ≤ 128) into `dst_tile` as [rows partitions, cols free], starting at
+    free element `offset`; with `slot`, into that copy of `dst_tile` through that copy of the
+    staging tiles (`tiles_.at`)."""
+
+    def at(tile) -> Affine:
+        return Affine() if slot is None else tiles_.at(tile, slot)
+
+    dst_offset = (Affine() if slot is None else tiles_.at(dst_tile, slot)) + offset
+    dst = cg.ap(dst_tile, [(1, view.cols)], dst_offset, partitions=view.rows)
+    if view.col_stride == 1 or view.row_stride != 1 or view.rows > NUM_PARTITIONS:
+        cg.dma(dst, cg.dram_ap(view.loc, view.offset, view.pattern()))
+        return dst
+    # Columns are strided, rows contiguous: load the transpose and flip it on the PE array.
+    for chunk in range(0, view.cols, NUM_PARTITIONS):
+        width = min(NUM_PARTITIONS, view.cols - chunk)
+        block = view.T.window(Affine(chunk), width, Affine(), view.rows)
+        staged = cg.read_operand(
+            cg.ap(tiles_.staging, [(1, view.rows)], at(tiles_.staging), partitions=width),
+            cg.dram_ap(block.loc, block.offset, block.pattern()),
+        )
+        flipped = cg.ap(
+            tiles_.transposed, [(1, width)], at(tiles_.transposed), partitions=view.rows
+        )
+        cg.matmul(flipped, staged, cg.identity(width), accumulate=False)
+        cg.tensor_copy(
+            cg.ap(dst_tile, [(1, width)], dst_offset + chunk, partitions=view.rows), flipped
+        )
+    return dst
