@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
@@ -604,6 +605,18 @@ class BirCodeGen(InstructionBuilders):
         `read_operand` decides, or `tile`, which `store_result` then copies out."""
         direct = self._direct(tile, dst, reading=False)
         return tile if direct is None else direct
+
+    def columns(self, operand: AccessPattern, start: Affine, size: int) -> AccessPattern:
+        """Free elements [start, start + size) of a one-row-per-partition operand that
+        `read_operand` or `write_operand` returned: a window on its tile, or on the SBUF home
+        it reads in place (which compute instructions may then address too)."""
+        if len(operand.pattern) != 1 or operand.pattern[0][0] != 1:
+            raise self.fail(f"columns of {operand.loc!r}: not one contiguous row per partition")
+        at = Affine(operand.offset, operand.offset_terms) + start
+        window = replace(operand, pattern=((1, size),), offset=at.const, offset_terms=at.terms)
+        if operand in self._direct_aps:
+            self._direct_aps.add(window)
+        return window
 
     def store_result(self, dst: AccessPattern, tile: AccessPattern, written: AccessPattern) -> None:
         """Finish a `write_operand`: copy the tile out unless the home was written directly."""

@@ -41,6 +41,11 @@ block of w1/w_up (the stationaries) and each ≤512-column block of w2 (the movi
 brings every 128-row tile of the block when the weight's rows come in whole tiles and its
 columns are contiguous; otherwise tile by tile, transposed ones flipped on the PE array by
 `matmul_tiles.load_tile`.
+b1 and b_up are loaded once, one column per hidden tile. x is read in place when the memory
+plan keeps it in SBUF, and its flips rotate over four 128-column PSUM slots of one bank, so the
+PE array flips the next K tile while the previous one is copied out; hᵀ accumulates in two
+PSUM banks when they are free, so the next hidden tile's matmuls need not wait for this one's
+activation.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ TARGET = "AwsNeuronMLPNKI"
 P = NUM_PARTITIONS
 N_CHUNK = MATMUL_MAX_MOVING_FREE
 TOKEN_BLOCKS = (512, 256, 128)
+FLIP_SLOTS = 4  # 128-column PSUM slots the flips of x rotate over (one bank)
+_BANK_FP32 = 512  # fp32 elements in one 2 KiB PSUM bank
 QUICK_GELU_ALPHA = 1.702
 LUT_ACTIVATIONS = {
     "relu": ActFunc.RELU,
@@ -239,7 +246,7 @@ def sbuf_bytes(a: MlpArgs, block: int, pe_bytes: int = 4) -> int:
         + (_row_bytes(weight_columns(a.w_up, P, pe_bytes), pe_bytes) if a.w_up is not None else 0)
         + _row_bytes(weight_columns(a.w2, N_CHUNK, pe_bytes), pe_bytes)  # w2
         + _row_bytes(N_CHUNK) * 2  # b2, y
-        + _row_bytes(2)  # bias columns
+        + _row_bytes(2 * h_tiles)  # b1, b_up: one column per hidden tile
         + (_row_bytes(block) if gated else 0)  # the gate's second operand
         + a.registers * _row_bytes(block)  # the program's registers
     )
@@ -273,14 +280,21 @@ class MlpTiles:
         self.staging = cg.sb_tile("staging", P, P, fp32)
         self.b2 = cg.sb_tile("b2", P, N_CHUNK, fp32)
         self.y = cg.sb_tile("y", P, N_CHUNK, a.out_dtype)
-        self.bias = cg.sb_tile("bias", P, 2, fp32)  # b1, b_up columns
+        # b1 and b_up, loaded once: column j holds the biases of hidden tile j.
+        self.h_tiles = -(-a.h // P)
+        self.bias = cg.sb_tile("bias", P, 2 * self.h_tiles, fp32)
         gated = a.activation in ("quick_gelu", "swiglu")
         self.gate = cg.sb_tile("gate", P, block, fp32) if gated else None
         self.registers = [cg.sb_tile(f"r{i}", P, block, fp32) for i in range(a.registers)]
-        self.transposed = cg.psum_tile("transposed", P, P)
-        self.h_ps = cg.psum_tile("h", P, block)
+        # The flips of x go through FLIP_SLOTS 128-column slots of one bank, so that one
+        # flip need not wait for the previous one's copy out of PSUM.
+        self.transposed = cg.psum_tile("transposed", P, FLIP_SLOTS * P)
         self.up_ps = cg.psum_tile("up", P, block) if a.w_up is not None else None
         self.y_ps = cg.psum_tile("y", P, -(-block // P) * N_CHUNK)
+        # hᵀ accumulates in a bank per hidden tile in flight: with a second one, the next
+        # tile's matmuls need not wait for this one's activation to empty its bank.
+        self.h_banks = 2 if cg.psum_free_banks() >= 2 and tile_count(a.h, P) > 1 else 1
+        self.h_ps = cg.psum_tile("h", P, (self.h_banks - 1) * _BANK_FP32 + block)
         # A weight tile holds every 128-row tile of one column block (`whole_rows`), or one
         # 128 x 128 tile when the weight is transposed or its rows are not whole tiles; with
         # room left, two copies, so that the next block loads while this one is multiplied
@@ -321,24 +335,44 @@ class MlpEmitter:
         self.cg, self.a, self.t, self.block = cg, a, t, block
 
     def run(self) -> None:
+        self.load_biases()
         for blk in tiles(self.cg, self.a.tokens, self.block, "tok"):
             self.load_x_transposed(blk)
             self.hidden(blk)
             self.output(blk)
 
+    def load_biases(self) -> None:
+        """b1 and b_up into their columns of the bias tile, once for the whole kernel."""
+        cg, a, t = self.cg, self.a, self.t
+        full, rest = divmod(a.h, P)
+        for name, base in ((a.b1, 0), (a.b_up, t.h_tiles)):
+            if name is None:
+                continue
+            if full:
+                cg.dma(
+                    cg.ap(t.bias, [(1, full)], base, partitions=P),
+                    cg.dram_ap(name, Affine(), [(1, P), (P, full)]),
+                )
+            if rest:
+                cg.dma(
+                    cg.ap(t.bias, [(1, 1)], base + full, partitions=rest),
+                    cg.dram_ap(name, Affine(full * P), [(1, rest), (1, 1)]),
+                )
+
     def load_x_transposed(self, blk: Tile) -> None:
-        """xᵀ[K, block] from 128-token row loads, flipped per K tile on the PE array."""
+        """xᵀ[K, block] from 128-token rows (read in place when x has an SBUF home), flipped
+        per K tile on the PE array through `FLIP_SLOTS` rotating PSUM slots."""
         cg, a, t = self.cg, self.a, self.t
         for ts in tiles(cg, blk.size, P, "tx"):
-            rows = cg.ap(t.x, [(1, a.k)], partitions=ts.size)
-            cg.dma(
-                rows, cg.dram_ap(a.x.loc, (blk.start + ts.start) * a.k, [(a.k, ts.size), (1, a.k)])
+            rows = cg.read_operand(
+                cg.ap(t.x, [(1, a.k)], partitions=ts.size),
+                cg.dram_ap(a.x.loc, (blk.start + ts.start) * a.k, [(a.k, ts.size), (1, a.k)]),
             )
-            for kc in tiles(cg, a.k, P, "kx"):
-                flipped = cg.ap(t.transposed, [(1, ts.size)], partitions=kc.size)
+            for kc in tiles(cg, a.k, P, "kx", buffers=FLIP_SLOTS):
+                flipped = cg.ap(t.transposed, [(1, ts.size)], kc.slot * P, partitions=kc.size)
                 cg.matmul(
                     flipped,
-                    cg.ap(t.x, [(1, kc.size)], kc.start, partitions=ts.size),
+                    cg.columns(rows, kc.start, kc.size),
                     cg.identity(ts.size),
                     accumulate=False,
                 )
@@ -356,7 +390,8 @@ class MlpEmitter:
         """hᵀ[H, block] = act(w1ᵀ·xᵀ + b1), kept in SBUF."""
         cg, a, t = self.cg, self.a, self.t
         for hc in tiles(cg, a.h, P, "h", buffers=t.hidden_copies):
-            acc = cg.ap(t.h_ps, [(1, blk.size)], partitions=hc.size)
+            bank = hc.slot if t.h_banks == t.hidden_copies else Affine()
+            acc = cg.ap(t.h_ps, [(1, blk.size)], bank * _BANK_FP32, partitions=hc.size)
             up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
             for view, tile in ((a.w1, t.w1), (a.w_up, t.w_up)):
                 if view is not None and whole_rows(view, P, t.pe_bytes):
@@ -391,9 +426,8 @@ class MlpEmitter:
     def bias_column(self, name: str | None, column: int, hc: Tile) -> AccessPattern | None:
         if name is None:
             return None
-        col = self.cg.ap(self.t.bias, [(1, 1)], column, partitions=hc.size)
-        self.cg.dma(col, self.cg.dram_ap(name, hc.start, [(1, hc.size), (1, 1)]))
-        return col
+        base = column * self.t.h_tiles
+        return self.cg.ap(self.t.bias, [(1, 1)], base + tile_index(hc, P), partitions=hc.size)
 
     def activate(
         self, h: AccessPattern, acc: AccessPattern, up: AccessPattern | None, hc: Tile, blk: Tile
