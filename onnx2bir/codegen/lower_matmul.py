@@ -18,13 +18,17 @@ themselves stay fp32 (exact), PSUM accumulates fp32, the eviction writes fp32.
 Panels. When the product has more than one output tile and b, whole, takes at most
 `matmul_panels.B_WHOLE_BYTES` per partition (a projection's weight), b is loaded once (one DMA
 per K tile, on different queues) and each row tile of a gets its panel: its K tiles of Aᵀ,
-flipped back to back through `PANEL_FLIPS` PSUM slots, then multiplied by every column block. A flip is done
-once per row tile rather than once per output tile, and the PE array runs the flips and the
-accumulation chains without waiting for each copy in between (`matmul_panels.py`).
+flipped back to back through `PANEL_FLIPS` PSUM slots, then multiplied by every column block.
+A flip is done once per row tile rather than once per output tile, and the PE array runs the
+flips and the accumulation chains without waiting for each copy in between
+(`matmul_panels.py`).
 
-Batched products whose b changes with the innermost batch index (attention's per-head Q·Kᵀ and
-P·V) load every b of that loop in one DMA when they fit (`PRELOAD_BYTES`): one transfer per pass
-rather than one per head. Operands and results in SBUF homes are read and written in place
+Batched products of one tile each whose b changes with the innermost batch index (attention's
+per-head Q·Kᵀ and P·V) go to `matmul_heads.py`: per pass of that loop, every b in one DMA and
+every a flipped back to back, then the matmuls. Larger ones still load their b's in one DMA per
+pass when they fit (`PRELOAD_BYTES`).
+
+Operands and results in SBUF homes are read and written in place
 (docs/memory_planner.md#direct-operands).
 
 MatMul and Gemm rotate their tiles over buffer copies along the innermost output-tile loop
@@ -41,6 +45,7 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.matmul_heads import emit_heads, heads_fit
 from onnx2bir.codegen.matmul_panels import try_panels
 from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView, load_tile
 from onnx2bir.codegen.registry import lowering
@@ -209,6 +214,9 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
         _row_major(y_loc, Affine(), m, n),
         dtype,
     ):
+        return
+    if len(a_shape) > 1 and heads_fit(cg, batch, b_batch, m, k, n, dtype):
+        emit_heads(cg, batch, (a_batch, b_batch), (a_loc, b_loc, y_loc), m, k, n, dtype)
         return
     mm = _rotating_tiles(cg, dtype, [*batch, tile_count(m, NUM_PARTITIONS)], n)
     level = rotating_level([*batch, tile_count(m, NUM_PARTITIONS), tile_count(n, 512)])

@@ -12,11 +12,11 @@ back to `emit_gemm` when b is too large to hold or the tiles do not fit.
 from __future__ import annotations
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
-from onnx2bir.bir.ir import AccessPattern, MemoryLocation
+from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.matmul_tiles import MatrixView, load_tile
+from onnx2bir.codegen.matmul_tiles import PANEL_FLIPS, FlipTiles, MatrixView, load_tile
 from onnx2bir.codegen.tiling import (
     FULL_EXPANSION,
     Affine,
@@ -47,23 +47,6 @@ def try_panels(
     if not several_tiles or whole_bytes > B_WHOLE_BYTES:
         return False
     return emit_gemm_panels(cg, a, b, y, dtype, alpha, c, beta)
-
-
-PANEL_FLIPS = 4  # PE transposes in flight while a panel loads: 128-column slots of one bank
-
-
-class _FlipTiles:
-    """The staging tile and PSUM slots that transposed operand tiles are flipped through:
-    `PANEL_FLIPS` slots per copy (one PSUM bank), so that successive flips do not wait for
-    each other's copies, and one copy per rotated row tile. `load_tile` uses copy 0."""
-
-    def __init__(self, cg: BirCodeGen, copies: int) -> None:
-        slots = copies * PANEL_FLIPS * NUM_PARTITIONS
-        self.staging = cg.sb_tile("staging", NUM_PARTITIONS, slots, Dtype.FP32)
-        self.transposed = cg.psum_tile("transposed", NUM_PARTITIONS, slots)
-
-    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
-        return slot * NUM_PARTITIONS
 
 
 def _panel_copies(
@@ -117,7 +100,7 @@ def emit_gemm_panels(
         return False
     copies, accumulators = fit
     whole_b = cg.sb_tile("b_whole", p, k_tiles * b.cols, dtype)
-    flips = _FlipTiles(cg, copies)
+    flips = FlipTiles(cg, copies)
     panel_stride = copy_stride(k_tiles * p, dtype)
     panel = cg.sb_tile("panel", p, copies * panel_stride, dtype)
     acc = cg.psum_tile("acc", p, copies * accumulators * MATMUL_MAX_MOVING_FREE)
@@ -163,7 +146,7 @@ def emit_gemm_panels(
 
 
 def _load_panel_tile(
-    cg: BirCodeGen, a: MatrixView, m, k, dst: AccessPattern, flips: _FlipTiles, slot: Affine
+    cg: BirCodeGen, a: MatrixView, m, k, dst: AccessPattern, flips: FlipTiles, slot: Affine
 ) -> None:
     """Aᵀ[k, m] into `dst`: one DMA when its rows are contiguous, else a's block [m, k] read
     (from its SBUF home when it has one), flipped on the PE array in flip slot `slot`, and

@@ -137,3 +137,20 @@ def load_tile(
             cg.ap(dst_tile, [(1, width)], dst_offset + chunk, partitions=view.rows), flipped
         )
     return dst
+
+
+PANEL_FLIPS = 4  # PE transposes in flight: 128-column fp32 slots of one PSUM bank
+
+
+class FlipTiles:
+    """The staging tile and PSUM slots that transposed operand tiles are flipped through:
+    `PANEL_FLIPS` slots per copy (one PSUM bank), so that successive flips do not wait for
+    each other's copies, and one copy per rotated row tile. `load_tile` uses copy 0."""
+
+    def __init__(self, cg: BirCodeGen, copies: int) -> None:
+        slots = copies * PANEL_FLIPS * NUM_PARTITIONS
+        self.staging = cg.sb_tile("staging", NUM_PARTITIONS, slots, Dtype.FP32)
+        self.transposed = cg.psum_tile("transposed", NUM_PARTITIONS, slots)
+
+    def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
+        return slot * NUM_PARTITIONS

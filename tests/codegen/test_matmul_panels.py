@@ -83,17 +83,29 @@ def test_gemm_panels_with_transposes_alpha_and_bias(trans_a, trans_b):
     _race_free(model)
 
 
-def test_per_head_matmul_loads_every_b_of_a_batch_loop_at_once():
-    # Attention's Q·Kᵀ: [batch, heads, 128, 64] x [batch, heads, 64, 128].
-    model = one_node_model("MatMul", {"q": (2, 3, 128, 64), "k": (2, 3, 64, 128)})
+HEAD_CASES = {
+    # attention's Q·Kᵀ and P·V: [batch, heads, 128, 64] x [batch, heads, 64, 128] and back
+    "scores": ((2, 3, 128, 64), (2, 3, 64, 128)),
+    "values": ((2, 3, 128, 128), (2, 3, 128, 64)),
+    # one batch dim (no loop around the heads), sizes off the tile edges
+    "one_dim": ((5, 40, 24), (5, 24, 72)),
+    # three batch dims; a broadcast along the outermost
+    "broadcast_a": ((1, 2, 3, 16, 8), (2, 2, 3, 8, 16)),
+}
+
+
+@pytest.mark.parametrize("case", list(HEAD_CASES))
+def test_per_head_products_load_their_operands_once_per_pass(case):
+    a, b = HEAD_CASES[case]
+    model = one_node_model("MatMul", {"a": a, "b": b})
     compiled = _compile(model)
-    assert "b_batch" in _tiles(compiled)
-    loads = [
+    assert {"aT_heads", "b_heads"} <= _tiles(compiled)
+    b_loads = [
         ins
         for ins in compiled.module.functions[0].instructions()
-        if ins.opcode.value == "DmaCopy" and ins.srcs["in"].loc == "k"
+        if ins.opcode.value == "DmaCopy" and ins.srcs["in"].loc == "b"
     ]
-    assert len(loads) == 1  # one DMA instruction, once per batch index (not per head)
+    assert len(b_loads) == 1  # one DMA instruction, once per pass (not per head)
     assert_matches_onnxruntime(model, passes=[])
     _race_free(model)
 
