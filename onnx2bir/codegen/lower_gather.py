@@ -10,9 +10,11 @@ one-hot selection:
   holds the index row (a broadcasting DMA, converted to fp32), VectorE compares it with the
   row number of its partition (an Iota column `p + 128·t` per K tile) to get onehot[i, j], and
   `psum[j, c] += onehotᵀ[i, j] · table[i, c]` accumulates over the K tiles of the table's rows.
-  One 1.0 per column makes the product exact for finite fp32 values (an inf or NaN anywhere in
-  a table tile spreads NaN through `0 · inf`). GatherND first folds its index tuple into a row
-  number Σ idx_m · stride_m on VectorE.
+  A table that fits (`TABLE_BYTES` per partition) is loaded once and the one-hot blocks of
+  a pick tile are all built before its matmuls, which then run back to back; a larger table
+  streams K tile by K tile. One 1.0 per column makes the product exact for finite fp32
+  values (an inf or NaN anywhere in a table tile spreads NaN through `0 · inf`). GatherND
+  first folds its index tuple into a row number Σ idx_m · stride_m on VectorE.
 - Rows of an integer or bool table: the same one-hot selection on VectorE in int64 (exact):
   output positions on partitions, a chunk of the table broadcast to every partition,
   `Σ_i onehot[j, i] · table[i, c]` as TensorTensor multiply + TensorReduce add.
@@ -122,17 +124,43 @@ def _gather_rows_pe(
     p, fp32 = NUM_PARTITIONS, Dtype.FP32
     k_parts = len(dims)
     k_tiles = -(-rows // p)
+    # A table that fits is loaded once (per outer index) and every one-hot column block of a
+    # pick tile is built before its matmuls, which then run back to back.
+    resident = k_tiles * inner * fp32.itemsize <= min(TABLE_BYTES, cg.sb_free_bytes() // 2)
     row_ids = cg.sb_tile("row_ids", p, k_tiles, fp32)
     iota(cg, cg.ap(row_ids), 0, 1, [p])  # row_ids[q, t] = q + 128·t
     idx_sb = cg.sb_tile("indices", p, k_parts * p, fp32)
     flat_sb = cg.sb_tile("flat", p, p, fp32)
     tmp_sb = cg.sb_tile("tmp", p, p, fp32)
-    onehot = cg.sb_tile("onehot", p, p, fp32)
-    table = cg.sb_tile("table", p, MATMUL_MAX_MOVING_FREE, fp32)
+    onehot = cg.sb_tile("onehot", p, (k_tiles if resident else 1) * p, fp32)
+    table = cg.sb_tile("table", p, k_tiles * inner if resident else MATMUL_MAX_MOVING_FREE, fp32)
     acc = cg.psum_tile("acc", p, MATMUL_MAX_MOVING_FREE)
     result = cg.sb_tile("result", p, MATMUL_MAX_MOVING_FREE, fp32)
     idx_loc, data_loc, out_loc = cg.dram(indices).name, cg.dram(data).name, cg.dram(out).name
+
+    def mask_of(k, j) -> AccessPattern:
+        at = tile_index(k, p) * p if resident else Affine()
+        return cg.ap(onehot, [(1, j.size)], at, partitions=k.size)
+
+    def make_mask(k, j, flat) -> None:
+        cg.tensor_scalar(
+            mask_of(k, j),
+            replace(flat, num_partitions=k.size),
+            AluOp.IS_EQUAL,
+            cg.ap(row_ids, [(1, 1)], tile_index(k, p), partitions=k.size),
+        )
+
     for o in tiles(cg, outer, 1, "o"):
+        if resident:
+            # One DMA per K tile, unrolled so that they take different queues.
+            for t, k0 in enumerate(range(0, rows, p)):
+                size = min(p, rows - k0)
+                cg.dma(
+                    cg.ap(table, [(1, inner)], t * inner, partitions=size),
+                    cg.dram_ap(
+                        data_loc, o.start * (rows * inner) + k0 * inner, [(inner, size), (1, inner)]
+                    ),
+                )
         for j in tiles(cg, picks, p, "j"):
             # Every partition gets the tile's index row, laid out [component, pick].
             cg.dma(
@@ -151,26 +179,31 @@ def _gather_rows_pe(
                 dims,
                 integer=False,
             )
+            if resident:
+                for k in tiles(cg, rows, p, "km"):
+                    make_mask(k, j, flat)
             for c in tiles(cg, inner, MATMUL_MAX_MOVING_FREE, "c"):
                 psum = cg.ap(acc, [(1, c.size)], partitions=j.size)
                 for k in tiles(cg, rows, p, "k", peel_first=True):
-                    mask = cg.ap(onehot, [(1, j.size)], partitions=k.size)
-                    cg.tensor_scalar(
-                        mask,
-                        replace(flat, num_partitions=k.size),
-                        AluOp.IS_EQUAL,
-                        cg.ap(row_ids, [(1, 1)], tile_index(k, p), partitions=k.size),
-                    )
-                    rows_sb = cg.ap(table, [(1, c.size)], partitions=k.size)
-                    cg.dma(
-                        rows_sb,
-                        cg.dram_ap(
-                            data_loc,
-                            o.start * (rows * inner) + k.start * inner + c.start,
-                            [(inner, k.size), (1, c.size)],
-                        ),
-                    )
-                    cg.matmul(psum, mask, rows_sb, accumulate=not k.first)
+                    if resident:
+                        rows_sb = cg.ap(
+                            table,
+                            [(1, c.size)],
+                            tile_index(k, p) * inner + c.start,
+                            partitions=k.size,
+                        )
+                    else:
+                        make_mask(k, j, flat)
+                        rows_sb = cg.ap(table, [(1, c.size)], partitions=k.size)
+                        cg.dma(
+                            rows_sb,
+                            cg.dram_ap(
+                                data_loc,
+                                o.start * (rows * inner) + k.start * inner + c.start,
+                                [(inner, k.size), (1, c.size)],
+                            ),
+                        )
+                    cg.matmul(psum, mask_of(k, j), rows_sb, accumulate=not k.first)
                 res = cg.ap(result, [(1, c.size)], partitions=j.size)
                 cg.activation(res, psum, ActFunc.COPY)
                 cg.dma(
@@ -181,6 +214,9 @@ def _gather_rows_pe(
                     ),
                     res,
                 )
+
+
+TABLE_BYTES = 64 * 1024  # SBUF per partition a gathered float table may take to stay resident
 
 
 def _gather_rows_dve(

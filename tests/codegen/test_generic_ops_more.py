@@ -514,6 +514,8 @@ GATHER_CASES = {
     "axis1": ((3, 20, 7), (4,), 1),
     "axis_last": ((2, 3, 150), (5, 2), -1),
     "picks_gt_128": ((50, 3), (130,), 0),
+    # 3 row tiles of 6000 fp32 take 72 KiB a partition: the table streams tile by tile
+    "table_not_resident": ((300, 6000), (1, 20), 0),
 }
 
 
