@@ -19,7 +19,7 @@ from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
-from onnx2bir.codegen.weight_cast import cast_weights
+from onnx2bir.codegen.weight_cast import store_in_cast_dtype
 from onnx2bir.errors import CompileError, UserError
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
@@ -85,7 +85,7 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
     kernels = load_kernels()
     if not options.memory_plan:
         module = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels).run()
-        cast_weights(module, module.functions[0], options)
+        store_in_cast_dtype(module, module.functions[0], options)
         return module, None
     first = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels, planning_run=True)
     function = first.run().functions[0]
@@ -102,7 +102,7 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
                 f"{first.arena_need.get(item)} (docs/memory_planner.md#two-passes)"
             )
     plan.psum_high_water = max(second.psum_need.values(), default=0)
-    cast_weights(module, module.functions[0], options)
+    store_in_cast_dtype(module, module.functions[0], options)
     return module, plan
 
 

@@ -1,55 +1,67 @@
-"""Weights stored in the autocast dtype (docs/autocast.md#weights).
+"""Tensors stored in the autocast dtype (docs/autocast.md#weights).
 
-A constant payload (a Const or ExternalInputParameter DRAM location) that the program only
-ever reads by DMA into on-chip tiles of the autocast dtype is cast once, at compile time: its
-location takes the cast dtype and its payload is converted the way the DMA would have
-converted it (`alu.store_as`). The loads then move half the bytes (bf16 from fp32) and compute
-the same values. A payload read any other way — a bias added in fp32, a lookup table, a
-constant that is also a graph output — keeps its dtype.
+A DRAM tensor that the program only ever reads by DMA into on-chip tiles of the autocast
+dtype is stored in that dtype: every reader casts it on load anyway, so casting once — at
+compile time for a weight, at the store for an intermediate — gives every reader the same
+bits and moves half the bytes (bf16 from fp32). Candidates:
+
+- a constant payload (Const, ExternalInputParameter): its location takes the cast dtype and its
+  payload is converted the way the DMA would have converted it (`alu.store_as`);
+- an Internal tensor every write of which is a DMA (a DMA converts on the way, as `store_as`
+  does), e.g. a layout copy or a spilled activation read only by a convolution or matmul.
+
+A tensor read any other way — a bias added in fp32 on VectorE, the table of a one-hot Gather,
+an activation a pooling reads, a graph output — keeps its dtype.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from onnx2bir.bir.enums import PAYLOAD_KINDS, Dtype, Engine, MemoryType
+from onnx2bir.bir.enums import PAYLOAD_KINDS, Dtype, Engine, MemoryKind, MemoryType
 from onnx2bir.bir.ir import Function, Module
 from onnx2bir.codegen.casting import cast_dtype
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.alu import store_as
 
 
-def cast_weights(module: Module, function: Function, options: CompileOptions) -> list[str]:
-    """Store in the autocast dtype every fp32 payload the program reads only into on-chip
-    tiles of that dtype; returns the names of the locations cast."""
+def store_in_cast_dtype(module: Module, function: Function, options: CompileOptions) -> list[str]:
+    """Store in the autocast dtype every fp32 DRAM tensor the program reads only into on-chip
+    tiles of that dtype (and, for an intermediate, writes only by DMA); returns their names."""
     target = cast_dtype(options)
     if target is None:
         return []
     locations = function.memory_locations
-    only_cast_loads: dict[str, bool] = {}
+    eligible: dict[str, bool] = {}
     for ins in function.instructions():
         for ap, is_write in ins.accesses():
             loc = locations[ap.loc]
-            if loc.kind not in PAYLOAD_KINDS or loc.memory is not MemoryType.DRAM:
+            if loc.memory is not MemoryType.DRAM or loc.dtype is not Dtype.FP32:
                 continue
-            dst = locations[ins.dst.loc] if ins.dst is not None else None
-            cast_load = (
-                not is_write
-                and ins.engine is Engine.DMA
-                and dst is not None
-                and dst.memory is not MemoryType.DRAM
-                and dst.dtype is target
-            )
-            only_cast_loads[ap.loc] = only_cast_loads.get(ap.loc, True) and cast_load
+            if loc.kind in PAYLOAD_KINDS:
+                ok = not is_write and _cast_load(ins, locations, target)
+            elif loc.kind is MemoryKind.INTERNAL:
+                ok = ins.engine is Engine.DMA if is_write else _cast_load(ins, locations, target)
+            else:
+                ok = False
+            eligible[ap.loc] = eligible.get(ap.loc, True) and ok
     cast = [
         name
-        for name, only in only_cast_loads.items()
-        if only
-        and locations[name].dtype is Dtype.FP32
-        and name in module.constants
+        for name, ok in eligible.items()
+        if ok
         and name not in function.outputs
+        and (locations[name].kind is MemoryKind.INTERNAL or name in module.constants)
     ]
     for name in cast:
         locations[name] = replace(locations[name], dtype=target)
-        module.constants[name] = store_as(module.constants[name], target)
+        if name in module.constants:
+            module.constants[name] = store_as(module.constants[name], target)
     return cast
+
+
+def _cast_load(ins, locations, target: Dtype) -> bool:
+    """Whether `ins` is a DMA into an on-chip tile of the cast dtype."""
+    if ins.engine is not Engine.DMA or ins.dst is None:
+        return False
+    dst = locations[ins.dst.loc]
+    return dst.memory is not MemoryType.DRAM and dst.dtype is target
