@@ -2,7 +2,8 @@
 
 - GroupNormalization: per image, the G groups on partitions and each group's C/G channels ×
   pixels on the free dim; the statistics are LayerNormalization's row normalisation
-  (`lower_norm._RowNorm`: −mean, centred squares, rsqrt on ScalarE). The per-channel scale and
+  (`row_norm.StagedRows`: −mean, centred squares, rsqrt on ScalarE, a group of images at a
+  time). The per-channel scale and
   bias are loaded once as [G, C/G · pixels] tiles by a DMA that repeats each channel's value over
   its pixels (stride 0); opset 18's per-group scale and bias repeat over the whole group. A
   group longer than one row chunk is refused.
@@ -18,9 +19,11 @@ import math
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_norm import ROW_CHUNK, _dense_vector, _RowNorm
+from onnx2bir.codegen.lower_norm import _dense_vector
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.codegen.row_groups import emit_skewed, row_groups
+from onnx2bir.codegen.row_norm import APPLY_ENGINE, ROW_CHUNK, StagedRows
+from onnx2bir.codegen.tiling import Affine, Tile, tiles
 
 FP32 = Dtype.FP32
 
@@ -39,7 +42,7 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
     length = per_group * pixels
     if length > ROW_CHUNK:
         raise cg.fail(f"GroupNormalization: a group of {length} elements (at most {ROW_CHUNK})")
-    norm = _RowNorm(cg, length, float(node["attrs"].get("epsilon", 1e-5)))
+    eps = float(node["attrs"].get("epsilon", 1e-5))
     vectors = []
     for tag, name in (("gamma", scale), ("beta", bias)):
         tile = cg.sb_tile(tag, groups, length, FP32)
@@ -49,17 +52,25 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
             pattern = [(1, groups), (0, length)]
         cg.dma(cg.ap(tile), cg.dram_ap(cg.dram(name).name, Affine(), pattern))
         vectors.append(cg.ap(tile))
-    y_loc = cg.dram(node["outputs"][0]).name
-    for n in tiles(cg, batch, 1, "n"):
+    norm = StagedRows(cg, batch, 1, length, eps)
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
 
-        def apply(tile, piece, rstd, n=n):
-            cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, rstd)
-            cg.tensor_tensor(tile, tile, vectors[0], AluOp.MULTIPLY)
-            cg.tensor_tensor(tile, tile, vectors[1], AluOp.ADD)
-            offset = n.start * (channels * pixels) + piece.start
-            cg.dma(cg.dram_ap(y_loc, offset, [(length, groups), (1, piece.size)]), tile)
+    def views(n: Tile):
+        start = n.start * (channels * pixels)
+        pattern = [(length, groups), (1, length)]
+        return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), groups
 
-        norm.run(cg.dram(x).name, n.start * (channels * pixels), groups, apply)
+    def tile_steps(n: Tile) -> list:
+        t = norm.tile(n, views)
+
+        def affine() -> None:
+            cg.tensor_tensor(t.y, t.y, vectors[0], AluOp.MULTIPLY, engine=APPLY_ENGINE)
+            cg.tensor_tensor(t.y, t.y, vectors[1], AluOp.ADD, engine=APPLY_ENGINE)
+
+        return [*norm.steps(t), affine, norm.store(t)]
+
+    for group in row_groups(cg, norm.plan, "n"):
+        emit_skewed([tile_steps(n) for n in group])
 
 
 @lowering("RMSNormalization")
