@@ -8,22 +8,23 @@
   its pixels (stride 0); opset 18's per-group scale and bias repeat over the whole group. A
   group longer than one row chunk is refused.
 - RMSNormalization: rows (every position before `axis`) on partitions, the normalised elements
-  on the free dim; Σx² by ScalarE square and a VectorE reduce, rsqrt(Σ/D + ε) on ScalarE,
-  then x · rstd · scale (the scale broadcast to every partition by a stride-0 DMA).
+  on the free dim; the same staged steps without the centring: Σx² by ScalarE square and a
+  VectorE reduce, rsqrt(Σ/D + ε) on ScalarE, then x · rstd (ScalarE) · scale (GpSimd, the
+  scale broadcast to every partition by a stride-0 DMA).
 """
 
 from __future__ import annotations
 
 import math
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_norm import _dense_vector
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
 from onnx2bir.codegen.row_norm import APPLY_ENGINE, ROW_CHUNK, StagedRows
-from onnx2bir.codegen.tiling import Affine, Tile, tiles
+from onnx2bir.codegen.tiling import Affine, Tile
 
 FP32 = Dtype.FP32
 
@@ -85,19 +86,25 @@ def lower_rms_norm(cg: BirCodeGen, node: dict) -> None:
         raise cg.fail(f"RMSNormalization over {length} elements (at most {ROW_CHUNK})")
     eps = float(node["attrs"].get("epsilon", 1e-5))
     p = NUM_PARTITIONS
-    data, square = cg.sb_tile("data", p, length, FP32), cg.sb_tile("square", p, length, FP32)
-    gamma, rstd = cg.sb_tile("gamma", p, length, FP32), cg.sb_tile("rstd", p, 1, FP32)
+    gamma = cg.sb_tile("gamma", p, length, FP32)
     scale_loc = _dense_vector(cg, scale, shape[axis:])
     cg.dma(cg.ap(gamma), cg.dram_ap(scale_loc, Affine(), [(0, p), (1, length)]))
+    norm = StagedRows(cg, rows, p, length, eps, center=False)
     x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
-    for r in tiles(cg, rows, p, "r"):
-        tile = cg.ap(data, partitions=r.size)
-        column = cg.ap(rstd, partitions=r.size)
+
+    def views(r: Tile):
         window = [(length, r.size), (1, length)]
-        cg.dma(tile, cg.dram_ap(x_loc, r.start * length, window))
-        cg.activation(cg.ap(square, partitions=r.size), tile, ActFunc.SQUARE)
-        cg.tensor_reduce(column, cg.ap(square, partitions=r.size), AluOp.ADD, axes=1)
-        cg.activation(column, column, ActFunc.RSQRT, scale=1.0 / length, bias_value=eps)
-        cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, column)
-        cg.tensor_tensor(tile, tile, cg.ap(gamma, partitions=r.size), AluOp.MULTIPLY)
-        cg.dma(cg.dram_ap(y_loc, r.start * length, window), tile)
+        start = r.start * length
+        return cg.dram_ap(x_loc, start, window), cg.dram_ap(y_loc, start, window), r.size
+
+    def tile_steps(r: Tile) -> list:
+        t = norm.tile(r, views)
+        vector = cg.ap(gamma, partitions=r.size)
+
+        def affine() -> None:
+            cg.tensor_tensor(t.y, t.y, vector, AluOp.MULTIPLY, engine=APPLY_ENGINE)
+
+        return [*norm.steps(t), affine, norm.store(t)]
+
+    for group in row_groups(cg, norm.plan, "r"):
+        emit_skewed([tile_steps(r) for r in group])

@@ -1,17 +1,20 @@
-"""Row statistics for LayerNormalization and InstanceNormalization: rows on partitions, the
-normalised elements of a row on the free dim, y = (x − mean) · rstd with
-rstd = 1 / sqrt(Σ (x − mean)² / D + ε), two passes over the row (the centred variance).
+"""Row statistics for the normalisations (Layer, Instance, Group, RMS): rows on partitions,
+the normalised elements of a row on the free dim, y = (x − mean) · rstd with
+rstd = 1 / sqrt(Σ (x − mean)² / D + ε), two passes over the row (the centred variance); RMS
+normalisation does not centre: y = x · rsqrt(Σ x² / D + ε).
 
-`StagedRows` keeps whole rows in SBUF (D ≤ ROW_CHUNK) and takes a group of row tiles through
-each step before the next (docs/row_loops.md), the steps spread over the engines:
+`StagedRows` keeps whole rows in SBUF (D ≤ ROW_CHUNK) for a group of row tiles at a time,
+each tile's steps emitted by `row_groups.emit_skewed` (docs/row_loops.md), spread over the
+engines:
 
-1. the row sum, negated, times 1/D: −mean (VectorE TensorReduce, then a [P, 1] TensorScalar);
+0. x: its SBUF home, or a tile loaded by DMA;
+1. the row sum, negated, times 1/D: −mean (GpSimd TensorReduce, then a [P, 1] TensorScalar);
 2. (x − mean)², ScalarE's square with −mean as its per-partition bias;
 3. Σ (x − mean)² (VectorE TensorReduce);
 4. rstd = rsqrt(Σ / D + ε) (ScalarE, on a [P, 1] column);
 5. y = (x + (−mean)) · rstd, one two-operand TensorScalar (ScalarE).
 
-The caller then applies its affine step (GpSimd) and stores. The input is read straight from
+The caller then appends its affine step (GpSimd) and the store. The input is read straight from
 its SBUF home and y written straight into the output's when the memory plan keeps them there
 (docs/memory_planner.md#direct-operands).
 
@@ -61,11 +64,20 @@ Step = Callable[[], None]
 class StagedRows:
     """The per-copy buffers of a staged row normalisation over rows of `length` elements."""
 
-    def __init__(self, cg: BirCodeGen, extent: int, size: int, length: int, eps: float) -> None:
+    def __init__(
+        self,
+        cg: BirCodeGen,
+        extent: int,
+        size: int,
+        length: int,
+        eps: float,
+        center: bool = True,
+    ) -> None:
         """Buffers for `tiles(extent, size)` walked in groups (`row_groups(cg, self.plan)`),
-        each tile `length` elements per partition."""
+        each tile `length` elements per partition; without `center`, step 1 is left out and
+        the other steps use 0 for the mean (RMS normalisation)."""
         fp32 = Dtype.FP32
-        self.cg, self.length, self.eps = cg, length, eps
+        self.cg, self.length, self.eps, self.center = cg, length, eps, center
         self.stride = copy_stride(length, fp32)
         copy_bytes = 2 * self.stride * fp32.itemsize + 2 * fp32.itemsize
         self.plan: RowGroups = plan_groups(cg, extent, size, copy_bytes)
@@ -73,7 +85,7 @@ class StagedRows:
         p = NUM_PARTITIONS
         self.data = cg.sb_tile("data", p, copies * self.stride, fp32)
         self.square = cg.sb_tile("square", p, copies * self.stride, fp32)
-        self.neg_mean = cg.sb_tile("neg_mean", p, copies, fp32)
+        self.neg_mean = cg.sb_tile("neg_mean", p, copies, fp32) if center else None
         self.rstd = cg.sb_tile("rstd", p, copies, fp32)
 
     def tile(self, tile: Tile, views: Views) -> RowTile:
@@ -88,7 +100,7 @@ class StagedRows:
             # place, elementwise, after its last other reader (step 2).
             cg.ap(self.data, row, tile.slot * self.stride, partitions=rows),
             cg.ap(self.square, row, tile.slot * self.stride, partitions=rows),
-            cg.ap(self.neg_mean, [(1, 1)], tile.slot, partitions=rows),
+            cg.ap(self.neg_mean, [(1, 1)], tile.slot, partitions=rows) if self.center else None,
             cg.ap(self.rstd, [(1, 1)], tile.slot, partitions=rows),
             rows,
         )
@@ -107,7 +119,7 @@ class StagedRows:
             )
 
         def square() -> None:
-            cg.activation(t.square, t.x, ActFunc.SQUARE, bias=t.neg_mean)
+            cg.activation(t.square, t.x, ActFunc.SQUARE, bias=t.neg_mean)  # no bias: RMS
 
         def variance() -> None:
             cg.tensor_reduce(t.rstd, t.square, AluOp.ADD, 1, engine=VARIANCE_ENGINE)
@@ -117,10 +129,15 @@ class StagedRows:
 
         def normalize() -> None:
             t.y = cg.write_operand(t.y_tile, t.y_view)
-            cg.tensor_scalar(
-                t.y, t.x, AluOp.ADD, t.neg_mean, AluOp.MULTIPLY, t.rstd, engine=Engine.ACT
-            )
+            if self.center:
+                cg.tensor_scalar(
+                    t.y, t.x, AluOp.ADD, t.neg_mean, AluOp.MULTIPLY, t.rstd, engine=Engine.ACT
+                )
+            else:
+                cg.tensor_scalar(t.y, t.x, AluOp.MULTIPLY, t.rstd, engine=Engine.ACT)
 
+        if not self.center:
+            return [load, square, variance, rstd, normalize]
         return [load, mean, square, variance, rstd, normalize]
 
     def store(self, t: RowTile) -> Step:

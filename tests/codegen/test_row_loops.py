@@ -186,6 +186,20 @@ def test_group_norm_groups_images():
     _same_under_a_random_schedule(model)
 
 
+def test_rms_norm_groups_rows():
+    # 9 row tiles: 2 full groups of 4 (a parallel loop of 2) and the edge tile: three trips,
+    # a set of copies each.
+    node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-5)
+    model = make_model(node, {"x": (1100, 48)}, {"y": None}, 23, {"s": _weights(3, 48)})
+    compiled = _compile(model)
+    assert {Engine.POOL, Engine.ACT, Engine.DVE} == _engines(compiled) - {Engine.DMA}
+    buffered = compiled.module.metadata[BUFFERED_LOOPS]
+    loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
+    assert list(buffered.values()) == [3] and all(loops[axis].parallel for axis in buffered)
+    assert_matches_onnxruntime(model, passes=[])
+    _same_under_a_random_schedule(model)
+
+
 # --- direct operands ----------------------------------------------------------------------------
 
 
