@@ -60,7 +60,8 @@ class _Rows:
     log: bool
 
     def view(self, loc: str, o, r, start: int = 0, size: int | None = None) -> tuple:
-        """(offset, pattern) of rows r (a tile) of loop block o, elements [start, start+size)."""
+        """`dram_ap`'s (location, offset, pattern) for rows r (a tile) of loop block o,
+        elements [start, start + size) of each row."""
         size = self.length if size is None else size
         offset = o.start * self.loop_stride + r.start * self.row_stride + start * self.inner
         return loc, offset, [(self.row_stride, r.size), (self.inner, size)]
