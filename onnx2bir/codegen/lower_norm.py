@@ -29,7 +29,7 @@ from onnx2bir.codegen.lower_data import copy_strided
 from onnx2bir.codegen.lower_elementwise import iota
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
-from onnx2bir.codegen.row_norm import APPLY_ENGINE, ROW_CHUNK, ChunkedRows, StagedRows
+from onnx2bir.codegen.row_norm import ROW_CHUNK, ChunkedRows, StagedRows, pass_engine
 from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_strides, tiles
 
 FREE_TILE = 4096
@@ -130,6 +130,8 @@ def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
 
     out_mean, out_rstd = (cg.dram(name).name if name else "" for name in outputs[1:3])
 
+    engine = pass_engine(length, tensor_tensor=True)
+
     def tile_steps(r: Tile) -> list:
         t = norm.tile(r, views)
         steps = norm.steps(t)
@@ -137,7 +139,7 @@ def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
             if tag in rows_of:
                 vector = cg.ap(rows_of[tag], [(1, length)], partitions=t.rows)
                 steps.append(
-                    lambda v=vector, op=op: cg.tensor_tensor(t.y, t.y, v, op, engine=APPLY_ENGINE)
+                    lambda v=vector, op=op: cg.tensor_tensor(t.y, t.y, v, op, engine=engine)
                 )
         steps.append(norm.store(t))
         column = [(1, r.size), (1, 1)]
@@ -230,7 +232,7 @@ def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
         def tile_steps(n: Tile, views=views, g=g, b=b) -> list:
             t = norm.tile(n, views)
             affine = lambda: cg.tensor_scalar(  # noqa: E731
-                t.y, t.y, AluOp.MULTIPLY, g, AluOp.ADD, b, engine=APPLY_ENGINE
+                t.y, t.y, AluOp.MULTIPLY, g, AluOp.ADD, b, engine=pass_engine(pixels)
             )
             return [*norm.steps(t), affine, norm.store(t)]
 

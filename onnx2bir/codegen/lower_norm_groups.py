@@ -23,7 +23,7 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_norm import _dense_vector
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
-from onnx2bir.codegen.row_norm import APPLY_ENGINE, ROW_CHUNK, StagedRows
+from onnx2bir.codegen.row_norm import ROW_CHUNK, StagedRows, pass_engine
 from onnx2bir.codegen.tiling import Affine, Tile
 
 FP32 = Dtype.FP32
@@ -61,12 +61,14 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
         pattern = [(length, groups), (1, length)]
         return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), groups
 
+    engine = pass_engine(length, tensor_tensor=True)
+
     def tile_steps(n: Tile) -> list:
         t = norm.tile(n, views)
 
         def affine() -> None:
-            cg.tensor_tensor(t.y, t.y, vectors[0], AluOp.MULTIPLY, engine=APPLY_ENGINE)
-            cg.tensor_tensor(t.y, t.y, vectors[1], AluOp.ADD, engine=APPLY_ENGINE)
+            cg.tensor_tensor(t.y, t.y, vectors[0], AluOp.MULTIPLY, engine=engine)
+            cg.tensor_tensor(t.y, t.y, vectors[1], AluOp.ADD, engine=engine)
 
         return [*norm.steps(t), affine, norm.store(t)]
 
@@ -97,12 +99,14 @@ def lower_rms_norm(cg: BirCodeGen, node: dict) -> None:
         start = r.start * length
         return cg.dram_ap(x_loc, start, window), cg.dram_ap(y_loc, start, window), r.size
 
+    engine = pass_engine(length, tensor_tensor=True)
+
     def tile_steps(r: Tile) -> list:
         t = norm.tile(r, views)
         vector = cg.ap(gamma, partitions=r.size)
 
         def affine() -> None:
-            cg.tensor_tensor(t.y, t.y, vector, AluOp.MULTIPLY, engine=APPLY_ENGINE)
+            cg.tensor_tensor(t.y, t.y, vector, AluOp.MULTIPLY, engine=engine)
 
         return [*norm.steps(t), affine, norm.store(t)]
 

@@ -8,15 +8,15 @@ each tile's steps emitted by `row_groups.emit_skewed` (docs/row_loops.md), sprea
 engines:
 
 0. x: its SBUF home, or a tile loaded by DMA;
-1. the row sum, negated, times 1/D: −mean (GpSimd TensorReduce, then a [P, 1] TensorScalar);
+1. the row sum, negated, times 1/D: −mean (GpSimd or VectorE: `pass_engine`);
 2. (x − mean)², ScalarE's square with −mean as its per-partition bias;
 3. Σ (x − mean)² (VectorE TensorReduce);
 4. rstd = rsqrt(Σ / D + ε) (ScalarE, on a [P, 1] column);
 5. y = (x + (−mean)) · rstd, one two-operand TensorScalar (ScalarE).
 
-The caller then appends its affine step (GpSimd) and the store. The input is read straight from
-its SBUF home and y written straight into the output's when the memory plan keeps them there
-(docs/memory_planner.md#direct-operands).
+The caller then appends its affine step (GpSimd or VectorE: `pass_engine`) and the store. The
+input is read straight from its SBUF home and y written straight into the output's when the
+memory plan keeps them there (docs/memory_planner.md#direct-operands).
 
 `ChunkedRows` handles longer rows one tile at a time, reading each chunk of ROW_CHUNK elements
 once per pass.
@@ -34,12 +34,20 @@ from onnx2bir.codegen.row_groups import RowGroups, plan_groups
 from onnx2bir.codegen.tiling import Affine, Tile, copy_stride, tile_index, tiles
 
 ROW_CHUNK = 8192
-# GpSimd takes the row sum, VectorE the sum of squares, ScalarE the squares and the scaling:
-# three engines on the five steps; GpSimd also takes the callers' affine step, where its
-# TensorTensor costs N + 150 cycles against VectorE's 2N (docs/device_time.md).
-MEAN_ENGINE = Engine.POOL
+# VectorE takes the sum of squares, ScalarE the squares and the scaling; the row sum and the
+# callers' affine step go to GpSimd where it is not dearer than VectorE: its instructions cost
+# 150 + N cycles at 1.4 GHz, VectorE's N at 1.12 GHz (a TensorTensor 2N), so GpSimd is the
+# cheaper engine for a one-input pass from about 600 elements a partition (taken from 512, to
+# unload VectorE) and for a TensorTensor from about 100 (docs/device_time.md#instruction-costs).
 VARIANCE_ENGINE = Engine.DVE
-APPLY_ENGINE = Engine.POOL
+GPSIMD_ONE_INPUT_FROM = 512
+GPSIMD_TENSOR_TENSOR_FROM = 100
+
+
+def pass_engine(length: int, tensor_tensor: bool = False) -> Engine:
+    """GpSimd or VectorE for a pass over rows of `length` elements (see above)."""
+    start = GPSIMD_TENSOR_TENSOR_FROM if tensor_tensor else GPSIMD_ONE_INPUT_FROM
+    return Engine.POOL if length >= start else Engine.DVE
 
 
 class RowTile:
@@ -113,10 +121,9 @@ class StagedRows:
             t.x = cg.read_operand(t.y_tile, t.x_view)
 
         def mean() -> None:
-            cg.tensor_reduce(t.neg_mean, t.x, AluOp.ADD, 1, True, MEAN_ENGINE)
-            cg.tensor_scalar(
-                t.neg_mean, t.neg_mean, AluOp.MULTIPLY, 1.0 / length, engine=MEAN_ENGINE
-            )
+            engine = pass_engine(length)
+            cg.tensor_reduce(t.neg_mean, t.x, AluOp.ADD, 1, True, engine)
+            cg.tensor_scalar(t.neg_mean, t.neg_mean, AluOp.MULTIPLY, 1.0 / length, engine=engine)
 
         def square() -> None:
             cg.activation(t.square, t.x, ActFunc.SQUARE, bias=t.neg_mean)  # no bias: RMS

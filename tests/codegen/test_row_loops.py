@@ -138,12 +138,19 @@ def _weights(seed: int, *shape: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [(4, 128, 96), (1100, 64), (3, 50, 40)],
-    ids=["four_tiles", "two_groups_and_edge", "one_partial_tile"],
-)
-def test_layer_norm_row_groups_match_onnxruntime_race_free(shape):
+# GpSimd takes the row sum from 512 elements a row and the scale and bias from 100 (where it
+# is not dearer than VectorE, docs/device_time.md#instruction-costs); ScalarE and VectorE
+# always have their steps.
+LAYER_NORM_CASES = {
+    "four_tiles": ((4, 128, 640), {Engine.ACT, Engine.DVE, Engine.POOL}),
+    "two_groups_and_edge": ((1100, 64), {Engine.ACT, Engine.DVE}),
+    "one_partial_tile": ((3, 50, 40), {Engine.ACT, Engine.DVE}),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYER_NORM_CASES))
+def test_layer_norm_row_groups_match_onnxruntime_race_free(case):
+    shape, engines = LAYER_NORM_CASES[case]
     d = shape[-1]
     node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "rstd"])
     model = make_model(
@@ -154,7 +161,7 @@ def test_layer_norm_row_groups_match_onnxruntime_race_free(shape):
         {"s": _weights(1, d), "b": _weights(2, d)},
     )
     compiled = _compile(model)
-    assert {Engine.POOL, Engine.ACT, Engine.DVE} <= _engines(compiled)
+    assert _engines(compiled) - {Engine.DMA} == engines
     assert_matches_onnxruntime(model, passes=[])
     _same_under_a_random_schedule(model)
 
@@ -192,7 +199,7 @@ def test_rms_norm_groups_rows():
     node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-5)
     model = make_model(node, {"x": (1100, 48)}, {"y": None}, 23, {"s": _weights(3, 48)})
     compiled = _compile(model)
-    assert {Engine.POOL, Engine.ACT, Engine.DVE} == _engines(compiled) - {Engine.DMA}
+    assert _engines(compiled) - {Engine.DMA} == {Engine.ACT, Engine.DVE}  # rows of 48
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
     assert list(buffered.values()) == [3] and all(loops[axis].parallel for axis in buffered)
