@@ -6,12 +6,14 @@ opset ≥ 13 normalises along `axis` alone. Either way the tensor becomes
 [outer, length, inner] with the softmax over `length`: rows (outer · inner) go on partitions,
 `length` on the free dim, read with stride `inner`.
 
-Per tile of 128 rows: GpSimd takes the negated row max, ScalarE computes exp(x + (−max)) with
-the max as its per-partition bias, VectorE sums, and ScalarE divides (LogSoftmax: takes the
-log of the sum and computes x + (−max) − log Σ). Up to four tiles go through each step before
-the next one, and their buffers rotate (docs/row_loops.md), so the engines work on different
-tiles at once. The input is read straight from its SBUF home and the result written straight
-into the output's when the memory plan keeps them there (docs/memory_planner.md#direct-operands).
+Per tile of 128 rows: GpSimd (or VectorE) takes the negated row max, ScalarE computes
+exp(x + (−max)) with the max as its per-partition bias, VectorE sums, and ScalarE (or VectorE)
+divides (LogSoftmax: ScalarE takes the log of the sum, then x + (−max) − log Σ); the engines of
+the max and of the last step balance the group's estimated load (`row_groups.EngineLoad`).
+Up to four tiles go through each step before the next one, and their buffers rotate
+(docs/row_loops.md), so the engines work on different tiles at once. The input is read
+straight from its SBUF home and the result written straight into the output's when the memory
+plan keeps them there (docs/memory_planner.md#direct-operands).
 
 Rows longer than ROW_CHUNK are processed in chunks, one tile at a time: a pass for the max, a
 pass for the sum, a pass to write the normalised values.
@@ -27,7 +29,7 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.row_groups import emit_staged, plan_groups, row_groups
+from onnx2bir.codegen.row_groups import EngineLoad, emit_staged, plan_groups, row_groups
 from onnx2bir.codegen.tiling import Tile, copy_stride, tile_index, tiles
 
 ROW_CHUNK = 8192
@@ -118,7 +120,7 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
     neg_max = cg.sb_tile("neg_max", NUM_PARTITIONS, copies, dtype)
     total = cg.sb_tile("sum", NUM_PARTITIONS, copies, dtype)
 
-    def steps(o: Tile, r: Tile) -> list:
+    def steps(o: Tile, r: Tile, max_engine: Engine, last_engine: Engine) -> list:
         """Load, max, exp, sum, normalise and store one tile of rows."""
         tile = cg.ap(data, [(1, length)], r.slot * stride, partitions=r.size)
         exp = cg.ap(exps, [(1, length)], r.slot * stride, partitions=r.size)
@@ -131,7 +133,7 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
             ops["x"] = cg.read_operand(tile, x_view)
 
         def row_max() -> None:
-            cg.tensor_reduce(top, ops["x"], AluOp.MAX, 1, True, Engine.POOL)
+            cg.tensor_reduce(top, ops["x"], AluOp.MAX, 1, True, max_engine)
 
         def exponentials() -> None:
             # Softmax computes in place in its result; LogSoftmax keeps x for the last step.
@@ -146,10 +148,10 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
             if spec.log:  # x + (−max) − log Σ
                 cg.activation(sigma, sigma, ActFunc.LOG)
                 cg.tensor_scalar(
-                    ops["y"], ops["x"], AluOp.ADD, top, AluOp.SUBTRACT, sigma, engine=Engine.ACT
+                    ops["y"], ops["x"], AluOp.ADD, top, AluOp.SUBTRACT, sigma, engine=last_engine
                 )
             else:
-                cg.tensor_scalar(ops["y"], ops["y"], AluOp.DIVIDE, sigma, engine=Engine.ACT)
+                cg.tensor_scalar(ops["y"], ops["y"], AluOp.DIVIDE, sigma, engine=last_engine)
 
         def store() -> None:
             cg.store_result(y_view, tile, ops["y"])
@@ -158,7 +160,22 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
 
     for o in tiles(cg, spec.loops, 1, "o"):
         for group in row_groups(cg, plan, "r"):
-            emit_staged([steps(o, r) for r in group])
+            engines = _engines(len(group), length)
+            emit_staged([steps(o, r, *pair) for r, pair in zip(group, engines, strict=True)])
+
+
+def _engines(count: int, length: int) -> list[tuple[Engine, Engine]]:
+    """(row max, last step) engines of each tile of a group: ScalarE has the exponentials and
+    VectorE the sums; each max goes to GpSimd or VectorE and each last step to ScalarE or
+    VectorE, whichever `EngineLoad` finds first done with it."""
+    load = EngineLoad()
+    for _ in range(count):
+        load.add(Engine.ACT, length)
+        load.add(Engine.DVE, length)
+    return [
+        (load.pick((Engine.POOL, Engine.DVE), length), load.pick((Engine.ACT, Engine.DVE), length))
+        for _ in range(count)
+    ]
 
 
 def _emit_chunked(cg: BirCodeGen, spec: _Rows) -> None:

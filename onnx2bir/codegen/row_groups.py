@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from onnx2bir.bir.enums import Engine
 from onnx2bir.codegen.tiling import Tile, buffer_count, tile_count, tiles
+from onnx2bir.runtime.cost import DEFAULT_TABLE
 
 GROUP = 4  # tiles per trip, emitted step by step
 
@@ -92,3 +94,33 @@ def emit_staged(steps: list[list[Callable[[], None]]]) -> None:
         for tile_steps in steps:
             if k < len(tile_steps):
                 tile_steps[k]()
+
+
+class EngineLoad:
+    """The estimated busy time of each engine over the steps of a group assigned so far, by
+    the cost model's formulas (docs/device_time.md#instruction-costs): `pick` gives a step that
+    several engines can run to the one that would be done with it first."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(Engine, 0.0)
+
+    @staticmethod
+    def cost(engine: Engine, n: int, tensor_tensor: bool = False) -> float:
+        """Seconds of one pass over `n` elements a partition on `engine`."""
+        table = DEFAULT_TABLE
+        if engine is Engine.POOL:
+            cycles = table.pool_startup + n
+        elif engine is Engine.DVE and tensor_tensor:
+            cycles = max(table.min_ii, 2 * n)
+        else:
+            cycles = max(table.min_ii, n)
+        return cycles / table.clock(engine)
+
+    def add(self, engine: Engine, n: int, tensor_tensor: bool = False) -> Engine:
+        self.seconds[engine] += self.cost(engine, n, tensor_tensor)
+        return engine
+
+    def pick(self, engines: tuple[Engine, ...], n: int, tensor_tensor: bool = False) -> Engine:
+        """The first of `engines` to finish the step, which is then counted on it."""
+        best = min(engines, key=lambda e: self.seconds[e] + self.cost(e, n, tensor_tensor))
+        return self.add(best, n, tensor_tensor)
