@@ -8,10 +8,11 @@ copy of the buffers of its own (`slot`).
 A row normalisation (softmax, layer norm) is a chain of steps on different engines: a
 reduction on VectorE or GpSimd, an activation on ScalarE, another reduction, and so on. Each
 engine runs its instructions in program order, so a loop body that takes one tile through
-the whole chain leaves every engine waiting on the others. A lowering that emits each step for
-every tile of a group before the next step (`for tile in group: step(tile)`) lets an engine
-start the next tile while the others work on the previous one; the groups rotate over k sets
-of copies, so the loop over groups is `parallel` (or double-buffered) too
+the whole chain leaves every engine waiting on the others. A lowering that emits the steps of
+a group's tiles interleaved (`emit_staged`: step by step; `emit_skewed`: in waves) lets an
+engine start the next tile while the others work on the previous one; the groups rotate over
+k sets of copies, so the loop over groups is `parallel` (or double-buffered) too. `EngineLoad`
+estimates each engine's share of a group, for steps that more than one engine can run
 (docs/row_loops.md).
 """
 

@@ -30,24 +30,25 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.row_groups import RowGroups, plan_groups
+from onnx2bir.codegen.row_groups import EngineLoad, RowGroups, plan_groups
 from onnx2bir.codegen.tiling import Affine, Tile, copy_stride, tile_index, tiles
 
 ROW_CHUNK = 8192
 # VectorE takes the sum of squares, ScalarE the squares and the scaling; the row sum and the
-# callers' affine step go to GpSimd where it is not dearer than VectorE: its instructions cost
-# 150 + N cycles at 1.4 GHz, VectorE's N at 1.12 GHz (a TensorTensor 2N), so GpSimd is the
-# cheaper engine for a one-input pass from about 600 elements a partition (taken from 512, to
-# unload VectorE) and for a TensorTensor from about 100 (docs/device_time.md#instruction-costs).
+# callers' affine step go to GpSimd where it is not dearer than VectorE (`pass_engine`).
 VARIANCE_ENGINE = Engine.DVE
-GPSIMD_ONE_INPUT_FROM = 512
-GPSIMD_TENSOR_TENSOR_FROM = 100
 
 
 def pass_engine(length: int, tensor_tensor: bool = False) -> Engine:
-    """GpSimd or VectorE for a pass over rows of `length` elements (see above)."""
-    start = GPSIMD_TENSOR_TENSOR_FROM if tensor_tensor else GPSIMD_ONE_INPUT_FROM
-    return Engine.POOL if length >= start else Engine.DVE
+    """GpSimd or VectorE for a pass over rows of `length` elements: GpSimd when its cost is not
+    above VectorE's. Its instructions cost 150 + N cycles at 1.4 GHz, VectorE's N at 1.12 GHz
+    and 2N for a TensorTensor (docs/device_time.md#instruction-costs): GpSimd from about 600
+    elements a partition for one input, from about 100 for a TensorTensor. Shorter rows stay
+    on VectorE, where a lone tile's chain of steps is shorter."""
+    gpsimd = EngineLoad.cost(Engine.POOL, length, tensor_tensor)
+    return (
+        Engine.POOL if gpsimd <= EngineLoad.cost(Engine.DVE, length, tensor_tensor) else Engine.DVE
+    )
 
 
 class RowTile:

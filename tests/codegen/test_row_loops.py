@@ -138,7 +138,7 @@ def _weights(seed: int, *shape: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-# GpSimd takes the row sum from 512 elements a row and the scale and bias from 100 (where it
+# GpSimd takes the row sum from about 600 elements a row and the scale and bias from 100 (where it
 # is not dearer than VectorE, docs/device_time.md#instruction-costs); ScalarE and VectorE
 # always have their steps.
 LAYER_NORM_CASES = {
