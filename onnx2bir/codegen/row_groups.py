@@ -26,6 +26,7 @@ from onnx2bir.codegen.tiling import Tile, buffer_count, tile_count, tiles
 from onnx2bir.runtime.cost import DEFAULT_TABLE
 
 GROUP = 4  # tiles per trip, emitted step by step
+COPY_BUDGET = 48 * 1024  # bytes of each partition for the copies of a group's buffers
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +46,23 @@ class RowGroups:
 
 def plan_groups(cg, extent: int, size: int, copy_bytes: int) -> RowGroups:
     """Tiles per trip and buffer sets for `tiles(extent, size)` whose per-tile buffers take
-    `copy_bytes` of each SBUF partition: up to `GROUP` tiles a trip while their copies fit,
-    then as many sets of copies as `buffer_count` grants the trips."""
+    `copy_bytes` of each SBUF partition: up to `GROUP` tiles a trip while their copies fit the
+    budget, then two sets of them (double buffering) when those fit too.
+
+    The budget is COPY_BUDGET (at least two copies, at most what the node has free): a node's
+    arena sits above the SBUF homes of the tensors live across it (docs/memory_planner.md
+    #allocation), so copies that are not needed for the overlap would push those tensors to
+    DRAM."""
     count = tile_count(extent, size)
-    free = cg.sb_free_bytes()
+    budget = min(cg.sb_free_bytes(), max(COPY_BUDGET, 2 * copy_bytes))
     group = max(1, min(GROUP, count))
-    while group > 1 and group * copy_bytes > free:
+    while group > 1 and group * copy_bytes > budget:
         group -= 1
     trips = tile_count(extent, size * group)
-    return RowGroups(extent, size, group, buffer_count(cg, trips, group * copy_bytes))
+    buffers = 1
+    if 2 * group * copy_bytes <= budget:
+        buffers = buffer_count(cg, trips, group * copy_bytes, limit=2)
+    return RowGroups(extent, size, group, buffers)
 
 
 def row_groups(cg, plan: RowGroups, name: str) -> Iterator[list[Tile]]:

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from onnx2bir.bir.enums import Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Loop
 from onnx2bir.bir.verify import verify_module
-from onnx2bir.codegen.row_groups import GROUP, emit_skewed, emit_staged, plan_groups
+from onnx2bir.codegen.row_groups import COPY_BUDGET, GROUP, emit_skewed, emit_staged, plan_groups
 from onnx2bir.codegen.tiling import BUFFERED_LOOPS
 from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import CompileOptions
@@ -70,19 +70,25 @@ class _Free:
 
 
 @pytest.mark.parametrize(
-    ("extent", "free", "group", "buffers"),
+    ("extent", "copy_bytes", "free", "group", "buffers"),
     [
-        (128 * 48, 10**6, GROUP, 2),  # 12 group trips: two sets of copies
-        (128 * 4, 10**6, GROUP, 1),  # one trip: nothing to rotate
-        (128 * 12, 10**6, GROUP, 3),  # 3 trips: a set of copies each
-        (128 * 3, 10**6, 3, 1),  # fewer tiles than a group
-        (128 * 48, 2500, 2, 1),  # 1000 bytes a copy: two tiles fit, not two sets of two
+        (128 * 48, 1000, 10**6, GROUP, 2),  # 12 group trips: two sets of copies
+        (128 * 4, 1000, 10**6, GROUP, 1),  # one trip: nothing to rotate
+        (128 * 8, 1000, 10**6, GROUP, 2),  # two trips: a set each
+        (128 * 3, 1000, 10**6, 3, 1),  # fewer tiles than a group
+        (128 * 48, 1000, 2500, 2, 1),  # two copies fit what is free, not two sets of two
+        # The budget (COPY_BUDGET, or two copies when they take more): 2 x 20000 B fit it,
+        # 4 x 20000 B do not; 2 x 30000 B or 2 x 60000 B are allowed: two tiles a trip.
+        (128 * 48, 20000, 10**6, 2, 1),
+        (128 * 48, 30000, 10**6, 2, 1),
+        (128 * 48, 60000, 10**6, 2, 1),
     ],
 )
-def test_plan_groups_fills_a_group_then_rotates_what_fits(extent, free, group, buffers):
-    plan = plan_groups(_Free(free), extent, 128, 1000)
+def test_plan_groups_fills_a_group_then_rotates_what_fits(extent, copy_bytes, free, group, buffers):
+    plan = plan_groups(_Free(free), extent, 128, copy_bytes)
     assert (plan.group, plan.buffers) == (group, buffers)
-    assert plan.copies * 1000 <= free
+    assert plan.copies * copy_bytes <= max(COPY_BUDGET, 2 * copy_bytes)
+    assert plan.copies * copy_bytes <= free
 
 
 def test_staged_emits_a_step_of_every_tile_before_the_next_step():
@@ -194,15 +200,15 @@ def test_group_norm_groups_images():
 
 
 def test_rms_norm_groups_rows():
-    # 9 row tiles: 2 full groups of 4 (a parallel loop of 2) and the edge tile: three trips,
-    # a set of copies each.
+    # 9 row tiles: 2 full groups of 4 (a parallel loop of 2 trips, a set of copies each) and
+    # the edge tile.
     node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-5)
     model = make_model(node, {"x": (1100, 48)}, {"y": None}, 23, {"s": _weights(3, 48)})
     compiled = _compile(model)
     assert _engines(compiled) - {Engine.DMA} == {Engine.ACT, Engine.DVE}  # rows of 48
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
-    assert list(buffered.values()) == [3] and all(loops[axis].parallel for axis in buffered)
+    assert list(buffered.values()) == [2] and all(loops[axis].parallel for axis in buffered)
     assert_matches_onnxruntime(model, passes=[])
     _same_under_a_random_schedule(model)
 
