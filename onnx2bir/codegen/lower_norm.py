@@ -8,10 +8,11 @@ InstanceNormalization and LRN.
 - LayerNormalization / InstanceNormalization: rows on partitions (LN: every position before
   `axis`; IN: the channels of one image), the normalised elements on the free dim, the
   statistics and `(x − mean) · rstd` from `codegen/row_norm.py` (a group of row tiles at a
-  time, the steps spread over VectorE and ScalarE, docs/row_loops.md). Then the affine step on
-  GpSimd: LN multiplies by the scale and adds the bias, vectors along the free dim loaded once
-  (broadcast to every partition by a stride-0 DMA); IN's are per-channel columns. Rows longer
-  than ROW_CHUNK are read in chunks, once per pass, one tile at a time.
+  time, the steps spread over GpSimd, ScalarE and VectorE, docs/row_loops.md). Then the affine
+  step (GpSimd where it is not dearer than VectorE): LN multiplies by the scale and adds the
+  bias, vectors along the free dim loaded once (broadcast to every partition by a stride-0
+  DMA); IN's are per-channel columns. Rows longer than ROW_CHUNK are read in chunks, once per
+  pass, one tile at a time.
 - LRN: the window sum across channels is a matmul with a band matrix (ones where
   |c' − c| is inside the window, built with Iota and two comparisons):
   `psum[c, px] = Σ_c' band[c', c] · x[c', px]²`. ScalarE reads PSUM to compute
@@ -129,7 +130,6 @@ def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
         return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), r.size
 
     out_mean, out_rstd = (cg.dram(name).name if name else "" for name in outputs[1:3])
-
     engine = pass_engine(length, tensor_tensor=True)
 
     def tile_steps(r: Tile) -> list:
@@ -219,6 +219,7 @@ def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
         return
     # Rows: the channels of one image; the images of a channel tile are the tiles of a group.
     norm = StagedRows(cg, batch, 1, pixels, eps)
+    engine = pass_engine(pixels)
     for c in tiles(cg, channels, p, "c"):
         g, b = cg.ap(gamma, partitions=c.size), cg.ap(beta, partitions=c.size)
         for column, name in ((g, scale), (b, bias)):
@@ -231,9 +232,10 @@ def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
 
         def tile_steps(n: Tile, views=views, g=g, b=b) -> list:
             t = norm.tile(n, views)
-            affine = lambda: cg.tensor_scalar(  # noqa: E731
-                t.y, t.y, AluOp.MULTIPLY, g, AluOp.ADD, b, engine=pass_engine(pixels)
-            )
+
+            def affine() -> None:
+                cg.tensor_scalar(t.y, t.y, AluOp.MULTIPLY, g, AluOp.ADD, b, engine=engine)
+
             return [*norm.steps(t), affine, norm.store(t)]
 
         for group in row_groups(cg, norm.plan, "n"):
