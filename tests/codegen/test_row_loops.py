@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import IR_VERSION, assert_matches_onnxruntime, make_model, one_node_model
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Loop
@@ -216,8 +216,8 @@ def test_rms_norm_groups_rows():
 # --- direct operands ----------------------------------------------------------------------------
 
 
-def _chain(op: str, shape: tuple[int, ...], initializers=(), inputs=()):
-    """x + c -> op -> relu: the op's input and output are intermediates the plan keeps on chip."""
+def _chain(op: str, shape: tuple[int, ...], initializers=(), inputs=(), opset: int = 18):
+    """x + x -> op -> relu: the op's input and output are intermediates the plan keeps on chip."""
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in ("x", "y")]
     nodes = [
         helper.make_node("Add", ["x", "x"], ["a"], name="add"),
@@ -226,20 +226,25 @@ def _chain(op: str, shape: tuple[int, ...], initializers=(), inputs=()):
     ]
     graph = helper.make_graph(nodes, "chain", [vi[0]], [vi[1]], initializer=list(initializers))
     return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION
     )
 
 
-@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
-def test_rows_are_read_from_and_written_to_their_homes(op):
-    from onnx import numpy_helper
+# (weights the op takes after its input, opset)
+DIRECT_CASES = {
+    "Softmax": ((), 18),
+    "LogSoftmax": ((), 18),
+    "LayerNormalization": (("s", "b"), 18),
+    "RMSNormalization": (("s",), 23),
+}
 
+
+@pytest.mark.parametrize("op", list(DIRECT_CASES))
+def test_rows_are_read_from_and_written_to_their_homes(op):
     shape = (4, 128, 64)
-    inits, inputs = (), ()
-    if op == "LayerNormalization":
-        inits = [numpy_helper.from_array(_weights(n, 64), name) for n, name in ((1, "s"), (2, "b"))]
-        inputs = ("s", "b")
-    model = _chain(op, shape, inits, inputs)
+    inputs, opset = DIRECT_CASES[op]
+    inits = [numpy_helper.from_array(_weights(n, 64), name) for n, name in enumerate(inputs)]
+    model = _chain(op, shape, inits, inputs, opset)
     compilation = compile_model(model, CompileOptions(auto_cast="none"))
     assert not verify_module(compilation.module)
     fn = compilation.module.functions[0]
