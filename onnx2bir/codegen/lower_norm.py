@@ -6,12 +6,13 @@ InstanceNormalization and LRN.
   ε as its bias), t = B − mean · s (VectorE) — and each data tile [C, batch × pixels] is one
   TensorScalar `x · s + t` with the columns as per-partition operands.
 - LayerNormalization / InstanceNormalization: rows on partitions (LN: every position before
-  `axis`; IN: the channels of one image), the normalised elements on the free dim. Two-pass
-  statistics on VectorE: the row sum (TensorReduce) gives −mean, the centred squares (ScalarE
-  square) summed give the variance, and ScalarE's rsqrt(Σ/D + ε) the inverse deviation. Then
-  `(x − mean) · rstd` times the scale and plus the bias: LN's are vectors along the free dim
-  (broadcast to every partition by a stride-0 DMA), IN's are per-channel columns. Rows longer
-  than ROW_CHUNK are read in chunks, once per pass.
+  `axis`; IN: the channels of one image), the normalised elements on the free dim, the
+  statistics and `(x − mean) · rstd` from `codegen/row_norm.py` (a group of row tiles at a
+  time, the steps spread over GpSimd, ScalarE and VectorE, docs/row_loops.md). Then the affine
+  step (GpSimd where it is not dearer than VectorE): LN multiplies by the scale and adds the
+  bias, vectors along the free dim loaded once (broadcast to every partition by a stride-0
+  DMA); IN's are per-channel columns. Rows longer than ROW_CHUNK are read in chunks, once per
+  pass, one tile at a time.
 - LRN: the window sum across channels is a matmul with a band matrix (ones where
   |c' − c| is inside the window, built with Iota and two comparisons):
   `psum[c, px] = Σ_c' band[c', c] · x[c', px]²`. ScalarE reads PSUM to compute
@@ -28,17 +29,11 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_data import copy_strided
 from onnx2bir.codegen.lower_elementwise import iota
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import (
-    Affine,
-    Tile,
-    broadcast_strides,
-    contiguous_strides,
-    tile_index,
-    tiles,
-)
+from onnx2bir.codegen.row_groups import emit_skewed, row_groups
+from onnx2bir.codegen.row_norm import ROW_CHUNK, ChunkedRows, StagedRows, pass_engine
+from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_strides, tiles
 
 FREE_TILE = 4096
-ROW_CHUNK = 8192
 
 
 @lowering("BatchNormalization")
@@ -79,61 +74,6 @@ def lower_batch_norm(cg: BirCodeGen, node: dict) -> None:
                 cg.dma(cg.dram_ap(y_loc, start, pattern), tile)
 
 
-class _RowNorm:
-    """The tiles of a row normalisation over `length` elements per row."""
-
-    def __init__(self, cg: BirCodeGen, length: int, eps: float) -> None:
-        p, fp32 = NUM_PARTITIONS, Dtype.FP32
-        self.cg, self.length, self.eps = cg, length, eps
-        self.chunk = min(length, ROW_CHUNK)
-        self.chunks = -(-length // self.chunk)
-        self.data = cg.sb_tile("data", p, self.chunk, fp32)
-        self.square = cg.sb_tile("square", p, self.chunk, fp32)
-        self.partial = cg.sb_tile("partial", p, self.chunks, fp32)
-        self.neg_mean = cg.sb_tile("neg_mean", p, 1, fp32)
-        self.rstd = cg.sb_tile("rstd", p, 1, fp32)
-
-    def run(self, x: str, row_offset: Affine, rows: int, apply) -> None:
-        """Normalise `rows` rows of x starting at `row_offset` (row stride = length); then
-        `apply(centred tile, piece, rstd column)` for each chunk of the centred rows."""
-        cg, length, chunk = self.cg, self.length, self.chunk
-
-        def load(piece):
-            tile = cg.ap(self.data, [(1, piece.size)], partitions=rows)
-            cg.dma(tile, cg.dram_ap(x, row_offset + piece.start, [(length, rows), (1, piece.size)]))
-            return tile
-
-        def partial(piece):
-            return cg.ap(self.partial, [(1, 1)], tile_index(piece, chunk), partitions=rows)
-
-        neg_mean = cg.ap(self.neg_mean, partitions=rows)
-        rstd = cg.ap(self.rstd, partitions=rows)
-        partials = cg.ap(self.partial, partitions=rows)
-        for piece in tiles(cg, length, chunk, "l"):
-            cg.tensor_reduce(partial(piece), load(piece), AluOp.ADD, axes=1)
-        cg.tensor_reduce(neg_mean, partials, AluOp.ADD, axes=1, negate=True)
-        cg.tensor_scalar(neg_mean, neg_mean, AluOp.MULTIPLY, 1.0 / length)
-        for piece in tiles(cg, length, chunk, "l"):
-            tile = (
-                load(piece)
-                if self.chunks > 1
-                else cg.ap(self.data, [(1, piece.size)], partitions=rows)
-            )
-            cg.tensor_scalar(tile, tile, AluOp.ADD, neg_mean)
-            square = cg.ap(self.square, [(1, piece.size)], partitions=rows)
-            cg.activation(square, tile, ActFunc.SQUARE)
-            cg.tensor_reduce(partial(piece), square, AluOp.ADD, axes=1)
-        cg.tensor_reduce(rstd, partials, AluOp.ADD, axes=1)
-        cg.activation(rstd, rstd, ActFunc.RSQRT, scale=1.0 / length, bias_value=self.eps)
-        for piece in tiles(cg, length, chunk, "l"):
-            if self.chunks > 1:
-                tile = load(piece)
-                cg.tensor_scalar(tile, tile, AluOp.ADD, neg_mean)
-            else:
-                tile = cg.ap(self.data, [(1, piece.size)], partitions=rows)
-            apply(tile, piece, rstd)
-
-
 def _dense_vector(cg: BirCodeGen, name: str, shape: tuple[int, ...]) -> str:
     """A DRAM location holding `name` broadcast to `shape`, contiguous (a copy if needed)."""
     own = tuple(cg.graph.tensors[name].shape)
@@ -163,26 +103,78 @@ def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
     rows, length = math.prod(shape[:axis]), math.prod(shape[axis:])
     if rows * length == 0:
         return
-    norm = _RowNorm(cg, length, float(node["attrs"].get("epsilon", 1e-5)))
-    vectors = {}
-    for tag, name in (("scale", scale), ("bias", bias)):
-        if name:
-            vectors[tag] = (
-                _dense_vector(cg, name, shape[axis:]),
-                cg.sb_tile(tag, NUM_PARTITIONS, norm.chunk, Dtype.FP32),
-            )
+    eps = float(node["attrs"].get("epsilon", 1e-5))
+    outputs = node["outputs"] + [""] * (3 - len(node["outputs"]))
+    vectors = {
+        tag: _dense_vector(cg, name, shape[axis:])
+        for tag, name in (("scale", scale), ("bias", bias))
+        if name
+    }
+    if length > ROW_CHUNK:
+        _layer_norm_chunked(cg, x, rows, length, eps, vectors, outputs)
+        return
+    # The same scale and bias rows serve every row tile: loaded once, on every partition.
+    p, fp32 = NUM_PARTITIONS, Dtype.FP32
+    rows_of = {}
+    for tag, loc in vectors.items():
+        tile = cg.sb_tile(tag, p, length, fp32)
+        cg.dma(cg.ap(tile, [(1, length)]), cg.dram_ap(loc, Affine(), [(0, p), (1, length)]))
+        rows_of[tag] = tile
+    norm = StagedRows(cg, rows, p, length, eps)
+    stat = cg.sb_tile("stat", p, norm.plan.copies, fp32) if outputs[1] else None
+    x_loc, y_loc = cg.dram(x).name, cg.dram(outputs[0]).name
+
+    def views(r: Tile):
+        pattern = [(length, r.size), (1, length)]
+        start = r.start * length
+        return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), r.size
+
+    out_mean, out_rstd = (cg.dram(name).name if name else "" for name in outputs[1:3])
+    engine = pass_engine(length, tensor_tensor=True)
+
+    def tile_steps(r: Tile) -> list:
+        t = norm.tile(r, views)
+        steps = norm.steps(t)
+        for tag, op in (("scale", AluOp.MULTIPLY), ("bias", AluOp.ADD)):
+            if tag in rows_of:
+                vector = cg.ap(rows_of[tag], [(1, length)], partitions=t.rows)
+                steps.append(
+                    lambda v=vector, op=op: cg.tensor_tensor(t.y, t.y, v, op, engine=engine)
+                )
+        steps.append(norm.store(t))
+        column = [(1, r.size), (1, 1)]
+        if stat is not None:
+            mean = cg.ap(stat, [(1, 1)], r.slot, partitions=r.size)
+
+            def store_mean() -> None:
+                cg.tensor_scalar(mean, t.neg_mean, AluOp.MULTIPLY, -1.0)
+                cg.dma(cg.dram_ap(out_mean, r.start, column), mean)
+
+            steps.append(store_mean)
+        if out_rstd:
+            steps.append(lambda: cg.dma(cg.dram_ap(out_rstd, r.start, column), t.rstd))
+        return steps
+
+    for group in row_groups(cg, norm.plan, "r"):
+        emit_skewed([tile_steps(r) for r in group])
+
+
+def _layer_norm_chunked(
+    cg: BirCodeGen, x: str, rows: int, length: int, eps: float, vectors: dict, outputs: list
+) -> None:
+    """Rows longer than ROW_CHUNK: one tile of rows at a time, chunk by chunk."""
+    norm = ChunkedRows(cg, length, eps)
+    tiles_of = {
+        tag: (loc, cg.sb_tile(tag, NUM_PARTITIONS, norm.chunk, Dtype.FP32))
+        for tag, loc in vectors.items()
+    }
 
     def load_vector(tag: str, piece, partitions: int):
-        loc, tile = vectors[tag]
+        loc, tile = tiles_of[tag]
         ap = cg.ap(tile, [(1, piece.size)], partitions=partitions)
         cg.dma(ap, cg.dram_ap(loc, piece.start, [(0, partitions), (1, piece.size)]))
         return ap
 
-    resident = norm.chunks == 1  # then the same scale and bias rows serve every row tile
-    if resident:
-        for tag in vectors:
-            load_vector(tag, Tile(Affine(), length, True), NUM_PARTITIONS)
-    outputs = node["outputs"] + [""] * (3 - len(node["outputs"]))
     y_loc = cg.dram(outputs[0]).name
     stat = cg.sb_tile("stat", NUM_PARTITIONS, 1, Dtype.FP32)
     for r in tiles(cg, rows, NUM_PARTITIONS, "r"):
@@ -190,13 +182,8 @@ def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
         def apply(tile, piece, rstd, r=r):
             cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, rstd)
             for tag, op in (("scale", AluOp.MULTIPLY), ("bias", AluOp.ADD)):
-                if tag not in vectors:
-                    continue
-                if resident:
-                    vector = cg.ap(vectors[tag][1], [(1, piece.size)], partitions=r.size)
-                else:
-                    vector = load_vector(tag, piece, r.size)
-                cg.tensor_tensor(tile, tile, vector, op)
+                if tag in tiles_of:
+                    cg.tensor_tensor(tile, tile, load_vector(tag, piece, r.size), op)
             cg.dma(
                 cg.dram_ap(
                     y_loc, r.start * length + piece.start, [(length, r.size), (1, piece.size)]
@@ -223,11 +210,48 @@ def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
     batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
     if batch * channels * pixels == 0:
         return
-    norm = _RowNorm(cg, pixels, float(node["attrs"].get("epsilon", 1e-5)))
+    eps = float(node["attrs"].get("epsilon", 1e-5))
     p, fp32 = NUM_PARTITIONS, Dtype.FP32
-    gamma, beta, factor = (cg.sb_tile(tag, p, 1, fp32) for tag in ("scale", "bias", "factor"))
-    y_loc = cg.dram(node["outputs"][0]).name
+    gamma, beta = (cg.sb_tile(tag, p, 1, fp32) for tag in ("scale", "bias"))
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    if pixels > ROW_CHUNK:
+        _instance_norm_chunked(cg, node, (batch, channels, pixels), eps, gamma, beta)
+        return
+    # Rows: the channels of one image; the images of a channel tile are the tiles of a group.
+    norm = StagedRows(cg, batch, 1, pixels, eps)
+    engine = pass_engine(pixels)
     for c in tiles(cg, channels, p, "c"):
+        g, b = cg.ap(gamma, partitions=c.size), cg.ap(beta, partitions=c.size)
+        for column, name in ((g, scale), (b, bias)):
+            cg.dma(column, cg.dram_ap(cg.dram(name).name, c.start, [(1, c.size), (1, 1)]))
+
+        def views(n: Tile, c=c):
+            start = (n.start * channels + c.start) * pixels
+            pattern = [(pixels, c.size), (1, pixels)]
+            return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), c.size
+
+        def tile_steps(n: Tile, views=views, g=g, b=b) -> list:
+            t = norm.tile(n, views)
+
+            def affine() -> None:
+                cg.tensor_scalar(t.y, t.y, AluOp.MULTIPLY, g, AluOp.ADD, b, engine=engine)
+
+            return [*norm.steps(t), affine, norm.store(t)]
+
+        for group in row_groups(cg, norm.plan, "n"):
+            emit_skewed([tile_steps(n) for n in group])
+
+
+def _instance_norm_chunked(
+    cg: BirCodeGen, node: dict, dims: tuple[int, int, int], eps: float, gamma, beta
+) -> None:
+    """Planes longer than ROW_CHUNK: one channel tile of one image at a time."""
+    x, scale, bias = node["inputs"][:3]
+    batch, channels, pixels = dims
+    norm = ChunkedRows(cg, pixels, eps)
+    factor = cg.sb_tile("factor", NUM_PARTITIONS, 1, Dtype.FP32)
+    y_loc = cg.dram(node["outputs"][0]).name
+    for c in tiles(cg, channels, NUM_PARTITIONS, "c"):
         columns = [cg.ap(tile, partitions=c.size) for tile in (gamma, beta, factor)]
         for column, name in ((columns[0], scale), (columns[1], bias)):
             cg.dma(column, cg.dram_ap(cg.dram(name).name, c.start, [(1, c.size), (1, 1)]))

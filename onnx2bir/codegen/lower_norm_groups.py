@@ -2,25 +2,29 @@
 
 - GroupNormalization: per image, the G groups on partitions and each group's C/G channels ×
   pixels on the free dim; the statistics are LayerNormalization's row normalisation
-  (`lower_norm._RowNorm`: −mean, centred squares, rsqrt on ScalarE). The per-channel scale and
+  (`row_norm.StagedRows`: −mean, centred squares, rsqrt on ScalarE, a group of images at a
+  time). The per-channel scale and
   bias are loaded once as [G, C/G · pixels] tiles by a DMA that repeats each channel's value over
   its pixels (stride 0); opset 18's per-group scale and bias repeat over the whole group. A
   group longer than one row chunk is refused.
 - RMSNormalization: rows (every position before `axis`) on partitions, the normalised elements
-  on the free dim; Σx² by ScalarE square and a VectorE reduce, rsqrt(Σ/D + ε) on ScalarE,
-  then x · rstd · scale (the scale broadcast to every partition by a stride-0 DMA).
+  on the free dim; the same staged steps without the centring: Σx² by ScalarE square and a
+  VectorE reduce, rsqrt(Σ/D + ε) on ScalarE, then x · rstd (ScalarE) · scale (GpSimd, the
+  scale broadcast to every partition by a stride-0 DMA).
 """
 
 from __future__ import annotations
 
 import math
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_norm import ROW_CHUNK, _dense_vector, _RowNorm
+from onnx2bir.codegen.lower_norm import _dense_vector
 from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.codegen.row_groups import emit_skewed, row_groups
+from onnx2bir.codegen.row_norm import ROW_CHUNK, StagedRows, pass_engine
+from onnx2bir.codegen.tiling import Affine, Tile
 
 FP32 = Dtype.FP32
 
@@ -39,7 +43,7 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
     length = per_group * pixels
     if length > ROW_CHUNK:
         raise cg.fail(f"GroupNormalization: a group of {length} elements (at most {ROW_CHUNK})")
-    norm = _RowNorm(cg, length, float(node["attrs"].get("epsilon", 1e-5)))
+    eps = float(node["attrs"].get("epsilon", 1e-5))
     vectors = []
     for tag, name in (("gamma", scale), ("beta", bias)):
         tile = cg.sb_tile(tag, groups, length, FP32)
@@ -49,17 +53,27 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
             pattern = [(1, groups), (0, length)]
         cg.dma(cg.ap(tile), cg.dram_ap(cg.dram(name).name, Affine(), pattern))
         vectors.append(cg.ap(tile))
-    y_loc = cg.dram(node["outputs"][0]).name
-    for n in tiles(cg, batch, 1, "n"):
+    norm = StagedRows(cg, batch, 1, length, eps)
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
 
-        def apply(tile, piece, rstd, n=n):
-            cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, rstd)
-            cg.tensor_tensor(tile, tile, vectors[0], AluOp.MULTIPLY)
-            cg.tensor_tensor(tile, tile, vectors[1], AluOp.ADD)
-            offset = n.start * (channels * pixels) + piece.start
-            cg.dma(cg.dram_ap(y_loc, offset, [(length, groups), (1, piece.size)]), tile)
+    def views(n: Tile):
+        start = n.start * (channels * pixels)
+        pattern = [(length, groups), (1, length)]
+        return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), groups
 
-        norm.run(cg.dram(x).name, n.start * (channels * pixels), groups, apply)
+    engine = pass_engine(length, tensor_tensor=True)
+
+    def tile_steps(n: Tile) -> list:
+        t = norm.tile(n, views)
+
+        def affine() -> None:
+            cg.tensor_tensor(t.y, t.y, vectors[0], AluOp.MULTIPLY, engine=engine)
+            cg.tensor_tensor(t.y, t.y, vectors[1], AluOp.ADD, engine=engine)
+
+        return [*norm.steps(t), affine, norm.store(t)]
+
+    for group in row_groups(cg, norm.plan, "n"):
+        emit_skewed([tile_steps(n) for n in group])
 
 
 @lowering("RMSNormalization")
@@ -74,19 +88,27 @@ def lower_rms_norm(cg: BirCodeGen, node: dict) -> None:
         raise cg.fail(f"RMSNormalization over {length} elements (at most {ROW_CHUNK})")
     eps = float(node["attrs"].get("epsilon", 1e-5))
     p = NUM_PARTITIONS
-    data, square = cg.sb_tile("data", p, length, FP32), cg.sb_tile("square", p, length, FP32)
-    gamma, rstd = cg.sb_tile("gamma", p, length, FP32), cg.sb_tile("rstd", p, 1, FP32)
+    gamma = cg.sb_tile("gamma", p, length, FP32)
     scale_loc = _dense_vector(cg, scale, shape[axis:])
     cg.dma(cg.ap(gamma), cg.dram_ap(scale_loc, Affine(), [(0, p), (1, length)]))
+    norm = StagedRows(cg, rows, p, length, eps, center=False)
     x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
-    for r in tiles(cg, rows, p, "r"):
-        tile = cg.ap(data, partitions=r.size)
-        column = cg.ap(rstd, partitions=r.size)
+
+    def views(r: Tile):
         window = [(length, r.size), (1, length)]
-        cg.dma(tile, cg.dram_ap(x_loc, r.start * length, window))
-        cg.activation(cg.ap(square, partitions=r.size), tile, ActFunc.SQUARE)
-        cg.tensor_reduce(column, cg.ap(square, partitions=r.size), AluOp.ADD, axes=1)
-        cg.activation(column, column, ActFunc.RSQRT, scale=1.0 / length, bias_value=eps)
-        cg.tensor_scalar(tile, tile, AluOp.MULTIPLY, column)
-        cg.tensor_tensor(tile, tile, cg.ap(gamma, partitions=r.size), AluOp.MULTIPLY)
-        cg.dma(cg.dram_ap(y_loc, r.start * length, window), tile)
+        start = r.start * length
+        return cg.dram_ap(x_loc, start, window), cg.dram_ap(y_loc, start, window), r.size
+
+    engine = pass_engine(length, tensor_tensor=True)
+
+    def tile_steps(r: Tile) -> list:
+        t = norm.tile(r, views)
+        vector = cg.ap(gamma, partitions=r.size)
+
+        def affine() -> None:
+            cg.tensor_tensor(t.y, t.y, vector, AluOp.MULTIPLY, engine=engine)
+
+        return [*norm.steps(t), affine, norm.store(t)]
+
+    for group in row_groups(cg, norm.plan, "r"):
+        emit_skewed([tile_steps(r) for r in group])
