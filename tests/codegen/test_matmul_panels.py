@@ -13,7 +13,8 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_matches_onnxruntime, one_node_model
+from conftest import assert_matches_onnxruntime, make_model, one_node_model
+from onnx import helper
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.compiler import compile_graph, import_graph
@@ -148,3 +149,24 @@ def test_no_weight_is_cast_without_the_autocast():
     compiled = _compile(_gemm_with_bias(), CompileOptions(auto_cast="none"))
     locations = compiled.module.functions[0].memory_locations
     assert locations["b"].dtype is Dtype.FP32 and locations["c"].dtype is Dtype.FP32
+
+
+def test_an_intermediate_read_only_by_matmul_loads_is_stored_in_bf16_with_the_same_result():
+    # K transposed by its own node, then Q·Kᵀ: without the memory plan the transpose's result
+    # goes through DRAM, written by DMA and read only into bf16 operand tiles.
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["y"]),
+    ]
+    model = make_model(nodes, {"q": (2, 3, 128, 64), "k": (2, 3, 128, 64)}, {"y": None})
+    compiled = _compile(model, CompileOptions(memory_plan=False))
+    fn = compiled.module.functions[0]
+    assert fn.memory_locations["kt"].dtype is Dtype.BF16
+    feeds = synthesize_inputs(compiled.graph, 0)
+    cast_run = run_checked(compiled.module, feeds)
+    module = copy.deepcopy(compiled.module)
+    locations = module.functions[0].memory_locations
+    locations["kt"] = replace(locations["kt"], dtype=Dtype.FP32)
+    fp32_run = run_checked(module, feeds)
+    for name, values in cast_run.items():
+        np.testing.assert_array_equal(values, fp32_run[name])
