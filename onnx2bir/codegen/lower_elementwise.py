@@ -163,6 +163,34 @@ def iota(
     )
 
 
+def _walk_pieces(
+    cg: BirCodeGen, node: dict, shapes: dict[str, tuple[int, ...]] | None
+) -> tuple[list[str], list[_Piece]] | None:
+    """The tensors (output first) and the pieces of the output walk; None for an empty
+    output."""
+    inputs = [t for t in node["inputs"] if t]
+    out = node["outputs"][0]
+    out_shape = tuple(cg.graph.tensors[out].shape)
+    if math.prod(out_shape) == 0:
+        return None
+    shapes = shapes or {}
+    strides = [contiguous_strides(out_shape)] + [
+        broadcast_strides(shapes.get(t, tuple(cg.graph.tensors[t].shape)), out_shape)
+        for t in inputs
+    ]
+    shape, merged = merge_broadcast_dims(out_shape, strides)
+    return [out, *inputs], _pieces(shape, merged, preferred_row(cg.graph, out))
+
+
+def tile_width(cg: BirCodeGen, node: dict, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
+    """The largest free size (elements per partition) of the tiles `emit_elementwise` hands
+    its `compute` for `node`: how much of a constant tile a compute can read."""
+    planned = _walk_pieces(cg, node, shapes)
+    if planned is None:
+        return 1
+    return max(min(piece.cols, FREE_TILE) for piece in planned[1])
+
+
 def emit_elementwise(
     cg: BirCodeGen,
     node: dict,
@@ -177,20 +205,11 @@ def emit_elementwise(
     inputs and output the memory plan keeps in SBUF are `compute`'s operands themselves
     (`BirCodeGen.read_operand`): only for a compute that makes no scratch tile `like` them.
     """
-    inputs = [t for t in node["inputs"] if t]
-    out = node["outputs"][0]
-    out_shape = tuple(cg.graph.tensors[out].shape)
-    shapes = shapes or {}
-    strides = [contiguous_strides(out_shape)] + [
-        broadcast_strides(shapes.get(t, tuple(cg.graph.tensors[t].shape)), out_shape)
-        for t in inputs
-    ]
-    shape, merged = merge_broadcast_dims(out_shape, strides)
-    if math.prod(out_shape) == 0:
+    planned = _walk_pieces(cg, node, shapes)
+    if planned is None:
         return
-    locations = [cg.dram(out)] + [cg.dram(t) for t in inputs]
-    names = [out, *inputs]
-    pieces = _pieces(shape, merged, preferred_row(cg.graph, out))
+    names, pieces = planned
+    locations = [cg.dram(name) for name in names]
     trips = max((_rotating_trips(piece) for piece in pieces), default=1)
     per_copy = sum(FREE_TILE * cg.graph.tensors[name].dtype.itemsize for name in names)
     copies = buffer_count(cg, trips, per_copy, limit=COPIES)
@@ -202,7 +221,8 @@ def emit_elementwise(
     ]
     for piece in pieces:
         level = rotating_level(_tile_counts(piece)) if copies > 1 else None
-        walk = _Walk(piece, locations, sb, compute, level, copies, direct)
+        hoist = [None] + [_hoist_depth(piece, index) for index in range(1, len(locations))]
+        walk = _Walk(piece, locations, sb, compute, level, copies, direct, hoist)
         _emit_piece(cg, walk, 0, [Affine()] * len(locations), Affine())
 
 
@@ -232,39 +252,76 @@ class _Walk:
     level: int | None  # the loop level that rotates the tiles' copies
     copies: int
     direct: bool  # operands straight from and into SBUF homes
+    hoist: list  # per operand, the loop level it is loaded at (`_hoist_depth`), or None
 
     def buffers(self, level: int) -> int:
         return self.copies if level == self.level else 1
 
 
-def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
+def _hoist_depth(piece: _Piece, index: int) -> int | None:
+    """The outermost loop level from which input `index` is the same in every iteration of
+    the loops inside it, when its block (rows x cols) then fits one tile; None when it is
+    not worth loading ahead of the tile loop (it changes from tile to tile).
+
+    A bias row (stride 0 down the rows) is invariant in the row loop; a mask shared by the
+    heads of an attention score (stride 0 along the head dim) is invariant in that loop
+    too, so it is loaded once per batch and read by every head's tiles."""
+    if tile_count(piece.cols, FREE_TILE) != 1:
+        return None
+    if piece.row_strides[index] and piece.rows > NUM_PARTITIONS:
+        return None
+    depth = len(piece.outer)
+    while depth and piece.outer[depth - 1][1][index] == 0:
+        depth -= 1
+    if depth == len(piece.outer) and piece.row_strides[index]:
+        return None  # varies with the innermost outer loop: one load per tile either way
+    return depth
+
+
+def _hoist(cg, walk: _Walk, depth: int, offsets, slot: Affine, hoisted: dict) -> dict:
+    """Load the inputs whose hoist level is `depth`, once, before the loops they are
+    invariant in: into their tile's copy `slot` (a rotating loop outside still gets one copy
+    per iteration), or, with `direct`, read straight from an SBUF home."""
+    piece = walk.piece
+    loads = [
+        index
+        for index in range(1, len(walk.locations))
+        if walk.hoist[index] == depth and index not in hoisted
+    ]
+    if not loads:
+        return hoisted
+    hoisted = dict(hoisted)
+    width = min(piece.rows, NUM_PARTITIONS)
+    for index in loads:
+        tile = cg.ap(walk.sb[index], [(1, piece.cols)], slot * FREE_TILE, partitions=width)
+        dram = cg.dram_ap(
+            walk.locations[index].name,
+            piece.base[index] + offsets[index],
+            [(piece.row_strides[index], width), (piece.col_strides[index], piece.cols)],
+        )
+        if walk.direct:
+            hoisted[index] = cg.read_operand(tile, dram)
+        else:
+            cg.dma(tile, dram)
+            hoisted[index] = tile
+    return hoisted
+
+
+def _emit_piece(
+    cg, walk: _Walk, depth: int, offsets, slot: Affine, hoisted: dict | None = None
+) -> None:
     piece, locations, sb, compute = walk.piece, walk.locations, walk.sb, walk.compute
+    # Inputs invariant in the loops from here in are loaded once, here (`_hoist_depth`).
+    hoisted = _hoist(cg, walk, depth, offsets, slot, hoisted or {})
     if depth < len(piece.outer):
         extent, strides = piece.outer[depth]
         for tile in tiles(cg, extent, 1, "i", buffers=walk.buffers(depth)):
             shifted = [off + tile.start * s for off, s in zip(offsets, strides, strict=True)]
-            _emit_piece(cg, walk, depth + 1, shifted, slot + tile.slot)
+            _emit_piece(cg, walk, depth + 1, shifted, slot + tile.slot, hoisted)
         return
     # Rows are the leading dim of every operand (partitions, the DRAM row dim): a partial last
     # row tile runs in the same loop under a predicate instead of separate code.
     outer = len(piece.outer)
-    # An input the same for every row (stride 0 down the rows: a bias, a scale) that fits one
-    # column tile is loaded once, before the row loop, into its tile, which the loop then only
-    # reads.
-    hoisted: set[int] = set()
-    if tile_count(piece.cols, FREE_TILE) == 1:
-        width = min(piece.rows, NUM_PARTITIONS)
-        for index in range(1, len(locations)):
-            if piece.row_strides[index] == 0:
-                cg.dma(
-                    cg.ap(sb[index], [(1, piece.cols)], partitions=width),
-                    cg.dram_ap(
-                        locations[index].name,
-                        piece.base[index] + offsets[index],
-                        [(0, width), (piece.col_strides[index], piece.cols)],
-                    ),
-                )
-                hoisted.add(index)
     rows = tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True, buffers=walk.buffers(outer))
     for row in rows:
         for col in tiles(cg, piece.cols, FREE_TILE, "c", buffers=walk.buffers(outer + 1)):
@@ -287,7 +344,7 @@ def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
             srcs = []
             for index, (dram, tile) in enumerate(aps[1:], start=1):
                 if index in hoisted:
-                    srcs.append(cg.ap(sb[index], [(1, col.size)], partitions=row.size))
+                    srcs.append(hoisted[index])
                 elif walk.direct:  # homes the memory plan keeps in SBUF are operands
                     srcs.append(cg.read_operand(tile, dram))
                 else:
@@ -374,6 +431,7 @@ def lower_binary(cg: BirCodeGen, node: dict) -> None:
             cg,
             {**node, "inputs": [other]},
             lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], op, value, reverse0=position == 0),
+            direct=True,
         )
         return
 
