@@ -10,6 +10,12 @@ whose DRAM pattern has stride 0 along the dims it broadcasts over, so the comput
 always sees same-shaped tiles. Transcendentals run on ScalarE (ACT), two-input arithmetic on
 VectorE (DVE), and the result goes back to DRAM by DMA.
 
+A broadcast input that is the same in every iteration of some loops (a bias row down the
+rows, a [B, 1, T, T] mask along the heads of [B, H, T, T] scores) is loaded once, before the
+outermost of those loops, when its block fits one tile (`_hoist_depth`); with `direct`, an input
+or output the memory plan keeps in SBUF is the compute's operand itself, without a copy
+(docs/memory_planner.md#direct-operands).
+
 The innermost loop with more than one tile rotates the tiles over up to `COPIES` copies
 (docs/buffers.md#lowerings), so the loads of one tile overlap the compute on the previous one
 and the loop is `parallel`. Scratch tiles for a `compute` (`scratch_tile`) are addressed like

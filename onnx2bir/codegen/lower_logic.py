@@ -68,7 +68,7 @@ _COMPARISONS = {
 def lower_comparison(cg: BirCodeGen, node: dict) -> None:
     """One TensorTensor per tile, the 1/0 result stored as bool."""
     op = _COMPARISONS[node["op_type"]]
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op))
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op), direct=True)
 
 
 @lowering("Xor")
@@ -77,13 +77,16 @@ def lower_xor(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.IS_EQUAL)
         cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Not")
 def lower_not(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(
-        cg, node, lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], AluOp.IS_EQUAL, 0.0)
+        cg,
+        node,
+        lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], AluOp.IS_EQUAL, 0.0),
+        direct=True,
     )
 
 
@@ -93,7 +96,7 @@ def lower_isnan(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[0], AluOp.IS_EQUAL)
         cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("IsInf")
