@@ -179,3 +179,73 @@ def test_a_broadcast_with_other_trailing_dims_is_not_followed():
     # Canonical (the dims after the second, T x 1), not the last dim 1 that following the
     # broadcast to the softmax's rows would give.
     assert preferred_row(imported, "n") == T
+
+
+def _bias_add(rows: int, cols: int, bias: np.ndarray, op: str = "Add"):
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "b"], ["y"], name="bias")],
+        "bias",
+        [helper.make_tensor_value_info("x", f32, [4, rows // 4, cols])],
+        [helper.make_tensor_value_info("y", f32, [4, rows // 4, cols])],
+        [numpy_helper.from_array(bias, "b")],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+
+
+@pytest.mark.parametrize("memory_plan", [True, False], ids=["plan", "no_plan"])
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_a_bias_row_is_loaded_once_and_copied_down_the_partitions_on_the_pe(memory_plan, op):
+    rng = np.random.default_rng(3)
+    bias = rng.standard_normal(768).astype(np.float32)
+    bias[:3] = [np.inf, 0.0, np.nan]  # copied bit for bit: 1 · x, rounded once
+    model = _bias_add(512, 768, bias, op)
+    x = rng.standard_normal((4, 128, 768)).astype(np.float32)
+    compilation = compile_model(model, CompileOptions(memory_plan=memory_plan))
+    assert not verify_module(compilation.module)
+    got = run_function(compilation.module, {"x": x})["y"]
+    want = run_onnxruntime(model, {"x": x})["y"]
+    # One fp32 op per element, as onnxruntime: the same bits.
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    scheduled = run_scheduled(compilation.module, {"x": x}, parse_schedule("random:1"), True)
+    assert scheduled.race_count == 0, scheduled.races[:3]
+    np.testing.assert_array_equal(scheduled.outputs["y"], got)
+    found = _instances(compilation.module.functions[0].entry, "bias")
+    loads = [(i, n) for i, n in found if i.opcode is Opcode.DMA_COPY and i.srcs["in"].loc == "b"]
+    # The row crosses DMA once, 768 elements on one partition (not 128 copies of it) ...
+    assert [(i.dst.num_partitions, n) for i, n in loads] == [(1, 1)]
+    # ... and two matmuls (512 + 256 columns, one PSUM bank each) copy it down 128 partitions.
+    matmuls = [i for i, _ in found if i.opcode is Opcode.MATMULT]
+    assert [i.dst.num_partitions for i in matmuls] == [128, 128]
+    computed = [i for i, _ in found if i.opcode is Opcode.TENSOR_TENSOR]
+    memories = compilation.module.functions[0].memory_locations
+    assert computed and all(memories[i.srcs["in1"].loc].memory is MemoryType.PSUM for i in computed)
+
+
+def test_a_small_bias_row_keeps_its_broadcast_load():
+    # 128 x 64 elements: below the size where the PE copy pays; one partition-broadcast DMA.
+    model = _bias_add(512, 64, np.arange(64, dtype=np.float32))
+    x = np.random.default_rng(4).standard_normal((4, 128, 64)).astype(np.float32)
+    compilation = compile_model(model, CompileOptions())
+    got = run_function(compilation.module, {"x": x})["y"]
+    np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})["y"])
+    found = _instances(compilation.module.functions[0].entry, "bias")
+    assert not [i for i, _ in found if i.opcode is Opcode.MATMULT]
+    loads = [(i, n) for i, n in found if i.opcode is Opcode.DMA_COPY and i.srcs["in"].loc == "b"]
+    assert [(i.dst.num_partitions, n) for i, n in loads] == [(128, 1)]
+
+
+def test_a_bias_with_a_negative_zero_keeps_its_broadcast_load():
+    # The PE's sum would turn -0 into +0 (x · -0 would lose its sign): the DMA copies bits.
+    bias = np.random.default_rng(5).standard_normal(768).astype(np.float32)
+    bias[7] = -0.0
+    model = _bias_add(512, 768, bias, "Mul")
+    x = np.random.default_rng(6).standard_normal((4, 128, 768)).astype(np.float32)
+    compilation = compile_model(model, CompileOptions())
+    got = run_function(compilation.module, {"x": x})["y"]
+    want = run_onnxruntime(model, {"x": x})["y"]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    found = _instances(compilation.module.functions[0].entry, "bias")
+    assert not [i for i, _ in found if i.opcode is Opcode.MATMULT]
