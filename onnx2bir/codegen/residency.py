@@ -355,8 +355,9 @@ def _same_rows(shape: tuple[int, ...], other: tuple[int, ...]) -> bool:
 
 def preferred_row(graph, tensor: str, hops: int = 16) -> int:
     """The row length the nearest layout-fixing op gives `tensor`, looking through ops that
-    keep the shape (elementwise chains) and through broadcasting elementwise ops to tensors
-    with the same rows (`_same_rows`): a channel plane next to a conv, pool or batch norm,
+    keep the shape (elementwise chains) and from a broadcast input of an elementwise op to
+    its output when they have the same rows (`_same_rows`; the output's layout is never
+    taken from a broadcast operand's): a channel plane next to a conv, pool or batch norm,
     the last dim next to a matmul, softmax or layer norm; else `canonical_inner`."""
     shape = tuple(graph.tensors[tensor].shape)
     seen, frontier = {tensor}, [tensor]
@@ -378,7 +379,9 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
                         if other and other not in seen and other in graph.tensors:
                             there = tuple(graph.tensors[other].shape)
                             if there == here or (
-                                op_type in BROADCAST_OPS and _same_rows(here, there)
+                                op_type in BROADCAST_OPS
+                                and other in data["outputs"]
+                                and _same_rows(here, there)
                             ):
                                 seen.add(other)
                                 following.append(other)
