@@ -249,3 +249,32 @@ def test_a_bias_with_a_negative_zero_keeps_its_broadcast_load():
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     found = _instances(compilation.module.functions[0].entry, "bias")
     assert not [i for i, _ in found if i.opcode is Opcode.MATMULT]
+
+
+def test_an_output_does_not_take_its_rows_from_a_broadcast_operand():
+    # y = x * c with c [1, 1, 16, 16] also feeding a MatMul: c's rows are its last dim, but
+    # y [1, 2, 16, 16] keeps its own canonical 16 x 16 planes (as llama's rotary products).
+    f32 = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Mul", ["x", "c"], ["y"]),
+        helper.make_node("MatMul", ["c", "w"], ["z"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", f32, [1, 2, 16, 16]),
+            helper.make_tensor_value_info("c", f32, [1, 1, 16, 16]),
+            helper.make_tensor_value_info("w", f32, [16, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("y", f32, [1, 2, 16, 16]),
+            helper.make_tensor_value_info("z", f32, [1, 1, 16, 16]),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+    imported = import_graph(model)
+    assert preferred_row(imported, "c") == 16  # next to the MatMul
+    assert preferred_row(imported, "y") == 256
