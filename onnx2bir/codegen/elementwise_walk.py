@@ -114,9 +114,16 @@ def scratch_tile(cg: BirCodeGen, tag: str, dtype: Dtype = Dtype.FP32) -> MemoryL
     return cg.sb_tile(tag, NUM_PARTITIONS, COPIES * FREE_TILE, dtype)
 
 
+# The tile position of each operand `emit_elementwise` hands its `compute` in place of a
+# tile (an SBUF home, a PSUM row), while the compute runs: `like` addresses scratch there.
+_TILE_OF: dict[AccessPattern, AccessPattern] = {}
+
+
 def like(ap: AccessPattern, loc: MemoryLocation) -> AccessPattern:
-    """The same partitions and free pattern as `ap`, on tile `loc`."""
-    return replace(ap, loc=loc.name)
+    """The same partitions and free pattern as `ap`, on tile `loc`. For an operand that is an
+    SBUF home (`direct`), the position of the tile it stands for: the home's own offsets
+    would leave the scratch tile."""
+    return replace(_TILE_OF.get(ap, ap), loc=loc.name)
 
 
 def _walk_pieces(
@@ -160,7 +167,8 @@ def emit_elementwise(
     `shapes` overrides the shape an input broadcasts from (same elements, e.g. a [C] slope
     seen as [C, 1, 1] where an old opset broadcasts along the channel axis). With `direct`,
     inputs and output the memory plan keeps in SBUF are `compute`'s operands themselves
-    (`BirCodeGen.read_operand`): only for a compute that makes no scratch tile `like` them.
+    (`BirCodeGen.read_operand`); `like(dst, scratch)` then addresses the scratch tile where
+    the output tile would be.
     With `psum_rows`, an fp32 input that is one row repeated down the partitions (a bias) may
     be handed to `compute` in PSUM (`_row_on_pe`): only for a compute whose instructions all
     run on VectorE or ScalarE (GpSimd cannot read PSUM) and read at most one PSUM operand.
@@ -372,5 +380,10 @@ def _emit_piece(
                     cg.dma(tile, dram)
                     srcs.append(tile)
             dst = cg.write_operand(out_tile, out_dram) if walk.direct else out_tile
-            compute(cg, dst, srcs)
+            _TILE_OF.clear()
+            _TILE_OF[dst] = out_tile
+            try:
+                compute(cg, dst, srcs)
+            finally:
+                _TILE_OF.clear()
             cg.store_result(out_dram, out_tile, dst)

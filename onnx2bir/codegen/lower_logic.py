@@ -114,7 +114,7 @@ def lower_isinf(cg: BirCodeGen, node: dict) -> None:
         else:
             cg.memset(dst, 0.0, engine=Engine.DVE)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Where")
