@@ -1,112 +1,28 @@
-"""Generic lowering of elementwise ops with numpy broadcasting.
+"""Generic lowering of elementwise ops with numpy broadcasting: unary math on ScalarE (ACT),
+two-input arithmetic on VectorE (DVE), each an `emit_elementwise` walk
+(codegen/elementwise_walk.py: tiling, broadcast operands, direct operands in SBUF homes).
 
-The output is walked as [outer..., rows, cols] after merging the dims every operand walks
-contiguously (`merge_broadcast_dims`): rows go on partitions (tiles of 128), cols on the free
-dim (tiles of FREE_TILE), outer dims become loops. A contiguous walk is cut into rows of the
-output's preferred row length (a channel plane next to convs, a matrix row next to matmuls:
-`residency.preferred_row`), the layout a tensor kept in SBUF has
-(docs/memory_planner.md#layout). Each input tile is brought in by one DMA
-whose DRAM pattern has stride 0 along the dims it broadcasts over, so the compute instruction
-always sees same-shaped tiles. Transcendentals run on ScalarE (ACT), two-input arithmetic on
-VectorE (DVE), and the result goes back to DRAM by DMA.
-
-The innermost loop with more than one tile rotates the tiles over up to `COPIES` copies
-(docs/buffers.md#lowerings), so the loads of one tile overlap the compute on the previous one
-and the loop is `parallel`. Scratch tiles for a `compute` (`scratch_tile`) are addressed like
-the output tile (`like`), so they always hold `COPIES` copies.
+Also the emission helpers other lowerings share: TensorScalar with exact integer immediates
+(`scalar_op`), an exact integer Memset (`fill_exact`) and Iota (`iota`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
-from onnx2bir.bir.ir import AccessPattern, Instruction, MemoryLocation
-from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.bir.ir import AccessPattern, Instruction
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.registry import lowering
-from onnx2bir.codegen.residency import preferred_row
-from onnx2bir.codegen.tiling import (
-    Affine,
-    broadcast_strides,
-    buffer_count,
-    contiguous_strides,
-    merge_broadcast_dims,
-    rotating_level,
-    tile_count,
-    tiles,
+from onnx2bir.codegen.elementwise_walk import (  # noqa: F401 (the walk's API, imported from here)
+    COPIES,
+    FREE_TILE,
+    Compute,
+    emit_elementwise,
+    like,
+    scratch_tile,
+    tile_width,
 )
-
-FREE_TILE = 2048  # elements; FREE_TILE x any itemsize is a multiple of the 64-byte alignment
-COPIES = 2  # at most this many copies of the tiles (double buffering)
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """A rectangular part of the output walk: outer dims, then rows x cols."""
-
-    base: tuple[int, ...]  # element offset per operand (output first)
-    outer: tuple[tuple[int, tuple[int, ...]], ...]  # (extent, stride per operand)
-    rows: int
-    row_strides: tuple[int, ...]
-    cols: int
-    col_strides: tuple[int, ...]
-
-
-def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1) -> list[_Piece]:
-    """The walk as pieces. A 1-D walk is cut into rows of `row` elements when that divides it
-    (the output's row length on chip, docs/memory_planner.md#layout), else into 128 rows; a
-    longer walk whose contiguous last dim holds whole rows is cut the same way."""
-    count = len(strides)
-    if not shape:
-        zeros = (0,) * count
-        return [_Piece(zeros, (), 1, zeros, 1, zeros)]
-    if len(shape) == 1:
-        # One run of contiguous-or-broadcast elements: fold it into rows x cols.
-        (total,) = shape
-        step = tuple(s[0] for s in strides)
-        if row > 1 and total % row == 0:
-            return [_Piece((0,) * count, (), total // row, tuple(s * row for s in step), row, step)]
-        cols = min(FREE_TILE, max(1, -(-total // NUM_PARTITIONS)))
-        rows, rest = divmod(total, cols)
-        pieces = [_Piece((0,) * count, (), rows, tuple(s * cols for s in step), cols, step)]
-        if rest:
-            base = tuple(s * rows * cols for s in step)
-            pieces.append(_Piece(base, (), 1, (0,) * count, rest, step))
-        return [piece for piece in pieces if piece.rows]
-    last = shape[-1]
-    if row > 1 and last > row and last % row == 0 and strides[0][-1] == 1:
-        # Cut the contiguous last dim into rows of `row`, so the rows are the partitions.
-        shape = (*shape[:-1], last // row, row)
-        strides = [(*s[:-1], s[-1] * row, s[-1]) for s in strides]
-    outer = tuple((shape[d], tuple(s[d] for s in strides)) for d in range(len(shape) - 2))
-    return [
-        _Piece(
-            (0,) * count,
-            outer,
-            shape[-2],
-            tuple(s[-2] for s in strides),
-            shape[-1],
-            tuple(s[-1] for s in strides),
-        )
-    ]
-
-
-Compute = Callable[[BirCodeGen, AccessPattern, list[AccessPattern]], None]
-
-
-def scratch_tile(cg: BirCodeGen, tag: str, dtype: Dtype = Dtype.FP32) -> MemoryLocation:
-    """An SBUF tile as large as `emit_elementwise`'s (all its copies), for intermediates of a
-    `compute`: address it with `like(dst, tile)`."""
-    return cg.sb_tile(tag, NUM_PARTITIONS, COPIES * FREE_TILE, dtype)
-
-
-def like(ap: AccessPattern, loc: MemoryLocation) -> AccessPattern:
-    """The same partitions and free pattern as `ap`, on tile `loc`."""
-    return replace(ap, loc=loc.name)
-
+from onnx2bir.codegen.registry import lowering
 
 # --- emission helpers: exact integer immediates and Iota, which the driver has no call for ---
 
@@ -161,141 +77,6 @@ def iota(
         channel_multiplier=int(channel_multiplier),
         steps=[int(s) for s in steps],
     )
-
-
-def emit_elementwise(
-    cg: BirCodeGen,
-    node: dict,
-    compute: Compute,
-    shapes: dict[str, tuple[int, ...]] | None = None,
-    direct: bool = False,
-) -> None:
-    """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out.
-
-    `shapes` overrides the shape an input broadcasts from (same elements, e.g. a [C] slope
-    seen as [C, 1, 1] where an old opset broadcasts along the channel axis). With `direct`,
-    inputs and output the memory plan keeps in SBUF are `compute`'s operands themselves
-    (`BirCodeGen.read_operand`): only for a compute that makes no scratch tile `like` them.
-    """
-    inputs = [t for t in node["inputs"] if t]
-    out = node["outputs"][0]
-    out_shape = tuple(cg.graph.tensors[out].shape)
-    shapes = shapes or {}
-    strides = [contiguous_strides(out_shape)] + [
-        broadcast_strides(shapes.get(t, tuple(cg.graph.tensors[t].shape)), out_shape)
-        for t in inputs
-    ]
-    shape, merged = merge_broadcast_dims(out_shape, strides)
-    if math.prod(out_shape) == 0:
-        return
-    locations = [cg.dram(out)] + [cg.dram(t) for t in inputs]
-    names = [out, *inputs]
-    pieces = _pieces(shape, merged, preferred_row(cg.graph, out))
-    trips = max((_rotating_trips(piece) for piece in pieces), default=1)
-    per_copy = sum(FREE_TILE * cg.graph.tensors[name].dtype.itemsize for name in names)
-    copies = buffer_count(cg, trips, per_copy, limit=COPIES)
-    # Tiles in the tensors' own dtypes: under `--auto-cast all` the DMAs cast to and from
-    # the DRAM storage dtype.
-    sb = [
-        cg.sb_tile(f"x{index}", NUM_PARTITIONS, copies * FREE_TILE, cg.graph.tensors[name].dtype)
-        for index, name in enumerate(names)
-    ]
-    for piece in pieces:
-        level = rotating_level(_tile_counts(piece)) if copies > 1 else None
-        walk = _Walk(piece, locations, sb, compute, level, copies, direct)
-        _emit_piece(cg, walk, 0, [Affine()] * len(locations), Affine())
-
-
-def _tile_counts(piece: _Piece) -> list[int]:
-    """Tiles per loop level of a piece: its outer dims, rows, cols."""
-    return [
-        *(extent for extent, _ in piece.outer),
-        tile_count(piece.rows, NUM_PARTITIONS),
-        tile_count(piece.cols, FREE_TILE),
-    ]
-
-
-def _rotating_trips(piece: _Piece) -> int:
-    counts = _tile_counts(piece)
-    level = rotating_level(counts)
-    return 1 if level is None else counts[level]
-
-
-@dataclass(frozen=True)
-class _Walk:
-    """What `_emit_piece` carries down its loop levels."""
-
-    piece: _Piece
-    locations: list
-    sb: list
-    compute: Compute
-    level: int | None  # the loop level that rotates the tiles' copies
-    copies: int
-    direct: bool  # operands straight from and into SBUF homes
-
-    def buffers(self, level: int) -> int:
-        return self.copies if level == self.level else 1
-
-
-def _emit_piece(cg, walk: _Walk, depth: int, offsets, slot: Affine) -> None:
-    piece, locations, sb, compute = walk.piece, walk.locations, walk.sb, walk.compute
-    if depth < len(piece.outer):
-        extent, strides = piece.outer[depth]
-        for tile in tiles(cg, extent, 1, "i", buffers=walk.buffers(depth)):
-            shifted = [off + tile.start * s for off, s in zip(offsets, strides, strict=True)]
-            _emit_piece(cg, walk, depth + 1, shifted, slot + tile.slot)
-        return
-    # Rows are the leading dim of every operand (partitions, the DRAM row dim): a partial last
-    # row tile runs in the same loop under a predicate instead of separate code.
-    outer = len(piece.outer)
-    # An input the same for every row (stride 0 down the rows: a bias, a scale) that fits one
-    # column tile is loaded once, before the row loop, into its tile, which the loop then only
-    # reads.
-    hoisted: set[int] = set()
-    if tile_count(piece.cols, FREE_TILE) == 1:
-        width = min(piece.rows, NUM_PARTITIONS)
-        for index in range(1, len(locations)):
-            if piece.row_strides[index] == 0:
-                cg.dma(
-                    cg.ap(sb[index], [(1, piece.cols)], partitions=width),
-                    cg.dram_ap(
-                        locations[index].name,
-                        piece.base[index] + offsets[index],
-                        [(0, width), (piece.col_strides[index], piece.cols)],
-                    ),
-                )
-                hoisted.add(index)
-    rows = tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True, buffers=walk.buffers(outer))
-    for row in rows:
-        for col in tiles(cg, piece.cols, FREE_TILE, "c", buffers=walk.buffers(outer + 1)):
-            at = (slot + row.slot + col.slot) * FREE_TILE
-            aps = []
-            for index, loc in enumerate(locations):
-                start = (
-                    piece.base[index]
-                    + offsets[index]
-                    + row.start * piece.row_strides[index]
-                    + col.start * piece.col_strides[index]
-                )
-                dram = cg.dram_ap(
-                    loc.name,
-                    start,
-                    [(piece.row_strides[index], row.size), (piece.col_strides[index], col.size)],
-                )
-                aps.append((dram, cg.ap(sb[index], [(1, col.size)], at, partitions=row.size)))
-            out_dram, out_tile = aps[0]
-            srcs = []
-            for index, (dram, tile) in enumerate(aps[1:], start=1):
-                if index in hoisted:
-                    srcs.append(cg.ap(sb[index], [(1, col.size)], partitions=row.size))
-                elif walk.direct:  # homes the memory plan keeps in SBUF are operands
-                    srcs.append(cg.read_operand(tile, dram))
-                else:
-                    cg.dma(tile, dram)
-                    srcs.append(tile)
-            dst = cg.write_operand(out_tile, out_dram) if walk.direct else out_tile
-            compute(cg, dst, srcs)
-            cg.store_result(out_dram, out_tile, dst)
 
 
 _ACTIVATIONS = {
@@ -374,6 +155,7 @@ def lower_binary(cg: BirCodeGen, node: dict) -> None:
             cg,
             {**node, "inputs": [other]},
             lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], op, value, reverse0=position == 0),
+            direct=True,
         )
         return
 
@@ -385,4 +167,4 @@ def lower_binary(cg: BirCodeGen, node: dict) -> None:
         for src in srcs[2:]:
             cg.tensor_tensor(dst, dst, src, op)
 
-    emit_elementwise(cg, node, compute, direct=True)
+    emit_elementwise(cg, node, compute, direct=True, psum_rows=True)

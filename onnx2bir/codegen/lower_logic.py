@@ -12,14 +12,18 @@ ONNX says (masked_fill with -inf, and the NaN guard `Where(IsNaN(P), 0, P)`).
 
 from __future__ import annotations
 
+import math
+
 from onnx2bir.bir.enums import ActFunc, AluOp, Engine
-from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.ir import AccessPattern, MemoryLocation
+from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower_elementwise import (
     emit_elementwise,
     fill_exact,
     like,
     scratch_tile,
+    tile_width,
 )
 from onnx2bir.codegen.registry import lowering
 
@@ -64,7 +68,7 @@ _COMPARISONS = {
 def lower_comparison(cg: BirCodeGen, node: dict) -> None:
     """One TensorTensor per tile, the 1/0 result stored as bool."""
     op = _COMPARISONS[node["op_type"]]
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op))
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op), direct=True)
 
 
 @lowering("Xor")
@@ -73,13 +77,16 @@ def lower_xor(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.IS_EQUAL)
         cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Not")
 def lower_not(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(
-        cg, node, lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], AluOp.IS_EQUAL, 0.0)
+        cg,
+        node,
+        lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], AluOp.IS_EQUAL, 0.0),
+        direct=True,
     )
 
 
@@ -89,7 +96,7 @@ def lower_isnan(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[0], AluOp.IS_EQUAL)
         cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("IsInf")
@@ -107,28 +114,35 @@ def lower_isinf(cg: BirCodeGen, node: dict) -> None:
         else:
             cg.memset(dst, 0.0, engine=Engine.DVE)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Where")
 def lower_where(cg: BirCodeGen, node: dict) -> None:
     """out = y, then x copied over it where cond holds (CopyPredicated): exact for every
     dtype, and a NaN or inf in the branch not taken cannot leak. Scalar constant branches (the
-    usual 0 / -inf of a mask) are filled once into a tile instead of being read per tile."""
+    usual 0 / -inf of a mask) are filled once into a tile as wide as the walk's tiles
+    (`tile_width`), which every tile reads from its start, instead of being read per tile;
+    the condition and the result are read and written straight in their SBUF homes."""
     dtype = cg.graph.tensors[node["outputs"][0]].dtype
     integer = not dtype.is_float
-    filled: dict[int, object] = {}
+    loaded = [
+        name
+        for index, name in enumerate(node["inputs"])
+        if index == 0 or not _scalar_constant(cg, name)
+    ]
+    width = tile_width(cg, {**node, "inputs": loaded})
+    filled: dict[int, MemoryLocation] = {}
     for index in (1, 2):
         info = cg.graph.tensors[node["inputs"][index]]
-        if info.is_const and info.const.size == 1:
-            filled[index] = scratch_tile(cg, f"branch{index}", dtype)
+        if _scalar_constant(cg, node["inputs"][index]):
+            filled[index] = cg.sb_tile(f"branch{index}", NUM_PARTITIONS, width, dtype)
             fill_exact(cg, cg.ap(filled[index]), info.const.reshape(-1)[0].item(), integer)
-    loaded = [name for index, name in enumerate(node["inputs"]) if index not in filled]
 
     def operands(dst: AccessPattern, srcs: list[AccessPattern]) -> list[AccessPattern]:
         loaded_tiles = iter(srcs)
         return [
-            like(dst, filled[index]) if index in filled else next(loaded_tiles)
+            _constant_operand(dst, filled[index]) if index in filled else next(loaded_tiles)
             for index in range(3)
         ]
 
@@ -137,4 +151,16 @@ def lower_where(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_copy(dst, y)
         cg.copy_predicated(dst, cond, x)
 
-    emit_elementwise(cg, {**node, "inputs": loaded}, compute)
+    emit_elementwise(cg, {**node, "inputs": loaded}, compute, direct=True)
+
+
+def _scalar_constant(cg: BirCodeGen, name: str) -> bool:
+    info = cg.graph.tensors[name]
+    return info.is_const and info.const.size == 1
+
+
+def _constant_operand(dst: AccessPattern, tile: MemoryLocation) -> AccessPattern:
+    """A tile filled with one value, read as an operand beside `dst`: the same partitions and
+    element count, from the tile's start (every element is the same)."""
+    count = math.prod(n for _, n in dst.pattern)
+    return AccessPattern(tile.name, ((1, count),), 0, (), dst.partition_start, dst.num_partitions)

@@ -24,7 +24,7 @@ from onnx2bir.codegen.registry import lowering
 @lowering("Sin", "Cos")
 def lower_trig(cg: BirCodeGen, node: dict) -> None:
     func = ActFunc.SIN if node["op_type"] == "Sin" else ActFunc.COS
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func))
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 
 
 def _floor(
@@ -65,7 +65,7 @@ def lower_rounding(cg: BirCodeGen, node: dict) -> None:
             cg.tensor_tensor(dst, dst, more, AluOp.ADD)
             cg.tensor_tensor(dst, dst, flag, AluOp.ADD)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Mod")
@@ -74,7 +74,10 @@ def lower_mod(cg: BirCodeGen, node: dict) -> None:
     integer = not dtype.is_float
     if node["attrs"].get("fmod", 0):
         emit_elementwise(
-            cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.MOD)
+            cg,
+            node,
+            lambda cg, dst, srcs: cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.MOD),
+            direct=True,
         )
         return
     sign_tile, other_tile = scratch_tile(cg, "sign", dtype), scratch_tile(cg, "other", dtype)
@@ -95,7 +98,7 @@ def lower_mod(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_copy(pick, sign)
         cg.copy_predicated(dst, pick, other)  # not r + fix·b: 0·inf would be NaN
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Mean")
@@ -111,4 +114,4 @@ def lower_mean(cg: BirCodeGen, node: dict) -> None:
             cg.tensor_tensor(dst, dst, src, AluOp.ADD)
         cg.tensor_scalar(dst, dst, AluOp.MULTIPLY, 1.0 / count)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)

@@ -35,7 +35,7 @@ def lower_gelu(cg: BirCodeGen, node: dict) -> None:
     if approximate not in ("none", "tanh"):
         raise cg.fail(f"Gelu approximate={approximate!r} is not 'none' or 'tanh'")
     func = ActFunc.GELU if approximate == "none" else ActFunc.GELU_TANH
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func))
+    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 
 
 def _hard_sigmoid(
@@ -48,7 +48,12 @@ def _hard_sigmoid(
 @lowering("HardSigmoid")
 def lower_hard_sigmoid(cg: BirCodeGen, node: dict) -> None:
     alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
-    emit_elementwise(cg, node, lambda cg, dst, srcs: _hard_sigmoid(cg, dst, srcs[0], alpha, beta))
+    emit_elementwise(
+        cg,
+        node,
+        lambda cg, dst, srcs: _hard_sigmoid(cg, dst, srcs[0], alpha, beta),
+        direct=True,
+    )
 
 
 @lowering("HardSwish")
@@ -59,7 +64,7 @@ def lower_hard_swish(cg: BirCodeGen, node: dict) -> None:
         _hard_sigmoid(cg, like(dst, gate), srcs[0], 1.0 / 6.0, 0.5)
         cg.tensor_tensor(dst, srcs[0], like(dst, gate), AluOp.MULTIPLY)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("LeakyRelu", "PRelu")
@@ -88,7 +93,7 @@ def lower_leaky_relu(cg: BirCodeGen, node: dict) -> None:
         slope = node["inputs"][1]
         if tuple(cg.graph.tensors[slope].shape) == x_shape[1:2] and len(x_shape) > 2:
             shapes[slope] = (x_shape[1],) + (1,) * (len(x_shape) - 2)
-    emit_elementwise(cg, node, compute, shapes)
+    emit_elementwise(cg, node, compute, shapes, direct=True)
 
 
 @lowering("Elu", "Selu", "Celu")
@@ -114,7 +119,7 @@ def lower_elu(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_scalar(dst, x, AluOp.MAX, 0.0, AluOp.MULTIPLY, gamma)
         cg.tensor_tensor(dst, dst, neg, AluOp.ADD)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("ThresholdedRelu")
@@ -126,7 +131,7 @@ def lower_thresholded_relu(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_scalar(like(dst, mask), srcs[0], AluOp.IS_GT, alpha)
         cg.tensor_tensor(dst, srcs[0], like(dst, mask), AluOp.MULTIPLY)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Softsign")
@@ -139,7 +144,7 @@ def lower_softsign(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_scalar(den, den, AluOp.ADD, 1.0)
         cg.tensor_tensor(dst, srcs[0], den, AluOp.DIVIDE)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Mish")
@@ -151,7 +156,7 @@ def lower_mish(cg: BirCodeGen, node: dict) -> None:
         cg.activation(like(dst, gate), like(dst, gate), ActFunc.TANH)
         cg.tensor_tensor(dst, srcs[0], like(dst, gate), AluOp.MULTIPLY)
 
-    emit_elementwise(cg, node, compute)
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 @lowering("Clip")
@@ -189,4 +194,4 @@ def lower_clip(cg: BirCodeGen, node: dict) -> None:
                 scalar_op(cg, dst, source, integer, op, value)
             source = dst
 
-    emit_elementwise(cg, {**node, "inputs": [x, *runtime]}, compute)
+    emit_elementwise(cg, {**node, "inputs": [x, *runtime]}, compute, direct=True)

@@ -53,7 +53,7 @@ def lower_dequantize(cg: BirCodeGen, node: dict) -> None:
         else:
             cg.tensor_tensor(dst, x, scale, AluOp.MULTIPLY)
 
-    emit_elementwise(cg, node, compute, shapes)
+    emit_elementwise(cg, node, compute, shapes, direct=True)
 
 
 @lowering("QuantizeLinear")
@@ -84,4 +84,4 @@ def lower_quantize(cg: BirCodeGen, node: dict) -> None:
             cg.tensor_tensor(value, value, srcs[2], AluOp.ADD)
         cg.tensor_scalar(dst, value, AluOp.MAX, float(low), AluOp.MIN, float(high))
 
-    emit_elementwise(cg, node, compute, shapes)
+    emit_elementwise(cg, node, compute, shapes, direct=True)

@@ -315,15 +315,56 @@ ROW_OPS = frozenset(
 )
 
 
+# Elementwise ops with numpy broadcasting (lowered by `emit_elementwise`): an operand that
+# broadcasts along an outer dim keeps the row length of the output it is added into.
+BROADCAST_OPS = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Max",
+        "Min",
+        "Sum",
+        "Mean",
+        "Mod",
+        "PRelu",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "Where",
+    }
+)
+
+
+def _same_rows(shape: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    """Whether `other`, met through a broadcasting op, has `shape`'s rows: the same rank,
+    the same last dim and the same dims after the second, so the last dim and
+    `canonical_inner` are the same for both (a [B, 1, T, T] mask beside [B, H, T, T]
+    scores)."""
+    if len(other) != len(shape) or not shape or shape[-1] != other[-1]:
+        return False
+    return len(shape) < 3 or shape[2:] == other[2:]
+
+
 def preferred_row(graph, tensor: str, hops: int = 16) -> int:
     """The row length the nearest layout-fixing op gives `tensor`, looking through ops that
-    keep the shape (elementwise chains): a channel plane next to a conv, pool or batch norm,
+    keep the shape (elementwise chains) and from a broadcast input of an elementwise op to
+    its output when they have the same rows (`_same_rows`; the output's layout is never
+    taken from a broadcast operand's): a channel plane next to a conv, pool or batch norm,
     the last dim next to a matmul, softmax or layer norm; else `canonical_inner`."""
     shape = tuple(graph.tensors[tensor].shape)
     seen, frontier = {tensor}, [tensor]
     for _ in range(hops):
         found, following = None, []
         for name in frontier:
+            here = tuple(graph.tensors[name].shape)
             producer = graph.producer(name)
             nodes = ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]
             for node in nodes:
@@ -336,7 +377,12 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
                     data = graph.node(node)
                     for other in [*data["inputs"], *data["outputs"]]:
                         if other and other not in seen and other in graph.tensors:
-                            if tuple(graph.tensors[other].shape) == shape:
+                            there = tuple(graph.tensors[other].shape)
+                            if there == here or (
+                                op_type in BROADCAST_OPS
+                                and other in data["outputs"]
+                                and _same_rows(here, there)
+                            ):
                                 seen.add(other)
                                 following.append(other)
         if found == "row" and shape:
