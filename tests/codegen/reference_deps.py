@@ -2,6 +2,11 @@
 reference that tests/codegen/test_deps_equivalence.py compares `codegen/deps.py` against
 (docs/dependencies.md#equivalence). Not used by the tool.
 
+One change from that version, made in both: a loop-invariant contiguous access inside a loop
+that may run no trip (a runtime loop, or one with no trip) drops only accesses recorded since
+that loop opened. Before, it dropped earlier ones too, which left a later access unordered
+with them when the loop ran no trip.
+
 Dependency edges from buffer overlap, the `dep_edges_for_inst` step of the finalizer.
 
 Every engine and every DMA queue runs its own in-order stream (`Instruction.stream`); only
@@ -138,6 +143,7 @@ class _Record:
     loopnest: tuple[str, ...]
     footprints: list[Footprint]
     position: int  # program order
+    since: int  # the first position its accesses may drop
 
 
 def _range(coef: int, loop: LoopRange) -> tuple[int, int]:
@@ -324,6 +330,8 @@ class DependencyTracker:
         self._position = 0
         self._bodies: list[list[_Record]] = []  # per open counted loop, its records so far
         self._never_runs = 0  # open loops with no iteration
+        self._open: list[list] = []  # per open loop: [loop, opened, counted]
+        self._unconfirmed = 0
         self._starts: dict[int, tuple[Footprint, np.ndarray | None]] = {}
 
     # --- loops -------------------------------------------------------------------------------
@@ -333,12 +341,16 @@ class DependencyTracker:
     def open_loop(self, loop: Loop) -> None:
         self.define_axis(loop.axis, loop.start, loop.last_value, loop.step)
         self._bodies.append([])
+        self._open.append([loop, self._position, False])
+        self._unconfirmed += 1
         if loop.trip_count == 0:
             self._never_runs += 1
 
     def close_loop(self, loop: Loop) -> bool:
         """Add the loop-carried edges of `loop`'s body; True when it has a carried hazard."""
         body = self._bodies.pop()
+        if not self._open.pop()[2]:
+            self._unconfirmed -= 1
         if loop.trip_count == 0:
             self._never_runs -= 1
         if self._bodies:
@@ -379,7 +391,14 @@ class DependencyTracker:
             for ap, is_write in inst.accesses()
             if all(count > 0 for _, count in ap.pattern) and ap.loc in locations
         ]
-        record = _Record(inst, inst.stream, inst.loopnest, footprints, self._position)
+        for entry in self._open:
+            if not entry[2] and _holds(entry[0], inst):
+                entry[2] = True
+                self._unconfirmed -= 1
+        since = 0
+        if self._never_runs or self._unconfirmed:
+            since = next(o[1] for o in reversed(self._open) if o[0].trip_count == 0 or not o[2])
+        record = _Record(inst, inst.stream, inst.loopnest, footprints, self._position, since)
         self._position += 1
         edges: dict[int, DepKind] = {}
         stream = record.stream
@@ -445,7 +464,7 @@ class DependencyTracker:
         return [(fp.memory, b) for b in range(first, last + 1)]
 
     def _record(self, record: _Record, fp: Footprint, keys: list[tuple[str, int]]) -> None:
-        if fp.exact and not self._never_runs:
+        if fp.exact:
             first_b, last_b = fp.box
             first_p, last_p = fp.first_partition, fp.last_partition
             # Drop what this access covers (see the module docstring).
@@ -466,6 +485,7 @@ class DependencyTracker:
                         and first_p <= efp.first_partition
                         and efp.last_partition <= last_p
                         and (not same_stream_only or earlier.stream == record.stream)
+                        and earlier.position >= record.since
                     ]
                     for entry_id in doomed:
                         del bucket[entry_id]
@@ -474,6 +494,13 @@ class DependencyTracker:
         self._next_entry += 1
         for key in keys:
             table.setdefault(key, {})[entry_id] = (record, fp)
+
+
+def _holds(loop: Loop, inst: Instruction) -> bool:
+    items = loop.body.items
+    while items and isinstance(items[-1], Loop):
+        items = items[-1].body.items
+    return bool(items) and items[-1] is inst
 
 
 def _add_edge(inst: Instruction, source: int, kind: DepKind, axis: str) -> None:
