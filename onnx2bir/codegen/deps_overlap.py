@@ -104,7 +104,6 @@ def footprint(
     )
 
 
-
 def _range(coef: int, loop: LoopRange) -> tuple[int, int]:
     a, b = coef * loop.start, coef * loop.last
     return (a, b) if a <= b else (b, a)
