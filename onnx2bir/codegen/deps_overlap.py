@@ -78,7 +78,10 @@ def footprint(
         base = loc.address + ap.offset * size
     low = sum(min(stride * (count - 1), 0) for stride, count in ap.pattern) * size
     high = sum(max(stride * (count - 1), 0) for stride, count in ap.pattern) * size + size - 1
-    terms = tuple((axis, coef * size) for axis, coef in ap.offset_terms if coef)
+    merged: dict[str, int] = {}
+    for axis, coef in ap.offset_terms:  # one coefficient per axis
+        merged[axis] = merged.get(axis, 0) + coef * size
+    terms = tuple((axis, coef) for axis, coef in merged.items() if coef)
     first, last = base + low, base + high
     for axis, coef in terms:
         loop = loops[axis]
@@ -109,6 +112,15 @@ def _range(coef: int, loop: LoopRange) -> tuple[int, int]:
     return (a, b) if a <= b else (b, a)
 
 
+def _coefficients(
+    late: tuple[tuple[str, int], ...], early: tuple[tuple[str, int], ...]
+) -> list[tuple[str, int, int]]:
+    """(axis, late coefficient, early coefficient) for every axis of either (0 if absent)."""
+    found = [(axis, coef, next((c for a, c in early if a == axis), 0)) for axis, coef in late]
+    found.extend((axis, 0, coef) for axis, coef in early if all(a != axis for a, _ in late))
+    return found
+
+
 def may_overlap(
     early: Footprint,
     late: Footprint,
@@ -130,9 +142,7 @@ def may_overlap(
     if early.static and late.static:  # the same bytes in every iteration: the boxes meet
         return (early.dense and late.dense) or _elements_meet(early, late, loops, cache)
     low = high = late.base - early.base
-    coefs_late, coefs_early = dict(late.terms), dict(early.terms)
-    for axis in coefs_late.keys() | coefs_early.keys():
-        c_late, c_early = coefs_late.get(axis, 0), coefs_early.get(axis, 0)
+    for axis, c_late, c_early in _coefficients(late.terms, early.terms):
         loop = loops[axis]
         index = shared.index(axis) if axis in shared else len(shared)
         if index < level:  # one value for both
