@@ -45,7 +45,10 @@ BUCKET_BYTES = 8192  # on-chip accesses are indexed by 8 KiB slices of the parti
 DRAM_BUCKETS = 64  # a DRAM location is indexed by at most this many slices
 _PRECEDENCE = {DepKind.FLOW: 0, DepKind.OUTPUT: 1, DepKind.ANTI: 2, DepKind.ORDERED: 3}
 
-Table = dict[tuple[str, int], dict[int, tuple["_Record", Footprint]]]
+# An entry: its stream, first and last partition, first and last byte, record and footprint
+# (the fields every scan compares, unpacked once).
+Entry = tuple[str, int, int, int, int, "_Record", Footprint]
+Table = dict[tuple[str, int], dict[int, Entry]]
 
 
 @dataclass(slots=True)
@@ -196,13 +199,13 @@ class DependencyTracker:
                     bucket = table.get(key)
                     if not bucket:
                         continue
-                    for entry_id, (earlier, efp) in bucket.items():
+                    for entry_id, (other, p0, p1, b0, b1, earlier, efp) in bucket.items():
                         if (
-                            earlier.stream == stream
-                            or efp.first_partition > last_p
-                            or first_p > efp.last_partition
-                            or efp.box[0] > last_b
-                            or first_b > efp.box[1]
+                            other == stream
+                            or p0 > last_p
+                            or first_p > p1
+                            or b0 > last_b
+                            or first_b > b1
                             or entry_id in seen
                         ):
                             continue
@@ -269,8 +272,9 @@ class DependencyTracker:
         table = self._writes if fp.is_write else self._reads
         entry_id = self._next_entry
         self._next_entry += 1
+        entry = (record.stream, fp.first_partition, fp.last_partition, *fp.box, record, fp)
         for key in keys:
-            table.setdefault(key, {})[entry_id] = (record, fp)
+            table.setdefault(key, {})[entry_id] = entry
 
     def _drop_under_loop(self, body: list[_Record], axis: str, opened: int) -> None:
         """Drop what the writes moving with the closing loop `axis` cover (see the module
@@ -308,11 +312,11 @@ class DependencyTracker:
                 continue
             doomed = [
                 entry_id
-                for entry_id, (earlier, efp) in bucket.items()
-                if first_b <= efp.box[0]
-                and efp.box[1] <= last_b
-                and first_p <= efp.first_partition
-                and efp.last_partition <= last_p
+                for entry_id, (_, p0, p1, b0, b1, earlier, efp) in bucket.items()
+                if first_b <= b0
+                and b1 <= last_b
+                and first_p <= p0
+                and p1 <= last_p
                 and also(earlier, efp)
             ]
             for entry_id in doomed:
