@@ -254,21 +254,11 @@ class DependencyTracker:
         if fp.exact:
             # A loop-invariant contiguous write drops everything inside it; such a read, the
             # earlier reads inside it on its stream.
-            since = record.since
-            self._drop_inside(
-                fp,
-                keys,
-                self._writes,
-                lambda earlier, efp: fp.is_write and earlier.position >= since,
-            )
-            self._drop_inside(
-                fp,
-                keys,
-                self._reads,
-                lambda earlier, efp: (
-                    (fp.is_write or earlier.stream == record.stream) and earlier.position >= since
-                ),
-            )
+            if fp.is_write:
+                self._drop_inside(fp, keys, self._writes, record.since)
+                self._drop_inside(fp, keys, self._reads, record.since)
+            else:
+                self._drop_inside(fp, keys, self._reads, record.since, stream=record.stream)
         table = self._writes if fp.is_write else self._reads
         entry_id = self._next_entry
         self._next_entry += 1
@@ -291,19 +281,28 @@ class DependencyTracker:
                 moving = [a for a, _ in fp.terms if self.loops[a].varies]
                 if axis not in moving or any(a not in inner for a in moving):
                     continue  # dropped at the close of the loop it moves with outermost
-
-                covered = _recorded_between(since, opened, still_open)
                 keys = self._box_keys(fp)
-                self._drop_inside(fp, keys, self._writes, covered)
-                self._drop_inside(fp, keys, self._reads, covered)
+                for table in (self._writes, self._reads):
+                    self._drop_inside(fp, keys, table, since, opened, still_open=still_open)
 
     def _box_keys(self, fp: Footprint) -> list[tuple[str, int]]:
         size = self._bucket_bytes[fp.memory]
         first, last = max(fp.box[0], 0) // size, max(fp.box[1], 0) // size
         return [(fp.memory, b) for b in range(first, last + 1)]
 
-    def _drop_inside(self, fp: Footprint, keys: list[tuple[str, int]], table: Table, also) -> None:
-        """Drop the entries of `table` inside `fp`'s partitions and box for which `also`."""
+    def _drop_inside(
+        self,
+        fp: Footprint,
+        keys: list[tuple[str, int]],
+        table: Table,
+        since: int,
+        before: int | None = None,
+        stream: str | None = None,
+        still_open: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
+        """Drop the entries of `table` inside `fp`'s partitions and box recorded at `since`
+        or later (and before `before`), on `stream` if given, that move with no loop of
+        `still_open`."""
         first_b, last_b = fp.box
         first_p, last_p = fp.first_partition, fp.last_partition
         for key in keys:
@@ -312,24 +311,18 @@ class DependencyTracker:
                 continue
             doomed = [
                 entry_id
-                for entry_id, (_, p0, p1, b0, b1, earlier, efp) in bucket.items()
+                for entry_id, (other, p0, p1, b0, b1, earlier, efp) in bucket.items()
                 if first_b <= b0
                 and b1 <= last_b
                 and first_p <= p0
                 and p1 <= last_p
-                and also(earlier, efp)
+                and since <= earlier.position
+                and (before is None or earlier.position < before)
+                and (stream is None or other == stream)
+                and not (still_open and any(a in still_open for a, _ in efp.terms))
             ]
             for entry_id in doomed:
                 del bucket[entry_id]
-
-
-def _recorded_between(since: int, opened: int, still_open: set[str]):
-    """Whether an entry was recorded in [since, opened) and moves with no loop still open."""
-
-    def test(earlier: _Record, efp: Footprint) -> bool:
-        return since <= earlier.position < opened and not any(a in still_open for a, _ in efp.terms)
-
-    return test
 
 
 def _add_edge(inst: Instruction, source: int, kind: DepKind, axis: str) -> None:

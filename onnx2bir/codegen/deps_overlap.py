@@ -56,8 +56,11 @@ class Footprint:
     box: tuple[int, int]  # first and last byte over every iteration
 
 
-def _dense(ap: AccessPattern) -> bool:
-    dims = sorted((abs(stride), count) for stride, count in ap.pattern if count > 1)
+def _dense(pattern: tuple[tuple[int, int], ...]) -> bool:
+    if len(pattern) == 1:
+        stride, count = pattern[0]
+        return count <= 1 or abs(stride) == 1
+    dims = sorted((abs(stride), count) for stride, count in pattern if count > 1)
     running = 1
     for stride, count in dims:
         if stride != running:
@@ -76,19 +79,33 @@ def footprint(
         memory = loc.memory.value
         first_p, last_p = ap.partition_start, ap.partition_start + ap.num_partitions - 1
         base = loc.address + ap.offset * size
-    low = sum(min(stride * (count - 1), 0) for stride, count in ap.pattern) * size
-    high = sum(max(stride * (count - 1), 0) for stride, count in ap.pattern) * size + size - 1
-    merged: dict[str, int] = {}
-    for axis, coef in ap.offset_terms:  # one coefficient per axis
-        merged[axis] = merged.get(axis, 0) + coef * size
-    terms = tuple((axis, coef) for axis, coef in merged.items() if coef)
+    low = high = 0
+    for stride, count in ap.pattern:
+        reach = stride * (count - 1)
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    low, high = low * size, high * size + size - 1
+    if len(ap.offset_terms) < 2:
+        terms = tuple((axis, coef * size) for axis, coef in ap.offset_terms if coef)
+    else:
+        merged: dict[str, int] = {}
+        for axis, coef in ap.offset_terms:  # one coefficient per axis
+            merged[axis] = merged.get(axis, 0) + coef * size
+        terms = tuple((axis, coef) for axis, coef in merged.items() if coef)
     first, last = base + low, base + high
+    static = True
     for axis, coef in terms:
         loop = loops[axis]
-        first += min(coef * loop.start, coef * loop.last)
-        last += max(coef * loop.start, coef * loop.last)
-    static = not any(loops[axis].varies for axis, _ in terms)
-    dense = _dense(ap)
+        a, b = coef * loop.start, coef * loop.last
+        if a <= b:
+            first, last = first + a, last + b
+        else:
+            first, last = first + b, last + a
+        if loop.last > loop.start:
+            static = False
+    dense = _dense(ap.pattern)
     return Footprint(
         memory,
         first_p,
