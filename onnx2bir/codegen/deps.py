@@ -23,9 +23,12 @@ it and every later conflict with it is ordered behind it through the covering ac
 - a loop-invariant contiguous write drops everything inside it, a loop-invariant contiguous
   read on the same stream the earlier reads inside it;
 - when a counted loop closes, a write in its body that moves with the loop drops every access
-  recorded before the loop opened inside the bytes it spans over the loop, when the loop and
-  every loop around the write surely run and the dropped access does not move with a loop
-  still open.
+  recorded before the loop opened inside the bytes it spans over the loop, unless the dropped
+  access moves with a loop still open.
+
+Either way the covering access must run after what it drops: one inside a loop that may run
+no trip (a runtime loop, which the analysis sees as two trips, or a loop of no trip) drops
+only what was recorded since the innermost such loop opened.
 
 The pruning leaves out only edges that other edges and the streams imply: the order over every
 execution is the same as without it. Nothing is dropped for any other reason: no window.
