@@ -45,7 +45,7 @@ from onnx2bir.bir.ir import Dependency, Instruction, Loop, MemoryLocation
 from onnx2bir.codegen.deps_overlap import Footprint, LoopRange, footprint, may_overlap
 
 BUCKET_BYTES = 8192  # on-chip accesses are indexed by 8 KiB slices of the partition
-DRAM_BUCKETS = 64  # a DRAM location is indexed by at most this many slices
+DRAM_BUCKETS = 16  # a DRAM location is indexed by at most this many slices
 _PRECEDENCE = {DepKind.FLOW: 0, DepKind.OUTPUT: 1, DepKind.ANTI: 2, DepKind.ORDERED: 3}
 
 # An entry: its stream, first and last partition, first and last byte, record and footprint
