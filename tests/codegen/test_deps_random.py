@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx2bir.bir.enums import Dtype, Engine
-from onnx2bir.bir.ir import RuntimeValue, runtime_loops
+from onnx2bir.bir.ir import AccessPattern, Function, MemoryLocation, RuntimeValue, runtime_loops
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, driver
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.compiler import import_graph
@@ -70,7 +70,7 @@ class _Builder:
                     self.block(tiles, [], 0)
         cg.after_function()
 
-    def block(self, tiles, axes: list[tuple[str, int]], depth: int) -> None:
+    def block(self, tiles: list[MemoryLocation], axes: list[tuple[str, int]], depth: int) -> None:
         cg, rng = self.cg, self.rng
         for _ in range(rng.randint(2, 5)):
             kind = rng.choice(["load", "store", "copy", "copy", "loop" if depth < 2 else "load"])
@@ -115,18 +115,22 @@ class _Builder:
                 offset = Affine(const) + Affine.axis(axis, coef)
         return offset
 
-    def slice(self, tile, width: int, axes, parts: int, start: int):
+    def slice(
+        self, tile: MemoryLocation, width: int, axes: list[tuple[str, int]], parts: int, start: int
+    ) -> AccessPattern:
         free = tile.shape[1]
         if self.rng.random() < 0.25 and 2 * width <= free:  # every other element
             return self.cg.ap(tile, [(2, width)], self.offset(free, 2 * width, axes), parts, start)
         return self.cg.ap(tile, [(1, width)], self.offset(free, width, axes), parts, start)
 
-    def dram(self, name: str, width: int, parts: int, start: int, axes):
+    def dram(
+        self, name: str, width: int, parts: int, start: int, axes: list[tuple[str, int]]
+    ) -> AccessPattern:
         offset = self.offset(ROW, width, axes) + start * ROW
         return self.cg.dram_ap(name, offset, [(ROW, parts), (1, width)])
 
 
-def _build(seed: int, tracker: type):
+def _build(seed: int, tracker: type) -> Function:
     original = driver.DependencyTracker
     driver.DependencyTracker = tracker
     try:
@@ -137,7 +141,7 @@ def _build(seed: int, tracker: type):
     return builder.cg.function
 
 
-def _races(function, trips: int) -> list:
+def _races(function: Function, trips: int) -> list:
     program = unroll(function, {id(loop): [trips] * 64 for loop in runtime_loops(function.entry)})
     detector = RaceDetector(program)
     for index in range(len(program)):
