@@ -195,7 +195,7 @@ class DependencyTracker:
         for fp in footprints:
             tables = (self._writes, self._reads) if fp.is_write else (self._writes,)
             first_p, last_p = fp.first_partition, fp.last_partition
-            first_b, last_b = fp.box
+            first_b, last_b = fp.first_byte, fp.last_byte
             seen: set[int] = set()
             for key in keys_of[id(fp)]:
                 for table in tables:
@@ -249,7 +249,7 @@ class DependencyTracker:
                 nbytes = loc.num_elements * loc.dtype.itemsize
                 size = max(4096, -(-nbytes // DRAM_BUCKETS))
             self._bucket_bytes[fp.memory] = size
-        first, last = max(fp.box[0], 0) // size, max(fp.box[1], 0) // size
+        first, last = max(fp.first_byte, 0) // size, max(fp.last_byte, 0) // size
         return [(fp.memory, b) for b in range(first, last + 1)]
 
     # --- pruning (docs/dependencies.md#pruning) ----------------------------------------------
@@ -265,7 +265,15 @@ class DependencyTracker:
         table = self._writes if fp.is_write else self._reads
         entry_id = self._next_entry
         self._next_entry += 1
-        entry = (record.stream, fp.first_partition, fp.last_partition, *fp.box, record, fp)
+        entry = (
+            record.stream,
+            fp.first_partition,
+            fp.last_partition,
+            fp.first_byte,
+            fp.last_byte,
+            record,
+            fp,
+        )
         for key in keys:
             table.setdefault(key, {})[entry_id] = entry
 
@@ -290,7 +298,7 @@ class DependencyTracker:
 
     def _box_keys(self, fp: Footprint) -> list[tuple[str, int]]:
         size = self._bucket_bytes[fp.memory]
-        first, last = max(fp.box[0], 0) // size, max(fp.box[1], 0) // size
+        first, last = max(fp.first_byte, 0) // size, max(fp.last_byte, 0) // size
         return [(fp.memory, b) for b in range(first, last + 1)]
 
     def _drop_inside(
@@ -306,7 +314,7 @@ class DependencyTracker:
         """Drop the entries of `table` inside `fp`'s partitions and box recorded at `since`
         or later (and before `before`), on `stream` if given, that move with no loop of
         `still_open`."""
-        first_b, last_b = fp.box
+        first_b, last_b = fp.first_byte, fp.last_byte
         first_p, last_p = fp.first_partition, fp.last_partition
         for key in keys:
             bucket = table.get(key)

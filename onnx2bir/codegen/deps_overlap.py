@@ -50,10 +50,11 @@ class Footprint:
     is_write: bool
     dense: bool  # the pattern touches every byte of [low, high]
     static: bool  # the same bytes in every iteration
-    exact: bool  # static and dense: `box` is exactly the bytes touched
+    exact: bool  # static and dense: first_byte..last_byte are exactly the bytes touched
     ap: AccessPattern
     itemsize: int
-    box: tuple[int, int]  # first and last byte over every iteration
+    first_byte: int  # the first and last byte over every iteration
+    last_byte: int
 
 
 def _dense(pattern: tuple[tuple[int, int], ...]) -> bool:
@@ -120,7 +121,8 @@ def footprint(
         static and dense,
         ap,
         size,
-        (first, last),
+        first,
+        last,
     )
 
 
@@ -154,7 +156,7 @@ def may_overlap(
         return False
     if early.first_partition > late.last_partition or late.first_partition > early.last_partition:
         return False
-    if early.box[0] > late.box[1] or late.box[0] > early.box[1]:
+    if early.first_byte > late.last_byte or late.first_byte > early.last_byte:
         return False
     if early.static and late.static:  # the same bytes in every iteration: the boxes meet
         return (early.dense and late.dense) or _elements_meet(early, late, loops, cache)
@@ -280,7 +282,7 @@ def _elements_meet(
     if a is None:
         return True
     if late.dense:
-        first, last = late.box
+        first, last = late.first_byte, late.last_byte
         lo = np.searchsorted(a, first - early.itemsize + 1, side="left")
         return bool(lo < len(a) and a[lo] <= last)
     b = _starts(late, loops, cache)
