@@ -118,6 +118,7 @@ class DependencyTracker:
         self._never_runs = 0  # open loops with no iteration
         self._unconfirmed = 0  # open loops not (yet) known to be counted
         self._starts: dict[int, tuple[Footprint, np.ndarray | None]] = {}
+        self._edges: dict[tuple[int, DepKind], Dependency] = {}
 
     # --- loops -------------------------------------------------------------------------------
     def define_axis(self, axis: str, start: int, last: int, step: int) -> None:
@@ -224,11 +225,19 @@ class DependencyTracker:
                         ):
                             continue
                         edges[source] = kind
-        inst.deps = [Dependency(source, kind) for source, kind in sorted(edges.items())]
+        inst.deps = [self._plain(source, kind) for source, kind in sorted(edges.items())]
         for fp in footprints:
             self._record(record, fp, keys_of[id(fp)])
         if self._open:
             self._open[-1].body.append(record)
+
+    def _plain(self, source: int, kind: DepKind) -> Dependency:
+        """The plain edge from `source` of `kind`, one shared value for every instruction
+        that has it (a Dependency is immutable)."""
+        dep = self._edges.get((source, kind))
+        if dep is None:
+            dep = self._edges[source, kind] = Dependency(source, kind)
+        return dep
 
     def _forward(self, early: _Record, efp: Footprint, late: _Record, lfp: Footprint) -> bool:
         shared = _shared(early.loopnest, late.loopnest)
