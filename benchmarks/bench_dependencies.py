@@ -1,13 +1,16 @@
 """Dependency edges, convert time and the race detector's cost, per model.
 
-Usage: python benchmarks/bench_dependencies.py OUT.json [MODEL ...]
-MODEL is a stem in models/ or light:<name>; default: every model in models/ and the nine
+Usage: python benchmarks/bench_dependencies.py OUT.json [--no-races] [MODEL ...]
+MODEL is a stem in models/, light:<name>, bert:<layers> (models/bert_depth.py's export in
+models/.cache) or a path to an .onnx file; default: every model in models/ and the nine
 light models. Run it from a checkout's root (it imports that checkout's onnx2bir). For each
 model it records the instructions, the dependency edges by kind (and loop-carried ones),
-`compile_model` and code-generation seconds (best of 3), and, where the checkout has the
-race detector, the seconds to run the program in program order without and with
-`check_races` (best of 2). A checkout without the detector gives only the first part, which
-is how the "before" column of benchmarks/dependencies.md was measured.
+`compile_model`, code-generation and dependency-analysis seconds (best of 3; the analysis'
+own time is what `DependencyTracker` spends, inside code generation), and, where the
+checkout has the race detector and --no-races is not given, the seconds to run the program
+in program order without and with `check_races` (best of 2). A checkout without the
+detector gives only the first part, which is how the "before" column of
+benchmarks/dependencies.md was measured.
 """
 
 from __future__ import annotations
@@ -33,7 +36,35 @@ LIGHT = sorted(light.LIGHT_MODELS.values())
 def _path(name: str) -> Path:
     if name.startswith("light:"):
         return light.light_model_path(name.removeprefix("light:"), 0)
+    if name.startswith("bert:"):
+        return Path("models") / ".cache" / f"bert_h256_L{int(name.removeprefix('bert:'))}.onnx"
+    if name.endswith(".onnx"):
+        return Path(name)
     return Path("models") / f"{name}.onnx"
+
+
+def _timed_tracker() -> list[float]:
+    """Add up the time spent in the dependency tracker's entry points (this process)."""
+    from onnx2bir.codegen import deps
+
+    spent = [0.0]
+
+    def timed(method):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        return run
+
+    for name in ("add", "open_loop", "close_loop", "define_axis"):
+        setattr(deps.DependencyTracker, name, timed(getattr(deps.DependencyTracker, name)))
+    return spent
+
+
+SPENT = _timed_tracker()
 
 
 def _best(function, repeats: int) -> tuple[float, object]:
@@ -45,9 +76,18 @@ def _best(function, repeats: int) -> tuple[float, object]:
     return best, result
 
 
-def measure(name: str) -> dict:
+def measure(name: str, races: bool = True) -> dict:
     path = _path(name)
-    convert, compilation = _best(lambda: compile_model(path), 3)
+    best_deps = float("inf")
+
+    def compile_once():
+        nonlocal best_deps
+        SPENT[0] = 0.0
+        compilation = compile_model(path)
+        best_deps = min(best_deps, SPENT[0])
+        return compilation
+
+    convert, compilation = _best(compile_once, 3)
     codegen = compilation.timings["codegen"]
     function = compilation.module.functions[0]
     kinds: Counter = Counter()
@@ -65,6 +105,9 @@ def measure(name: str) -> dict:
         "convert_s": round(convert, 3),
         "codegen_s": round(codegen, 3),
     }
+    row["deps_s"] = round(best_deps, 3)
+    if not races:
+        return row
     try:
         from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
     except ImportError:
@@ -85,15 +128,18 @@ def measure(name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, metavar="OUT.json", help="where the rows go")
-    parser.add_argument("models", nargs="*", metavar="MODEL", help="stem or light:<name>")
-    args = parser.parse_args()
+    parser.add_argument(
+        "models", nargs="*", metavar="MODEL", help="stem, light:<name>, bert:<layers> or a path"
+    )
+    parser.add_argument("--no-races", action="store_true", help="skip the simulate columns")
+    args = parser.parse_intermixed_args()
     out = args.out
     names = args.models or (
         sorted(p.stem for p in Path("models").glob("*.onnx")) + [f"light:{n}" for n in LIGHT]
     )
     rows = {}
     for name in names:
-        rows[name] = measure(name)
+        rows[name] = measure(name, not args.no_races)
         print(name, rows[name], flush=True)
         out.write_text(json.dumps(rows, indent=1) + "\n")
 
