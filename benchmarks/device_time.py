@@ -8,8 +8,10 @@ Each model is compiled with its 1-layer and 2-layer exports (models/calibration.
 128, batch 4, random weights) and estimated with the device-time model (docs/device_time.md)
 with fp32 matmul operands costed as bf16 (`CostTable(pe_dtype=Dtype.BF16)`), the device's
 default matmul autocast, since this compiler keeps fp32 matmul operands. The full depth is
-extrapolated linearly: t(L) = t(1) + (L - 1) x (t(2) - t(1)). Published: Inf2 per-batch P50
-latency on one NeuronCore-v2 (batch 4, sequence 128, matmul autocast to bf16).
+extrapolated linearly: t(L) = t(1) + (L - 1) x (t(2) - t(1)); when the full depth was exported
+too (`models/calibration.py --full`), it is compiled and estimated as a check. Published:
+Inf2 per-batch P50 latency on one NeuronCore-v2 (batch 4, sequence 128, matmul autocast to
+bf16).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def rows() -> list[dict]:
         # What the same program would take if it moved only its compulsory bytes and the PE
         # ran flat out: the larger of the PE busy time and those bytes at the core's DMA rate.
         row["bound"] = max(row["pe"], row["compulsory"] / TABLE.dma_core_bytes_per_s)
+        # The full depth itself, when it was exported (`models/calibration.py --full`): a
+        # check of the extrapolation.
+        full = path_of(name, depth)
+        row["full"] = _layer_figures(name, depth)["seconds"] if full.exists() else None
         out.append(row)
     return out
 
@@ -63,13 +69,15 @@ def rows() -> list[dict]:
 def markdown(table: list[dict]) -> str:
     lines = [
         "| model | layers | published (ms) | estimate (ms) | estimate / published | PE busy (ms) "
-        "| DMA GB (compulsory) | matmul GFLOP | PE-and-compulsory-DMA bound (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| full depth compiled (ms) | DMA GB (compulsory) | matmul GFLOP "
+        "| PE-and-compulsory-DMA bound (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
+        full = "not exported" if r["full"] is None else f"{r['full'] * 1e3:.2f}"
         lines.append(
             f"| {r['name']} | {r['depth']} | {r['published_ms']:.2f} | {r['seconds'] * 1e3:.2f} "
-            f"| {r['seconds'] * 1e3 / r['published_ms']:.2f}x | {r['pe'] * 1e3:.2f} "
+            f"| {r['seconds'] * 1e3 / r['published_ms']:.2f}x | {r['pe'] * 1e3:.2f} | {full} "
             f"| {r['dma_bytes'] / 1e9:.2f} ({r['compulsory'] / 1e9:.2f}) "
             f"| {r['flops'] / 1e9:.0f} | {r['bound'] * 1e3:.2f} |"
         )

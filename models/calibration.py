@@ -14,6 +14,10 @@ Run with the export venv, one at a time::
 
     nice -n 10 /work/venv-export/bin/python models/calibration.py            # all
     nice -n 10 /work/venv-export/bin/python models/calibration.py bert_base  # one
+    nice -n 10 /work/venv-export/bin/python models/calibration.py --full distilbert_base
+
+``--full`` also exports the full depth, which benchmarks/device_time.py then compiles to check
+the extrapolation.
 """
 
 from __future__ import annotations
@@ -94,10 +98,11 @@ def main(argv: list[str]) -> int:
     from models.strip_metadata import strip_exporter_metadata
     from models.zoo import _export
 
-    names = argv or list(MODELS)
+    full = "--full" in argv
+    names = [arg for arg in argv if arg != "--full"] or list(MODELS)
     CACHE.mkdir(exist_ok=True)
     for name in names:
-        for layers in LAYERS:
+        for layers in (*LAYERS, MODELS[name][4]) if full else LAYERS:
             out = path_of(name, layers)
             if out.exists():
                 print(f"{out}: exists")
