@@ -5,9 +5,10 @@ Usage (after `nice -n 10 /work/venv-export/bin/python models/calibration.py`):
     python benchmarks/device_time.py --markdown benchmarks/device_time_table.md
 
 Each model is compiled with its 1-layer and 2-layer exports (models/calibration.py: sequence
-128, batch 4, random weights) and estimated with the device-time model (docs/device_time.md)
-with fp32 matmul operands costed as bf16 (`CostTable(pe_dtype=Dtype.BF16)`), the device's
-default matmul autocast, since this compiler keeps fp32 matmul operands. The full depth is
+128, batch 4, random weights) under the default options (matmul operands autocast to bf16, the
+memory plan on) and estimated with the device-time model (docs/device_time.md); the table's
+`CostTable(pe_dtype=Dtype.BF16)` changes nothing for those and costs any fp32 operand left (an
+export compiled with `--auto-cast none`) at the bf16 rate. The full depth is
 extrapolated linearly: t(L) = t(1) + (L - 1) x (t(2) - t(1)); when the full depth was exported
 too (`models/calibration.py --full`), it is compiled and estimated as a check. Published:
 Inf2 per-batch P50 latency on one NeuronCore-v2 (batch 4, sequence 128, matmul autocast to
