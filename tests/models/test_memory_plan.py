@@ -32,8 +32,11 @@ def test_the_plan_cuts_dma_traffic_of_the_zoo_cnns(name):
 
 
 @pytest.mark.slow
-def test_light_resnet50_moves_at_most_a_quarter_more_than_its_compulsory_bytes():
+def test_light_resnet50_moves_its_weights_once_in_bf16_and_little_else():
     planned, compulsory = _traffic(light_model_path("resnet50", 0), True)
-    # 25.6M fp32 weights alone are 102 MB: the bytes no program can avoid.
-    assert compulsory > 100e6
-    assert planned <= 1.25 * compulsory
+    # 25.6M weights, stored in bf16 under the default autocast (docs/autocast.md#weights):
+    # 51 MB no program can avoid, and about 102 MB if they travelled in fp32.
+    assert 50e6 < compulsory < 60e6
+    # What else moves is activations that keep a DRAM round trip (the convolution kernels'
+    # output layouts, the stem's padded input, one pooling output): 17.6 MB, 1.31x in all.
+    assert planned <= 1.35 * compulsory
