@@ -45,6 +45,11 @@ class Graph:
     # The model's own initializers (weights) as imported, unchanged by folding; a constant not
     # listed here was computed at compile time. See docs/memory_kinds.md.
     parameters: frozenset[str] = frozenset()
+    # topological_order's last answer and the graph's state it answered for.
+    _order: tuple[tuple[int, int, int], list[str]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _mutations: int = field(default=0, repr=False, compare=False)
 
     # --- queries -------------------------------------------------------------------------
     def nodes(self):
@@ -76,6 +81,7 @@ class Graph:
     ) -> None:
         if name in self.nx:
             raise ValueError(f"node name {name!r} is used twice")
+        self._mutations += 1
         self.nx.add_node(
             name,
             op_type=op_type,
@@ -102,6 +108,7 @@ class Graph:
 
     def remove_node(self, name: str) -> None:
         data = self.nx.nodes[name]
+        self._mutations += 1
         for tensor in data["outputs"]:
             if self.producers.get(tensor) == name:
                 del self.producers[tensor]
@@ -111,6 +118,13 @@ class Graph:
         self.nx.remove_node(name)
 
     def topological_order(self) -> list[str]:
-        """Node names in a topological order that keeps insertion order wherever it can."""
-        rank = {name: index for index, name in enumerate(self.nx.nodes)}
-        return list(nx.lexicographical_topological_sort(self.nx, key=rank.__getitem__))
+        """Node names in a topological order that keeps insertion order wherever it can.
+
+        The order is kept until the graph changes (the passes ask for it once per candidate
+        block, which made them quadratic in the depth)."""
+        state = (self._mutations, self.nx.number_of_nodes(), self.nx.number_of_edges())
+        if self._order is None or self._order[0] != state:
+            rank = {name: index for index, name in enumerate(self.nx.nodes)}
+            order = list(nx.lexicographical_topological_sort(self.nx, key=rank.__getitem__))
+            self._order = (state, order)
+        return list(self._order[1])

@@ -29,6 +29,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import networkx as nx
 import numpy as np
 
 from onnx2bir.graph import Graph
@@ -285,7 +286,13 @@ def match_region(graph: Graph, dot2: str) -> Region | None:
                 blockers.append(f"{op} {node!r} reads a non-scalar constant {shape_}")
     if not region.sources or not (nodes or blockers):
         return None  # dot2 is not fed by projection → elementwise chain → it: not an MLP
-    order = [n for n in graph.topological_order() if n in set(nodes)]
+    # The region's own dependency order (every path between two of its nodes runs inside
+    # it: its sources are projections of the block's input), ties kept in graph order.
+    members = set(nodes)
+    rank = {n: i for i, n in enumerate(graph.nx.nodes) if n in members}
+    order = list(
+        nx.lexicographical_topological_sort(graph.nx.subgraph(members), key=rank.__getitem__)
+    )
     region.nodes = order
     if blockers:
         region.problem = blockers[0]
