@@ -299,12 +299,13 @@ def _settle(
 
 def _high_water(plan: MemoryPlan, intervals: dict[str, tuple[int, int]], items: int) -> int:
     """The most SBUF bytes per partition in use at once: reserved, live homes and the arena."""
-    peak = plan.reserved
+    change = [0] * (items + 1)  # homes' bytes coming live (+) and freed (-) at each item
+    for name, home in plan.homes.items():
+        first, last = intervals[name]
+        change[first] += home.bytes_per_partition
+        change[min(last + 1, items)] -= home.bytes_per_partition
+    peak, live = plan.reserved, 0
     for item in range(items):
-        live = sum(
-            home.bytes_per_partition
-            for name, home in plan.homes.items()
-            if intervals[name][0] <= item <= intervals[name][1]
-        )
+        live += change[item]
         peak = max(peak, plan.reserved + live + plan.arena_need.get(item, 0))
     return peak
