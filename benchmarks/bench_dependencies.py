@@ -26,6 +26,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "models")
 
 import light  # noqa: E402
+from bench_models import timed_dependencies  # noqa: E402
 
 from onnx2bir.compiler import compile_model  # noqa: E402
 from onnx2bir.runtime.oracle import synthesize_inputs  # noqa: E402
@@ -43,28 +44,7 @@ def _path(name: str) -> Path:
     return Path("models") / f"{name}.onnx"
 
 
-def _timed_tracker() -> list[float]:
-    """Add up the time spent in the dependency tracker's entry points (this process)."""
-    from onnx2bir.codegen import deps
-
-    spent = [0.0]
-
-    def timed(method):
-        def run(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - start
-
-        return run
-
-    for name in ("add", "open_loop", "close_loop", "define_axis"):
-        setattr(deps.DependencyTracker, name, timed(getattr(deps.DependencyTracker, name)))
-    return spent
-
-
-SPENT = _timed_tracker()
+SPENT = timed_dependencies()
 
 
 def _best(function, repeats: int) -> tuple[float, object]:

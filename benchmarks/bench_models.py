@@ -84,7 +84,7 @@ def _resolve(name: str) -> Path:
     return Path(name)
 
 
-def _timed_dependencies():
+def timed_dependencies():
     """Wrap the dependency tracker's entry points to add up their time (this process only)."""
     from onnx2bir.codegen import deps
 
@@ -117,7 +117,7 @@ def _measure(name: str, races: bool, queue) -> None:
 
     try:
         path = _resolve(name)
-        deps_time = _timed_dependencies()
+        deps_time = timed_dependencies()
         start = time.perf_counter()
         compilation = compile_model(path, CompileOptions())
         convert = time.perf_counter() - start
