@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_heads import emit_heads, heads_fit
 from onnx2bir.codegen.matmul_panels import try_panels
@@ -308,11 +311,13 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
     a_shape = cg.graph.tensors[a_name].shape
     b_shape = cg.graph.tensors[b_name].shape
     a = _row_major(cg.dram(a_name).name, Affine(), *a_shape)
-    b = _row_major(cg.dram(b_name).name, Affine(), *b_shape)
     if attrs.get("transA", 0):
         a = a.T
-    if attrs.get("transB", 0):
-        b = b.T
+    b = _stored_transposed(cg, b_name, node) if attrs.get("transB", 0) else None
+    if b is None:
+        b = _row_major(cg.dram(b_name).name, Affine(), *b_shape)
+        if attrs.get("transB", 0):
+            b = b.T
     y = _row_major(cg.dram(out).name, Affine(), a.rows, b.cols)
     c = None
     if c_name:
@@ -326,3 +331,18 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
         return
     mm = _rotating_tiles(cg, dtype, [tile_count(a.rows, NUM_PARTITIONS)], b.cols)
     emit_gemm(cg, a, b, y, mm, alpha, c, beta)
+
+
+def _stored_transposed(cg: BirCodeGen, name: str, node: dict) -> MatrixView | None:
+    """Gemm's constant B read transposed (transB, a classifier's weight) under the general
+    autocast: stored once as Bᵀ, a compile-time constant of its own (docs/autocast.md#weights),
+    so that its loads are plain row DMAs, which cast it (and let it be stored in the cast
+    dtype), instead of fp32 tiles flipped on the PE array. None when B is computed, shared
+    with another node, or the autocast is off."""
+    info = cg.graph.tensors[name]
+    if not info.is_const or len(info.shape) != 2 or pe_operand_dtype(cg) is Dtype.FP32:
+        return None
+    if len(cg.graph.consumers(name)) != 1:
+        return None
+    loc = cg.add_dram_const(f"{node['name']}/{name}.T", np.ascontiguousarray(info.const.T))
+    return _row_major(loc.name, Affine(), info.shape[1], info.shape[0])

@@ -170,3 +170,24 @@ def test_an_intermediate_read_only_by_matmul_loads_is_stored_in_bf16_with_the_sa
     fp32_run = run_checked(module, feeds)
     for name, values in cast_run.items():
         np.testing.assert_array_equal(values, fp32_run[name])
+
+
+def test_a_constant_weight_read_transposed_is_stored_transposed_in_bf16():
+    # A classifier's Linear: Gemm(x, W, c, transB=1) with W [N, K] constant.
+    w = _weights((300, 96))
+    c = _weights((300,), seed=5)
+    model = one_node_model("Gemm", {"a": (200, 96)}, initializers={"b": w, "c": c}, transB=1)
+    compiled = _compile(model, CompileOptions())
+    locations = compiled.module.functions[0].memory_locations
+    stored = [loc for name, loc in locations.items() if name.endswith("/b.T")]
+    assert "b" not in locations and len(stored) == 1
+    assert stored[0].dtype is Dtype.BF16 and stored[0].shape == (96, 300)
+    # The same product spelled with the weight already transposed computes the same bits.
+    plain = one_node_model(
+        "Gemm", {"a": (200, 96)}, initializers={"b": np.ascontiguousarray(w.T), "c": c}
+    )
+    feeds = synthesize_inputs(compiled.graph, 0)
+    got = run_checked(compiled.module, feeds)
+    expected = run_checked(_compile(plain, CompileOptions()).module, feeds)
+    for name, values in got.items():
+        np.testing.assert_array_equal(values, expected[name])
