@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnx2bir.bir.enums import MemoryType
-from onnx2bir.bir.ir import AccessPattern, BasicBlock, Instruction, Loop, MemoryLocation
+from onnx2bir.bir.ir import AccessPattern, Instruction, MemoryLocation, all_loops
 from onnx2bir.bir.predicates import leading_extent, narrow
 
 from .program import Program
@@ -155,7 +155,7 @@ class RaceDetector:
         locations = program.function.memory_locations
         self.locations = locations
         self._counted = {
-            loop.axis for loop in _loops(program.function.entry) if loop.trip_count > 1
+            loop.axis for loop in all_loops(program.function.entry) if loop.trip_count > 1
         }
         written = {inst.dst.loc for inst in program.function.instructions() if inst.dst is not None}
         self.shadows: dict[str, _Shadow] = {}
@@ -405,10 +405,3 @@ class RaceDetector:
                 if axis in self._counted
             ),
         )
-
-
-def _loops(block: BasicBlock):
-    for item in block.items:
-        if isinstance(item, Loop):
-            yield item
-            yield from _loops(item.body)

@@ -290,6 +290,14 @@ class DoWhile(Loop):
     local_locations: tuple[str, ...] = ()
 
 
+def all_loops(block: BasicBlock):
+    """Every Loop nested in `block` (counted or runtime), outermost first."""
+    for item in block.items:
+        if isinstance(item, Loop):
+            yield item
+            yield from all_loops(item.body)
+
+
 def runtime_loops(block: BasicBlock):
     """Every DynamicLoop and DoWhile nested in `block`, outermost first."""
     for item in block.items:

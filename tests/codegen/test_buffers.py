@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import assert_matches_onnxruntime, one_node_model
 
-from onnx2bir.bir.ir import Loop
+from onnx2bir.bir.ir import Loop, all_loops
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.tiling import BUFFERED_LOOPS, tiles
 from onnx2bir.compiler import compile_graph, import_graph
@@ -20,13 +20,8 @@ from onnx2bir.runtime.oracle import synthesize_inputs
 from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 
 
-def _loops(block, found=None) -> list[Loop]:
-    found = [] if found is None else found
-    for item in block.items:
-        if isinstance(item, Loop):
-            found.append(item)
-            _loops(item.body, found)
-    return found
+def _loops(block) -> list[Loop]:
+    return list(all_loops(block))
 
 
 # --- the rotation itself --------------------------------------------------------------------

@@ -12,7 +12,7 @@ from conftest import IR_VERSION, assert_matches_onnxruntime, make_model, one_nod
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import Engine, MemoryType, Opcode
-from onnx2bir.bir.ir import Loop
+from onnx2bir.bir.ir import Loop, all_loops
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.row_groups import COPY_BUDGET, GROUP, emit_skewed, emit_staged, plan_groups
 from onnx2bir.codegen.tiling import BUFFERED_LOOPS
@@ -23,13 +23,8 @@ from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
 from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 
 
-def _loops(block, found=None) -> list[Loop]:
-    found = [] if found is None else found
-    for item in block.items:
-        if isinstance(item, Loop):
-            found.append(item)
-            _loops(item.body, found)
-    return found
+def _loops(block) -> list[Loop]:
+    return list(all_loops(block))
 
 
 def _compile(model):
