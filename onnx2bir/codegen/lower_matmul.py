@@ -43,14 +43,14 @@ import math
 
 import numpy as np
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_heads import emit_heads, heads_fit
 from onnx2bir.codegen.matmul_panels import try_panels
-from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView, load_tile
+from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView, evict_tile, load_tile
 from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import (
     Affine,
@@ -153,19 +153,9 @@ def _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size: int) ->
 
 def _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy) -> None:
     """Evict one output tile from PSUM with alpha, add beta·c, store it."""
-    out = y.window(m.start, m.size, n.start, n.size)
-    out_ap = cg.dram_ap(out.loc, out.offset, out.pattern())
     tile = cg.ap(mm.result, [(1, n.size)], mm.at(mm.result, copy), partitions=m.size)
-    result = cg.write_operand(tile, out_ap)
-    cg.activation(result, acc, ActFunc.COPY, scale=alpha)
-    if c is not None and beta != 0.0:
-        addend = cg.ap(mm.addend, [(1, n.size)], mm.at(mm.addend, copy), partitions=m.size)
-        window = c.window(m.start, m.size, n.start, n.size)
-        cg.dma(addend, cg.dram_ap(window.loc, window.offset, window.pattern()))
-        if beta != 1.0:
-            cg.tensor_scalar(addend, addend, AluOp.MULTIPLY, beta)
-        cg.tensor_tensor(result, result, addend, AluOp.ADD)
-    cg.store_result(out_ap, tile, result)
+    addend = cg.ap(mm.addend, [(1, n.size)], mm.at(mm.addend, copy), partitions=m.size)
+    evict_tile(cg, y, m, n, acc, tile, addend, alpha, c, beta)
 
 
 B_BLOCK_BYTES = 64 * 1024  # SBUF per partition a resident column block of b may take

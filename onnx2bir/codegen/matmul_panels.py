@@ -11,12 +11,18 @@ back to `emit_gemm` when b is too large to hold or the tiles do not fit.
 
 from __future__ import annotations
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.matmul_tiles import PANEL_FLIPS, FlipTiles, MatrixView, load_tile
+from onnx2bir.codegen.matmul_tiles import (
+    PANEL_FLIPS,
+    FlipTiles,
+    MatrixView,
+    evict_tile,
+    load_tile,
+)
 from onnx2bir.codegen.tiling import (
     FULL_EXPANSION,
     Affine,
@@ -129,19 +135,9 @@ def emit_gemm_panels(
                     whole_b, [(1, n.size)], tile_index(k, p) * b.cols + n.start, partitions=k.size
                 )
                 cg.matmul(total, stationary, moving, accumulate=not k.first)
-            out = y.window(m.start, m.size, n.start, n.size)
-            out_ap = cg.dram_ap(out.loc, out.offset, out.pattern())
             tile = cg.ap(result, [(1, n.size)], at, partitions=m.size)
-            written = cg.write_operand(tile, out_ap)
-            cg.activation(written, total, ActFunc.COPY, scale=alpha)
-            if addend is not None:
-                add = cg.ap(addend, [(1, n.size)], at, partitions=m.size)
-                window = c.window(m.start, m.size, n.start, n.size)
-                cg.dma(add, cg.dram_ap(window.loc, window.offset, window.pattern()))
-                if beta != 1.0:
-                    cg.tensor_scalar(add, add, AluOp.MULTIPLY, beta)
-                cg.tensor_tensor(written, written, add, AluOp.ADD)
-            cg.store_result(out_ap, tile, written)
+            add = None if addend is None else cg.ap(addend, [(1, n.size)], at, partitions=m.size)
+            evict_tile(cg, y, m, n, total, tile, add, alpha, c, beta)
     return True
 
 

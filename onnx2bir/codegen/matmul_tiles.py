@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx2bir.bir.enums import Dtype
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.tiling import Affine, copy_stride
+from onnx2bir.codegen.tiling import Affine, Tile, copy_stride
 
 
 @dataclass(frozen=True)
@@ -154,3 +154,31 @@ class FlipTiles:
 
     def at(self, tile: MemoryLocation, slot: Affine) -> Affine:
         return slot * NUM_PARTITIONS
+
+
+def evict_tile(
+    cg: BirCodeGen,
+    y: MatrixView,
+    rows: Tile,
+    cols: Tile,
+    total: AccessPattern,
+    tile: AccessPattern,
+    addend: AccessPattern | None = None,
+    alpha: float = 1.0,
+    c: MatrixView | None = None,
+    beta: float = 1.0,
+) -> None:
+    """Output tile y[rows, cols] out of PSUM (`total`): alpha·total into `tile`, or straight
+    into y's SBUF home when it has one, plus beta·c through `addend` when c is given; then
+    stored unless written in place."""
+    out = y.window(rows.start, rows.size, cols.start, cols.size)
+    out_ap = cg.dram_ap(out.loc, out.offset, out.pattern())
+    written = cg.write_operand(tile, out_ap)
+    cg.activation(written, total, ActFunc.COPY, scale=alpha)
+    if c is not None and beta != 0.0 and addend is not None:
+        window = c.window(rows.start, rows.size, cols.start, cols.size)
+        cg.dma(addend, cg.dram_ap(window.loc, window.offset, window.pattern()))
+        if beta != 1.0:
+            cg.tensor_scalar(addend, addend, AluOp.MULTIPLY, beta)
+        cg.tensor_tensor(written, written, addend, AluOp.ADD)
+    cg.store_result(out_ap, tile, written)
