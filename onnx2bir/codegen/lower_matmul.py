@@ -25,8 +25,7 @@ flips and the accumulation chains without waiting for each copy in between
 
 Batched products of one tile each whose b changes with the innermost batch index (attention's
 per-head Q·Kᵀ and P·V) go to `matmul_heads.py`: per pass of that loop, every b in one DMA and
-every a flipped back to back, then the matmuls. Larger ones still load their b's in one DMA per
-pass when they fit (`PRELOAD_BYTES`).
+every a flipped back to back, then the matmuls.
 
 Operands and results in SBUF homes are read and written in place
 (docs/memory_planner.md#direct-operands).
@@ -44,7 +43,6 @@ import math
 import numpy as np
 
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
@@ -74,12 +72,8 @@ def emit_gemm(
     c: MatrixView | None = None,
     beta: float = 1.0,
     slot: Affine | None = None,
-    b_loaded: AccessPattern | None = None,
 ) -> None:
     """y = alpha·(a @ b) + beta·c, with a [M, K], b [K, N], y and c [M, N].
-
-    `b_loaded` is b already in SBUF as [K partitions, N] (K and N one tile each); it is
-    used as the moving operand instead of loading b.
 
     With `mm.copies` > 1 and no `slot`, the innermost of the M and N loops with more than one
     tile rotates the copies; a `slot` from an enclosing (batch) loop picks one copy instead.
@@ -92,11 +86,7 @@ def emit_gemm(
     k_tiles = tile_count(a.cols, NUM_PARTITIONS)
     n_size = min(b.cols, MATMUL_MAX_MOVING_FREE)
     block_bytes = k_tiles * n_size * mm.moving_dtype.itemsize
-    if (
-        b_loaded is None
-        and a.rows > NUM_PARTITIONS
-        and block_bytes <= min(B_BLOCK_BYTES, cg.sb_free_bytes())
-    ):
+    if a.rows > NUM_PARTITIONS and block_bytes <= min(B_BLOCK_BYTES, cg.sb_free_bytes()):
         _emit_gemm_b_resident(cg, a, b, y, mm, alpha, c, beta, slot, n_size)
         return
     buffers = [1, 1]
@@ -114,12 +104,9 @@ def emit_gemm(
                 stationary = load_tile(
                     cg, a.T.window(k.start, k.size, m.start, m.size), mm.stationary, mm, copy
                 )
-                if b_loaded is not None:
-                    moving = b_loaded
-                else:
-                    moving = load_tile(
-                        cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm, copy
-                    )
+                moving = load_tile(
+                    cg, b.window(k.start, k.size, n.start, n.size), mm.moving, mm, copy
+                )
                 cg.matmul(acc, stationary, moving, accumulate=not k.first)
             _finish_tile(cg, y, mm, alpha, c, beta, m, n, acc, copy)
 
@@ -214,16 +201,7 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     mm = _rotating_tiles(cg, dtype, [*batch, tile_count(m, NUM_PARTITIONS)], n)
     level = rotating_level([*batch, tile_count(m, NUM_PARTITIONS), tile_count(n, 512)])
 
-    preload = _batch_preload(cg, batch, b_batch, k, n, mm.moving_dtype)
-
-    def walk(
-        depth: int,
-        a_off: Affine,
-        b_off: Affine,
-        y_off: Affine,
-        slot: Affine,
-        b_loaded: AccessPattern | None = None,
-    ) -> None:
+    def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine, slot: Affine) -> None:
         if depth == len(batch):
             emit_gemm(
                 cg,
@@ -232,47 +210,22 @@ def lower_matmul(cg: BirCodeGen, node: dict) -> None:
                 _row_major(y_loc, y_off, m, n),
                 mm,
                 slot=slot if level is not None and level < len(batch) else None,
-                b_loaded=b_loaded,
             )
             return
         inner = 1
         for size in batch[depth + 1 :]:
             inner *= size
-        preloaded = None
-        if preload is not None and depth == len(batch) - 1:
-            # Every b of this innermost batch loop in one DMA: [K partitions, batch x N].
-            preloaded = cg.ap(preload, [(1, batch[depth] * n)], Affine(), partitions=k)
-            source = [(n, k), (b_batch[depth], batch[depth]), (1, n)]
-            cg.dma(preloaded, cg.dram_ap(b_loc, b_off, source))
         copies = mm.copies if depth == level else 1
         for index in tiles(cg, batch[depth], 1, "b", buffers=copies):
-            if preloaded is not None:
-                b_loaded = cg.ap(preload, [(1, n)], index.start * n, partitions=k)
             walk(
                 depth + 1,
                 a_off + index.start * a_batch[depth],
                 b_off + index.start * b_batch[depth],
                 y_off + index.start * (inner * m * n),
                 slot + index.slot,
-                b_loaded,
             )
 
     walk(0, Affine(), Affine(), Affine(), Affine())
-
-
-PRELOAD_BYTES = 16 * 1024  # SBUF per partition the b operands of one batch loop may take
-
-
-def _batch_preload(cg: BirCodeGen, batch, b_batch, k: int, n: int, dtype: Dtype):
-    """A tile for every b of the innermost batch loop at once, when b changes along it, is
-    one tile (K ≤ 128, N ≤ 512) per index and they fit in `PRELOAD_BYTES`: one DMA per pass of
-    that loop instead of one per index (each DMA costs its issue time and a queue's turn)."""
-    if not batch or not b_batch[-1] or k > NUM_PARTITIONS or n > MATMUL_MAX_MOVING_FREE:
-        return None
-    free = batch[-1] * n
-    if batch[-1] < 2 or free * dtype.itemsize > min(PRELOAD_BYTES, cg.sb_free_bytes() // 2):
-        return None
-    return cg.sb_tile("b_batch", NUM_PARTITIONS, free, dtype)
 
 
 def _rotating_tiles(cg: BirCodeGen, dtype: Dtype, outer: list[int], n: int) -> MatmulTiles:

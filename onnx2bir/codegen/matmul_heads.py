@@ -22,11 +22,10 @@ from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.matmul_tiles import PANEL_FLIPS, FlipTiles
+from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, FlipTiles
 from onnx2bir.codegen.tiling import FULL_EXPANSION, Affine, copy_stride, tiles
 
 HEADS_BYTES = 32 * 1024  # SBUF per partition the a and b tiles of one pass (both copies) may take
-_BANK_FP32 = 512
 
 
 def heads_fit(cg: BirCodeGen, batch, b_batch, m: int, k: int, n: int, dtype: Dtype) -> bool:
@@ -63,7 +62,7 @@ def emit_heads(
     b_all = cg.sb_tile("b_heads", p, 2 * b_copy, pe)
     flips = FlipTiles(cg, 1)
     banks = min(heads, FULL_EXPANSION, cg.psum_free_banks())
-    acc = cg.psum_tile("acc", p, banks * _BANK_FP32)
+    acc = cg.psum_tile("acc", p, banks * BANK_FP32)
     result_copy = copy_stride(n, Dtype.FP32)
     result = cg.sb_tile("result", p, banks * result_copy, Dtype.FP32)
 
@@ -80,7 +79,7 @@ def emit_heads(
             cg.matmul(flipped, staged, cg.identity(m), accumulate=False)
             cg.tensor_copy(cg.ap(a_t, [(1, m)], copy * a_copy + h.start * m, partitions=k), flipped)
         for h in tiles(cg, heads, 1, "hd", buffers=banks):
-            total = cg.ap(acc, [(1, n)], h.slot * _BANK_FP32, partitions=m)
+            total = cg.ap(acc, [(1, n)], h.slot * BANK_FP32, partitions=m)
             stationary = cg.ap(a_t, [(1, m)], copy * a_copy + h.start * m, partitions=k)
             moving = cg.ap(b_all, [(1, n)], copy * b_copy + h.start * n, partitions=k)
             cg.matmul(total, stationary, moving, accumulate=False)

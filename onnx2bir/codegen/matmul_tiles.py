@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern, MemoryLocation
-from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_BANK_BYTES
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import Affine, Tile, copy_stride
@@ -69,8 +69,8 @@ class MatmulTiles:
         self.moving = self._tile(cg, "moving", MATMUL_MAX_MOVING_FREE, dtype)
         self.staging = self._tile(cg, "staging", p, Dtype.FP32)
         # One PSUM bank (512 fp32) per copy of each: a copy never straddles two banks.
-        self.transposed = cg.psum_tile("transposed", p, (copies - 1) * _BANK_FP32 + p)
-        self.strides[self.transposed.name] = _BANK_FP32
+        self.transposed = cg.psum_tile("transposed", p, (copies - 1) * BANK_FP32 + p)
+        self.strides[self.transposed.name] = BANK_FP32
         self.acc = cg.psum_tile("acc", p, copies * MATMUL_MAX_MOVING_FREE)
         self.strides[self.acc.name] = MATMUL_MAX_MOVING_FREE
         self.result = self._tile(cg, "result", MATMUL_MAX_MOVING_FREE, Dtype.FP32)
@@ -98,7 +98,7 @@ class MatmulTiles:
         )
 
 
-_BANK_FP32 = 512  # fp32 elements in one 2 KiB PSUM bank
+BANK_FP32 = PSUM_BANK_BYTES // 4  # fp32 elements in one PSUM bank
 
 
 def load_tile(

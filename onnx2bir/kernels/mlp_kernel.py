@@ -59,7 +59,7 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
-from onnx2bir.codegen.matmul_tiles import MatrixView, load_tile
+from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, MatrixView, load_tile
 from onnx2bir.codegen.tiling import (
     Affine,
     Tile,
@@ -75,8 +75,6 @@ TARGET = "AwsNeuronMLPNKI"
 P = NUM_PARTITIONS
 N_CHUNK = MATMUL_MAX_MOVING_FREE
 TOKEN_BLOCKS = (512, 256, 128)
-FLIP_SLOTS = 4  # 128-column PSUM slots the flips of x rotate over (one bank)
-_BANK_FP32 = 512  # fp32 elements in one 2 KiB PSUM bank
 QUICK_GELU_ALPHA = 1.702
 LUT_ACTIVATIONS = {
     "relu": ActFunc.RELU,
@@ -286,15 +284,15 @@ class MlpTiles:
         gated = a.activation in ("quick_gelu", "swiglu")
         self.gate = cg.sb_tile("gate", P, block, fp32) if gated else None
         self.registers = [cg.sb_tile(f"r{i}", P, block, fp32) for i in range(a.registers)]
-        # The flips of x go through FLIP_SLOTS 128-column slots of one bank, so that one
+        # The flips of x go through PANEL_FLIPS 128-column slots of one bank, so that one
         # flip need not wait for the previous one's copy out of PSUM.
-        self.transposed = cg.psum_tile("transposed", P, FLIP_SLOTS * P)
+        self.transposed = cg.psum_tile("transposed", P, PANEL_FLIPS * P)
         self.up_ps = cg.psum_tile("up", P, block) if a.w_up is not None else None
         self.y_ps = cg.psum_tile("y", P, -(-block // P) * N_CHUNK)
         # hᵀ accumulates in a bank per hidden tile in flight: with a second one, the next
         # tile's matmuls need not wait for this one's activation to empty its bank.
         self.h_banks = 2 if cg.psum_free_banks() >= 2 and tile_count(a.h, P) > 1 else 1
-        self.h_ps = cg.psum_tile("h", P, (self.h_banks - 1) * _BANK_FP32 + block)
+        self.h_ps = cg.psum_tile("h", P, (self.h_banks - 1) * BANK_FP32 + block)
         # A weight tile holds every 128-row tile of one column block (`whole_rows`), or one
         # 128 x 128 tile when the weight is transposed or its rows are not whole tiles; with
         # room left, two copies, so that the next block loads while this one is multiplied
@@ -361,14 +359,14 @@ class MlpEmitter:
 
     def load_x_transposed(self, blk: Tile) -> None:
         """xᵀ[K, block] from 128-token rows (read in place when x has an SBUF home), flipped
-        per K tile on the PE array through `FLIP_SLOTS` rotating PSUM slots."""
+        per K tile on the PE array through `PANEL_FLIPS` rotating PSUM slots."""
         cg, a, t = self.cg, self.a, self.t
         for ts in tiles(cg, blk.size, P, "tx"):
             rows = cg.read_operand(
                 cg.ap(t.x, [(1, a.k)], partitions=ts.size),
                 cg.dram_ap(a.x.loc, (blk.start + ts.start) * a.k, [(a.k, ts.size), (1, a.k)]),
             )
-            for kc in tiles(cg, a.k, P, "kx", buffers=FLIP_SLOTS):
+            for kc in tiles(cg, a.k, P, "kx", buffers=PANEL_FLIPS):
                 flipped = cg.ap(t.transposed, [(1, ts.size)], kc.slot * P, partitions=kc.size)
                 cg.matmul(
                     flipped,
@@ -391,7 +389,7 @@ class MlpEmitter:
         cg, a, t = self.cg, self.a, self.t
         for hc in tiles(cg, a.h, P, "h", buffers=t.hidden_copies):
             bank = hc.slot if t.h_banks == t.hidden_copies else Affine()
-            acc = cg.ap(t.h_ps, [(1, blk.size)], bank * _BANK_FP32, partitions=hc.size)
+            acc = cg.ap(t.h_ps, [(1, blk.size)], bank * BANK_FP32, partitions=hc.size)
             up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
             for view, tile in ((a.w1, t.w1), (a.w_up, t.w_up)):
                 if view is not None and whole_rows(view, P, t.pe_bytes):
