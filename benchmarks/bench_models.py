@@ -21,7 +21,10 @@ made). Each model runs in its own process so its peak resident memory is its own
   best of 3 runs after a warm-up, on the same inputs;
 - fusion = onnxscript's `optimize_for_ort` on the same file, timed in a subprocess of the
   export venv (`/work/venv-export` or $ONNX2BIR_EXPORT_PYTHON), import and load excluded;
-- races (--races) = the same run in program order with the race detector on.
+- races (--races) = the same run in program order with the race detector on;
+- GEMM floor = the float64 tile products of the program's Matmults alone, timed as bare GEMMs
+  on one BLAS thread (`gemm_floor.py`): the part of simulate no dispatch or data-movement
+  work can remove while each PE tile is summed in float64.
 
 Ratios, not absolute times, are the result: on a shared 2-core machine every absolute time
 moves with the load, both sides of a ratio move together. Speed is measured here and only
@@ -44,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's onnx2bir, not an installed one
 sys.path.insert(0, str(ROOT / "models"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SPEED_SET = [
     "light:resnet50",
@@ -133,6 +137,9 @@ def _measure(name: str, races: bool, queue) -> None:
         actual = run_function(compilation.module, feeds)
         simulate = time.perf_counter() - start
         row = {"model": name, "convert": convert, "phases": phases, "simulate": simulate}
+        from gemm_floor import floor_seconds, pe_products
+
+        row["floor"], row["gflop"] = floor_seconds(pe_products(compilation.module.functions[0]))
         if races:
             start = time.perf_counter()
             checked = run_scheduled(compilation.module, feeds, Schedule("program"), True)
@@ -221,20 +228,22 @@ def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
 def table(rows: list[dict]) -> str:
     races = any("races" in row for row in rows)
     head = (
-        "| model | simulate s | ORT run s | **simulate / ORT run** | convert s | fusion s "
+        "| model | simulate s | ORT run s | **simulate / ORT run** | PE GFLOP "
+        "| GEMM floor s | floor / ORT run | convert s | fusion s "
         "| **convert / fusion** | with JSON / fusion | ORT session s | peak MiB "
         "| BIR instructions | validates |"
     )
     lines = [head + (" races s | races / simulate |" if races else "")]
-    lines.append("|---|" + "---:|" * 10 + "---|" + "---:|---:|" * races)
+    lines.append("|---|" + "---:|" * 13 + "---|" + "---:|---:|" * races)
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | error: {row['error']} |" + "|" * (10 + 2 * races))
+            lines.append(f"| {row['model']} | error: {row['error']} |" + "|" * (13 + 2 * races))
             continue
         fusion = row.get("fusion")
         line = (
             f"| {row['model']} | {row['simulate']:.2f} | {row['ort_run']:.3f} | "
-            f"**{_ratio(row['simulate'], row['ort_run'])}** | {row['convert']:.2f} | "
+            f"**{_ratio(row['simulate'], row['ort_run'])}** | {row['gflop']:.2f} | "
+            f"{row['floor']:.3f} | {_ratio(row['floor'], row['ort_run'])} | {row['convert']:.2f} | "
             f"{'–' if fusion is None else f'{fusion:.2f}'} | "
             f"**{_ratio(row['convert'], fusion, 2)}** | "
             f"{_ratio(row['convert'] + row['phases']['json'], fusion, 2)} | "

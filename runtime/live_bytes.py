@@ -28,10 +28,11 @@ Precomputed from the function once:
 - per instruction, the on-chip location it writes and the locations it reads.
 
 At run time the check keeps, per live location, its pending readers and the box of the bytes
-they read, and a version number that changes when any of that does. For a written location it
-caches which live locations' boxes overlap its allocation, so an instance costs a dict lookup
-and a counter; only when a live box overlaps does it compare this instance's written bytes
-with each pending reader's reach (element by element for an exact reach).
+they read, indexed by the 2 KiB byte buckets of its memory that the box covers
+(`_RegionIndex`). A written location asks the index which live boxes overlap its allocation,
+which costs a few set lookups however many locations are live; only when a live box overlaps
+does it compare this instance's written bytes with each pending reader's reach (element by
+element for an exact reach).
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ class _Reader:
     box: Box
     count: int
     aps: tuple  # its access patterns on the location
-    ranges: dict[str, range] | None  # values of the loops that move them (None: a runtime loop)
+    path: tuple  # the loops around it, outermost first
+
+    @property
+    def ranges(self) -> dict[str, range] | None:
+        """Values of the loops that move its accesses (None: a runtime loop moves them)."""
+        return _moves(self.aps, self.path)
 
 
 class LiveBytes:
@@ -120,8 +126,7 @@ class LiveBytes:
         self.regions: dict[str, Box] = {}  # live location -> the bytes its pending readers read
         self.started: set[str] = set()
         self.runs: dict[int, int] = {}
-        self.version = 0
-        self._overlaps: dict[str, tuple[int, list[str]]] = {}
+        self.index = _RegionIndex()
         self._exact_keys: dict[tuple[str, int], np.ndarray | None] = {}
         self.written: dict[str, set[int]] = {}  # live location -> its writers run in this life
         self.lives: dict[str, int] = {}  # lives each location has started
@@ -161,27 +166,32 @@ class LiveBytes:
         written = self.written.get(dst)
         if written is not None:
             written.add(ins.id)
-        cached = self._overlaps.get(dst)
-        if cached is None or cached[0] != self.version:
-            box = self.boxes[dst]
-            cached = (
-                self.version,
-                sorted(n for n, region in self.regions.items() if n != dst and region.meets(box)),
-            )
-            self._overlaps[dst] = cached
-        if cached[1]:
-            self._check_instance(ins, loop_values, cached[1])
+        live = self.index.meeting(self.boxes[dst], dst, self.regions)
+        if live:
+            self._check_instance(ins, loop_values, live)
 
     def _reshape(self, name: str) -> None:
         """The location's pending readers changed: recompute the bytes it holds."""
+        pending, readers = self.pending[name], self.readers[name]
         region = None
-        for reader_id in self.pending[name]:
-            region = self.readers[name][reader_id].box.union(region)
-        if region is None:
-            self.regions.pop(name, None)
-        else:
+        if pending:
+            boxes = [readers[reader_id].box for reader_id in pending]
+            region = Box(
+                boxes[0].memory,
+                min(box.p_first for box in boxes),
+                max(box.p_stop for box in boxes),
+                min(box.first for box in boxes),
+                max(box.stop for box in boxes),
+            )
+        old = self.regions.get(name)
+        if region == old:
+            return
+        if old is not None:
+            del self.regions[name]
+            self.index.remove(name, old)
+        if region is not None:
             self.regions[name] = region
-        self.version += 1
+            self.index.add(name, region)
 
     def _exact(self, name: str, reader: _Reader) -> np.ndarray | None:
         """The (partition, byte) keys `reader` reads of `name` over all its loop values, or
@@ -189,16 +199,16 @@ class LiveBytes:
         key = (name, reader.ins.id)
         if key in self._exact_keys:
             return self._exact_keys[key]
-        keys = None
-        if reader.ranges is not None:
+        keys, ranges = None, reader.ranges
+        if ranges is not None:
             combos = 1
-            for values in reader.ranges.values():
+            for values in ranges.values():
                 combos *= len(values)
             size = sum(ap.free_size * ap.num_partitions for ap in reader.aps)
             if combos * size * self.itemsize[name] <= EXACT_LIMIT:
-                axes = list(reader.ranges)
+                axes = list(ranges)
                 parts = []
-                for values in itertools.product(*reader.ranges.values()):
+                for values in itertools.product(*ranges.values()):
                     env = dict(zip(axes, values, strict=True))
                     for ap in reader.aps:
                         offset = ap.offset + sum(c * env[a] for a, c in ap.offset_terms)
@@ -260,6 +270,38 @@ class LiveBytes:
                     f"live: instruction {reader.ins.id} {reader.ins.opcode} (node "
                     f"{reader.ins.origin.node!r}) reads them later (docs/buffers.md#live-bytes)",
                 )
+
+
+class _RegionIndex:
+    """The live regions by the byte buckets they cover in their memory: which regions may meet
+    a box is a union of a few sets instead of a scan over every live location."""
+
+    BUCKET_BYTES = 2048  # a PSUM bank; an SBUF partition row is 96 of them
+
+    def __init__(self) -> None:
+        self.buckets: dict[tuple[str, int], set[str]] = {}
+
+    def _keys(self, box: Box):
+        first, last = box.first // self.BUCKET_BYTES, (box.stop - 1) // self.BUCKET_BYTES
+        return [(box.memory, bucket) for bucket in range(first, last + 1)]
+
+    def add(self, name: str, box: Box) -> None:
+        for key in self._keys(box):
+            self.buckets.setdefault(key, set()).add(name)
+
+    def remove(self, name: str, box: Box) -> None:
+        for key in self._keys(box):
+            self.buckets[key].discard(name)
+
+    def meeting(self, box: Box, other_than: str, regions: dict[str, Box]) -> list[str]:
+        """The live locations, other than `other_than`, whose region meets `box`, sorted."""
+        candidates: set[str] = set()
+        for key in self._keys(box):
+            names = self.buckets.get(key)
+            if names:
+                candidates |= names
+        candidates.discard(other_than)
+        return sorted(n for n in candidates if regions[n].meets(box))
 
 
 def _keys(ap, offset: int, base: int, itemsize: int) -> np.ndarray:
@@ -330,12 +372,10 @@ def _readers(
                 continue  # it never runs
             if count is None:  # a runtime loop between: done with each of its instances
                 count, repeats[name] = 1, True
-            readers[name][reader_id] = _Reader(
-                ins, box, count, tuple(aps), _moves(aps, paths[reader_id])
-            )
+            readers[name][reader_id] = _Reader(ins, box, count, tuple(aps), paths[reader_id])
     writers = {
         name: {
-            writer_id: _Reader(ins, box, 1, tuple(aps), _moves(aps, paths[writer_id]))
+            writer_id: _Reader(ins, box, 1, tuple(aps), paths[writer_id])
             for writer_id, (ins, box, aps) in found.items()
         }
         for name, found in writing.items()

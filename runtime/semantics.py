@@ -255,14 +255,44 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
         )
     a, b, wide, result = scratch
     stat_view, mov_view = stat.view(loop_values), mov.view(loop_values)
-    np.copyto(a.reshape(stat_view.shape), stat_view, casting="unsafe")  # exact: to float64
-    np.copyto(b.reshape(mov_view.shape), mov_view, casting="unsafe")
-    np.matmul(a.T, b, out=wide)
-    np.copyto(result, wide, casting="same_kind")  # the one rounding, float64 to fp32
+    if not (k == n_size and _is_identity(mov_view, k) and _transposed(stat_view, a, result)):
+        np.copyto(a.reshape(stat_view.shape), stat_view, casting="unsafe")  # exact: to float64
+        np.copyto(b.reshape(mov_view.shape), mov_view, casting="unsafe")
+        np.matmul(a.T, b, out=wide)
+        np.copyto(result, wide, casting="same_kind")  # the one rounding, float64 to fp32
     out = dst.view(loop_values)
     if accumulate:
         np.add(result, out.reshape(m_size, n_size), out=result)
     np.copyto(out, result.reshape(out.shape))
+
+
+_IDENTITIES: dict[tuple[int, np.dtype], np.ndarray] = {}
+
+
+def _is_identity(view: np.ndarray, k: int) -> bool:
+    """Whether a [K, K] moving operand holds the identity (a PE transpose)."""
+    eye = _IDENTITIES.get((k, view.dtype))
+    if eye is None:
+        eye = _IDENTITIES[(k, view.dtype)] = np.eye(k, dtype=view.dtype)
+    return bool(np.array_equal(view.reshape(k, k), eye))
+
+
+def _transposed(stat_view: np.ndarray, rows: np.ndarray, result: np.ndarray) -> bool:
+    """A Matmult against the identity, without the arithmetic: result = stationaryᵀ.
+
+    Each output element's float64 sum is one product x·1 = x and K - 1 products ±0, started
+    from +0: exactly x, except that a -0 comes out +0 (adding 0.0 in fp32 does the same) and a
+    non-finite x turns the zeros of its row into NaN. So when every value is finite the
+    transpose has the bits of the product (tests/runtime/test_fast_paths.py); otherwise it
+    returns False and the product runs. Every PE input dtype widens to fp32 exactly; the rows
+    are copied out of SBUF first (`rows`, a scratch array) so the transposing copy stays in
+    the cache."""
+    np.copyto(rows.reshape(stat_view.shape), stat_view, casting="unsafe")
+    np.copyto(result, rows.T, casting="same_kind")
+    if not np.isfinite(result).all():
+        return False
+    result += np.float32(0.0)
+    return True
 
 
 def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:

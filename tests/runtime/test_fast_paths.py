@@ -4,6 +4,9 @@
   order: same bits as `alu.store_as` (the general path) and as ml_dtypes' own cast;
 - Matmult's float64 scratch arrays, reused across instructions and loop iterations: every
   result is the float64 product rounded once to fp32, independent of what ran before;
+- a Matmult whose moving operand is the identity (a PE transpose) copies the stationary
+  transposed: the bits of the float64 product, -0 becoming +0, and the product itself when a
+  value is not finite;
 - inputs and constants that nothing writes are read in place, read-only, and are not changed.
 """
 
@@ -183,6 +186,39 @@ def test_a_matmult_crossing_a_psum_bank_in_a_later_iteration_is_still_refused():
     with pytest.raises(MachineError, match="cross a 2048-byte PSUM bank"):
         execute(machine, block)
     assert (machine.location_view("ps")[:, :n] == k).all()  # iteration 0 ran
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf * 0 in the reference product
+@pytest.mark.parametrize("dtype", [Dtype.FP32, Dtype.BF16])
+@pytest.mark.parametrize("special", [None, -0.0, np.inf, np.nan])
+def test_a_matmult_against_the_identity_gives_the_bits_of_the_product(dtype, special):
+    """The transpose shortcut: stationary[K, M] against moving = I[K, K] equals the float64
+    product rounded once, also for -0 (which the sum from +0 turns into +0) and, through
+    the product itself, for inf and NaN (whose zeros become NaN)."""
+    k, m = 96, 40
+    st, eye = _tile("st", k, m, dtype), _tile("eye", k, k, dtype, address=256)
+    ps = _tile("ps", m, k, memory=MemoryType.PSUM)
+    machine = Machine(Function("f", {x.name: x for x in (st, eye, ps)}))
+    a = RNG.standard_normal((k, m)).astype(np.float32)
+    a[::7, ::5] = 0.0
+    if special is not None:
+        a[3, 4] = special
+    a = a.astype(dtype.numpy)
+    identity = np.eye(k, dtype=dtype.numpy)
+    machine.location_view("st")[...] = a
+    machine.location_view("eye")[...] = identity
+    srcs = {
+        "stationary": AccessPattern("st", ((1, m),), 0, (), 0, k),
+        "moving": AccessPattern("eye", ((1, k),), 0, (), 0, k),
+    }
+    out = AccessPattern("ps", ((1, k),), 0, (), 0, m)
+    execute(
+        machine, BasicBlock("b", [_ins(Opcode.MATMULT, Engine.PE, out, srcs, accumulate=False)])
+    )
+    expected = _rounded_once(a, identity)
+    assert machine.location_view("ps").tobytes() == expected.tobytes()
+    if special is not None and not np.isfinite(special):
+        assert not np.isfinite(machine.location_view("ps")[4]).any()  # not a plain transpose
 
 
 # ---- loading ------------------------------------------------------------------------------
