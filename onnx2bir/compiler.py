@@ -87,10 +87,15 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
         module = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels).run()
         store_in_cast_dtype(module, module.functions[0], options)
         return module, None
-    first = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels, planning_run=True)
+    derived: dict = {}  # constants computed at compile time, made once for both passes
+    first = BirCodeGen(
+        graph, options, GENERIC_LOWERINGS, kernels, planning_run=True, derived_constants=derived
+    )
     function = first.run().functions[0]
     plan = plan_memory(function, graph, first.arena_need, first.reserved_bytes)
-    second = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels, memory_plan=plan)
+    second = BirCodeGen(
+        graph, options, GENERIC_LOWERINGS, kernels, memory_plan=plan, derived_constants=derived
+    )
     module = second.run()
     # The plan placed the homes under the arenas the first pass measured: the second pass
     # must allocate exactly those.

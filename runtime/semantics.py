@@ -255,12 +255,15 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
         )
     a, b, wide, result = scratch
     stat_view, mov_view = stat.view(loop_values), mov.view(loop_values)
+    out = dst.view(loop_values)
     if not (k == n_size and _is_identity(mov_view, k) and _transposed(stat_view, a, result)):
         np.copyto(a.reshape(stat_view.shape), stat_view, casting="unsafe")  # exact: to float64
         np.copyto(b.reshape(mov_view.shape), mov_view, casting="unsafe")
         np.matmul(a.T, b, out=wide)
-        np.copyto(result, wide, casting="same_kind")  # the one rounding, float64 to fp32
-    out = dst.view(loop_values)
+        if not accumulate:  # the one rounding, float64 to fp32, straight into PSUM
+            np.copyto(out, wide.reshape(out.shape), casting="same_kind")
+            return
+        np.copyto(result, wide, casting="same_kind")
     if accumulate:
         np.add(result, out.reshape(m_size, n_size), out=result)
     np.copyto(out, result.reshape(out.shape))

@@ -138,8 +138,12 @@ class BirCodeGen(InstructionBuilders):
         tensor_memkind: dict[str, MemoryKind] | None = None,
         memory_plan: MemoryPlan | None = None,
         planning_run: bool = False,
+        derived_constants: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.graph = graph
+        # Compile-time payloads computed from the graph's constants (a weight stored
+        # transposed), by location name: the planner's two passes share one copy.
+        self.derived_constants = {} if derived_constants is None else derived_constants
         self.options = options
         self.lowerings = lowerings
         self.kernels = kernels

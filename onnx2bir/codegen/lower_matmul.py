@@ -276,6 +276,15 @@ def lower_gemm(cg: BirCodeGen, node: dict) -> None:
     emit_gemm(cg, a, b, y, mm, alpha, c, beta)
 
 
+def _transposed_copy(matrix: np.ndarray) -> np.ndarray:
+    """matrixᵀ, contiguous, copied 128 source rows at a time: each block's reads stay in the
+    cache (vgg19's first classifier weight, 411 MB: about 0.35 s against 1 s for one copy)."""
+    out = np.empty(matrix.shape[::-1], matrix.dtype)
+    for start in range(0, matrix.shape[0], 128):
+        out[:, start : start + 128] = matrix[start : start + 128].T
+    return out
+
+
 def _stored_transposed(cg: BirCodeGen, name: str, node: dict) -> MatrixView | None:
     """Gemm's constant B read transposed (transB, a classifier's weight) under the general
     autocast: stored once as Bᵀ, a compile-time constant of its own (docs/autocast.md#weights),
@@ -287,5 +296,9 @@ def _stored_transposed(cg: BirCodeGen, name: str, node: dict) -> MatrixView | No
         return None
     if len(cg.graph.consumers(name)) != 1:
         return None
-    loc = cg.add_dram_const(f"{node['name']}/{name}.T", np.ascontiguousarray(info.const.T))
+    stored = f"{node['name']}/{name}.T"
+    payload = cg.derived_constants.get(stored)
+    if payload is None:
+        payload = cg.derived_constants[stored] = _transposed_copy(info.const)
+    loc = cg.add_dram_const(stored, payload)
     return _row_major(loc.name, Affine(), info.shape[1], info.shape[0])
