@@ -34,7 +34,7 @@ from onnx2bir.bir.ir import (
 from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
 
-from .blas import one_blas_thread
+from .blas import no_cyclic_gc, one_blas_thread
 from .live_bytes import LiveBytes, check_before
 from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
@@ -70,7 +70,8 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
         if loc.memory is MemoryType.DRAM and loc.kind in _LOADED_KINDS
     }
     machine = Machine(function, loaded)
-    machine.live_bytes = LiveBytes(function)  # docs/buffers.md#live-bytes
+    with no_cyclic_gc():  # the analysis allocates an object per access (runtime/blas.py)
+        machine.live_bytes = LiveBytes(function)  # docs/buffers.md#live-bytes
     # An input or constant nothing writes is read in place: no copy of the weights
     # (docs/simulation_speed.md#loading).
     written = {ins.dst.loc for ins in function.instructions() if ins.dst is not None}
@@ -112,7 +113,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
 def execute(machine: Machine, block: BasicBlock, observer: Observer | None = None) -> None:
     """Run block (and the loops nested in it) on machine, in program order."""
     # Hardware raises no floating-point exceptions; NaN and inf just flow through.
-    with np.errstate(all="ignore"), one_blas_thread():
+    with np.errstate(all="ignore"), one_blas_thread(), no_cyclic_gc():
         _run(_compile(block), machine, {}, observer)
 
 

@@ -27,12 +27,14 @@ Precomputed from the function once:
   product of the trip counts around it) and the location lives once;
 - per instruction, the on-chip location it writes and the locations it reads.
 
-At run time the check keeps, per live location, its pending readers and the box of the bytes
-they read, indexed by the 2 KiB byte buckets of its memory that the box covers
-(`_RegionIndex`). A written location asks the index which live boxes overlap its allocation,
-which costs a few set lookups however many locations are live; only when a live box overlaps
-does it compare this instance's written bytes with each pending reader's reach (element by
-element for an exact reach).
+At run time the check keeps, per live location, its pending readers and a region: the box of
+the bytes its readers of this life read, set when the life starts and dropped when the last of
+them is done (in between it may cover readers already done: what a write is compared with
+exactly is each pending reader's own reach). Regions are indexed by the 2 KiB byte buckets of
+their memory that they cover (`_RegionIndex`). A written location asks the index which live
+boxes overlap its allocation, which costs a few set lookups however many locations are live;
+only when a live box overlaps does it compare this instance's written bytes with each pending
+reader's reach (element by element for an exact reach).
 """
 
 from __future__ import annotations
@@ -142,7 +144,8 @@ class LiveBytes:
                 pending = self.pending.get(name)
                 if pending and ins.id in pending and runs >= count * self.lives[name]:
                     pending.discard(ins.id)
-                    self._reshape(name)
+                    if not pending:  # dead; until then its region stays a covering box
+                        self._reshape(name)
         if dst is None:
             return
         if ins.predicate is not None and ins.predicate.bound(loop_values) <= 0:

@@ -27,7 +27,7 @@ import numpy as np
 from onnx2bir.bir.ir import Module, runtime_loops
 from onnx2bir.errors import MachineError, UserError
 
-from .blas import one_blas_thread
+from .blas import no_cyclic_gc, one_blas_thread
 from .cost import instruction_cost
 from .interpreter import _select, load_machine, record_trips, semantics_for
 from .live_bytes import check_before
@@ -131,7 +131,7 @@ def run_scheduled(
     program = unroll(function, trips)
     detector = RaceDetector(program) if check_races else None
     run = {inst.id: semantics_for(inst) for inst in function.instructions()}
-    with np.errstate(all="ignore"), one_blas_thread():
+    with np.errstate(all="ignore"), one_blas_thread(), no_cyclic_gc():
         for i in order(program, schedule):
             inst = program.instructions[i]
             values = program.loop_values[i]

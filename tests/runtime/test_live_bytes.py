@@ -100,6 +100,30 @@ def test_a_write_to_the_part_of_a_tile_no_live_tile_owns_is_allowed():
     run_function(module(items), FEED)
 
 
+def _reduce_part(name: str, out: str, start: int) -> list[Instruction]:
+    """Max of columns start..start+3 of a tile, stored to `out`."""
+    r = tile("r", 1)
+    part = AccessPattern(name, ((1, 4),), start, (), 0, 4)
+    return [
+        ins(Opcode.TENSOR_REDUCE, Engine.DVE, r, {"in": part}, op="max", axes=1),
+        ins(Opcode.DMA_COPY, Engine.DMA, AccessPattern(out, ((1, 4), (1, 1))), {"in": r}, queue=0),
+    ]
+
+
+def test_bytes_only_a_finished_reader_read_are_free_while_another_reader_is_pending():
+    # a's columns 4..7 are bytes [16, 32), which b's columns 0..3 share; its columns 0..3,
+    # bytes [0, 16), b cannot reach. Once the reader of columns 4..7 is done, b may be
+    # written there although a is still live for the reader of columns 0..3.
+    items = [load("a"), *_reduce_part("a", "y", 4), load("b", cols=4), *_reduce_part("a", "z", 0)]
+    out = run_function(module(items), FEED)
+    assert out["y"].ravel().tolist() == [7, 15, 23, 31]
+    assert out["z"].ravel().tolist() == [3, 11, 19, 27]
+    # With the two readers the other way round, b's write lands in bytes still to be read.
+    items = [load("a"), *_reduce_part("a", "z", 0), load("b", cols=4), *_reduce_part("a", "y", 4)]
+    with pytest.raises(MachineError, match="belong to 'a', which is still live"):
+        run_function(module(items), FEED)
+
+
 def test_a_tile_read_in_every_trip_stays_live_until_the_last_trip():
     # a is loaded once and read in each of 3 trips; b, written in trip 0 after the read, would
     # clobber what trips 1 and 2 still read.
