@@ -21,6 +21,7 @@ from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.weight_cast import store_in_cast_dtype
 from onnx2bir.errors import CompileError, UserError
+from onnx2bir.gc_pause import no_cyclic_gc
 from onnx2bir.graph import Graph
 from onnx2bir.importer import import_model
 from onnx2bir.kernels import load_kernels
@@ -178,7 +179,10 @@ def compile_model(
     recorded in `codegen_error` instead). The public entry point is `onnx2bir.compile`.
     """
     timings: dict[str, float] = {}
-    start = time.perf_counter()
-    graph = import_model(source, input_shapes, dims)
-    timings["import"] = time.perf_counter() - start
-    return compile_graph(graph, options or CompileOptions(), timings=timings, keep_going=keep_going)
+    with no_cyclic_gc():
+        start = time.perf_counter()
+        graph = import_model(source, input_shapes, dims)
+        timings["import"] = time.perf_counter() - start
+        return compile_graph(
+            graph, options or CompileOptions(), timings=timings, keep_going=keep_going
+        )

@@ -33,8 +33,9 @@ from onnx2bir.bir.ir import (
 )
 from onnx2bir.bir.predicates import leading_extent, narrow
 from onnx2bir.errors import MachineError
+from onnx2bir.gc_pause import no_cyclic_gc
 
-from .blas import no_cyclic_gc, one_blas_thread
+from .blas import one_blas_thread
 from .live_bytes import LiveBytes, check_before
 from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS

@@ -23,6 +23,7 @@ import onnx
 from onnx import helper
 
 from onnx2bir.compiler import Compilation, compile_graph
+from onnx2bir.gc_pause import no_cyclic_gc
 from onnx2bir.graph import Graph
 from onnx2bir.importer import build_graph, import_parts
 from onnx2bir.options import CompileOptions
@@ -54,14 +55,15 @@ def prepare(
     keep_going: bool = False,
 ) -> Prepared:
     """Import, fold and compile, as `compile_model` does, keeping the folded skeleton."""
-    start = time.perf_counter()
-    imported = import_parts(source, input_shapes, dims)
-    timings = {"import": time.perf_counter() - start}
-    folded, weights = imported.folded, imported.weights
-    # The passes rewrite the graph they get: keep a second, untouched build of the skeleton.
-    pristine = build_graph(folded, imported.graph.name, weights)
-    compilation = compile_graph(imported.graph, options, timings=timings, keep_going=keep_going)
-    return Prepared(folded, weights, pristine, compilation)
+    with no_cyclic_gc():
+        start = time.perf_counter()
+        imported = import_parts(source, input_shapes, dims)
+        timings = {"import": time.perf_counter() - start}
+        folded, weights = imported.folded, imported.weights
+        # The passes rewrite the graph they get: keep a second, untouched build of the skeleton.
+        pristine = build_graph(folded, imported.graph.name, weights)
+        compilation = compile_graph(imported.graph, options, timings=timings, keep_going=keep_going)
+        return Prepared(folded, weights, pristine, compilation)
 
 
 def simulate(

@@ -26,8 +26,9 @@ import numpy as np
 
 from onnx2bir.bir.ir import Module, runtime_loops
 from onnx2bir.errors import MachineError, UserError
+from onnx2bir.gc_pause import no_cyclic_gc
 
-from .blas import no_cyclic_gc, one_blas_thread
+from .blas import one_blas_thread
 from .cost import instruction_cost
 from .interpreter import _select, load_machine, record_trips, semantics_for
 from .live_bytes import check_before
