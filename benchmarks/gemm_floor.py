@@ -12,7 +12,9 @@ In: a compiled Function. Out: `pe_products` counts its executed Matmult instance
 those); `floor_seconds` times each shape as a float64 GEMM and sums count x time.
 
 Script: ``python benchmarks/gemm_floor.py`` prints the float64 and fp32 GEMM throughput of
-tile-sized and large products on one and two threads.
+tile-sized and large products on one and two threads, and how often a column of a tile product
+computed alone differs from the same column computed in its tile, in fp32 and in float64 (the
+reason the machine sums in float64).
 """
 
 from __future__ import annotations
@@ -75,6 +77,25 @@ def floor_seconds(products: Counter) -> tuple[float, float]:
     return seconds, flops / 1e9
 
 
+def position_dependence(dtype, trials: int = 400, seed: int = 1) -> int:
+    """Of `trials` random tile shapes (K <= 128, M <= 128, N <= 512, fp32 values), how many
+    give one output column other bits when computed alone than inside its tile (one thread)."""
+    from onnx2bir.runtime.blas import one_blas_thread
+
+    rng = np.random.default_rng(seed)
+    differ = 0
+    with one_blas_thread():
+        for _ in range(trials):
+            k, m, n = (int(rng.integers(1, top + 1)) for top in (128, 128, 512))
+            a = rng.standard_normal((k, m)).astype(np.float32).astype(dtype)
+            b = rng.standard_normal((k, n)).astype(np.float32).astype(dtype)
+            j = int(rng.integers(0, n))
+            whole = (a.T @ b).astype(np.float32)[:, j]
+            alone = (a.T @ b[:, j : j + 1]).astype(np.float32)[:, 0]
+            differ += whole.tobytes() != alone.tobytes()
+    return differ
+
+
 def main() -> None:
     from threadpoolctl import threadpool_limits
 
@@ -94,6 +115,10 @@ def main() -> None:
                     seconds = gemm_seconds(k, m, n, dtype, repeats=10)
                     rate = 2.0 * k * m * n / seconds / 1e9
                     print(f"| {threads} | {np.dtype(dtype).name} | {k} x {m} x {n} | {rate:.0f} |")
+    for dtype in (np.float32, np.float64):
+        differ = position_dependence(dtype)
+        name = np.dtype(dtype).name
+        print(f"{name}: a column alone differs from the same column in its tile in {differ}/400")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ memory planner and bf16 autocast on); the fastest run's figures are kept. Per ru
 - check = the live-bytes check before each instruction instance (`live_bytes.check_before`);
 - each opcode = its semantics function, including the first-use binding of its operands
   (the run that follows on the same machine, `warm`, shows what binding costs);
-- GEMM floor = the float64 tile products alone (`gemm_floor.py`), part of the Matmult row.
+- GEMM floor = the float64 tile products alone (`gemm_floor.py`), part of the Matmult row;
+- in parallel loops = the instruction instances inside loops the dependency analysis marks
+  parallel, and those loops' median trip count (what running such a loop batched, each body
+  instruction once over all its trips, could save dispatch on).
 
 Seconds are wall time on a shared machine; read the shares. The tables are in
 benchmarks/profile.md.
@@ -35,6 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_models import SPEED_SET, _resolve  # noqa: E402
 from gemm_floor import floor_seconds, pe_products  # noqa: E402
 
+from onnx2bir.bir.ir import BasicBlock, Loop  # noqa: E402
 from onnx2bir.compiler import compile_model  # noqa: E402
 from onnx2bir.options import CompileOptions  # noqa: E402
 from onnx2bir.runtime import interpreter, semantics  # noqa: E402
@@ -51,6 +55,28 @@ def _timed(spent: Counter, key: str, function):
             spent[key] += time.perf_counter() - start
 
     return run
+
+
+def parallel_share(block: BasicBlock) -> tuple[int, int, list[int]]:
+    """(instances in parallel loops, all instances, trip counts of the outermost parallel
+    loops, one per instance of such a loop); a runtime loop's body counts once."""
+    inside = total = 0
+    trips: list[int] = []
+
+    def walk(block: BasicBlock, times: int, parallel: bool) -> None:
+        nonlocal inside, total
+        for item in block.items:
+            if isinstance(item, Loop):
+                count = item.trip_count if isinstance(item.stop, int) else 1
+                if item.parallel and not parallel:
+                    trips.extend([count] * times)
+                walk(item.body, times * count, parallel or item.parallel)
+            else:
+                total += times
+                inside += times if parallel else 0
+
+    walk(block, 1, False)
+    return inside, total, trips
 
 
 def breakdown(name: str, repeats: int) -> dict:
@@ -85,14 +111,24 @@ def breakdown(name: str, repeats: int) -> dict:
         interpreter.check_before, interpreter.load_machine = check, load
     floor, gflop = floor_seconds(pe_products(function))
     total, parts = best
-    return {"model": name, "total": total, "parts": parts, "warm": warm, "floor": floor}
+    row = {"model": name, "total": total, "parts": parts, "warm": warm, "floor": floor}
+    row["parallel"] = parallel_share(function.entry)
+    return row
 
 
 COLUMNS = ("setup", "check", "matmult", "dma_copy", "tensor_copy", "activation")
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ["model", "run s", *COLUMNS, "other ops", "GEMM floor", "warm run s"]
+    head = [
+        "model",
+        "run s",
+        *COLUMNS,
+        "other ops",
+        "GEMM floor",
+        "warm run s",
+        "in parallel loops",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for row in rows:
         parts, total = row["parts"], row["total"]
@@ -100,9 +136,11 @@ def markdown(rows: list[dict]) -> str:
         cells = [f"{parts.get(c, 0.0):.3f} ({parts.get(c, 0.0) / total:.0%})" for c in COLUMNS]
         cells.append(f"{other:.3f} ({other / total:.0%})")
         cells.append(f"{row['floor']:.3f} ({row['floor'] / total:.0%})")
-        lines.append(
-            f"| {row['model']} | {total:.3f} | " + " | ".join(cells) + f" | {row['warm']:.3f} |"
-        )
+        inside, instances, trips = row["parallel"]
+        median = sorted(trips)[len(trips) // 2] if trips else 0
+        cells.append(f"{row['warm']:.3f}")
+        cells.append(f"{inside} of {instances} ({median} trips)")
+        lines.append(f"| {row['model']} | {total:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
