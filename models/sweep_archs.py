@@ -18,6 +18,7 @@ from sweep_builders import (
     _timm,
     _torch_rnn,
     _tv,
+    _tv_segmentation,
     _tv_video,
 )
 
@@ -478,6 +479,15 @@ def _archs() -> list[Arch]:
         Arch("torch_lstm_2layer_bidir", "torch", "rnn", _torch_rnn("LSTM", 2, True)),
         Arch("torch_gru", "torch", "rnn", _torch_rnn("GRU")),
         Arch("torch_rnn_tanh", "torch", "rnn", _torch_rnn("RNN")),
+    ]
+    # Appended last: an architecture's export opset follows its place in this list.
+    archs += [
+        Arch(f"tv_{name}", "torchvision", "segmentation", _tv_segmentation(name, **kwargs))
+        for name, kwargs in (
+            ("fcn_resnet50", {"aux_loss": False}),
+            ("deeplabv3_mobilenet_v3_large", {"aux_loss": False}),
+            ("lraspp_mobilenet_v3_large", {}),
+        )
     ]
     return archs
 

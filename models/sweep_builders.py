@@ -46,6 +46,30 @@ def _tv_video(name: str) -> Callable:
     return build
 
 
+def _tv_segmentation(name: str, size: int = 64, **kwargs) -> Callable:
+    """A torchvision segmentation model; its dict output ({"out": logits}) becomes the one
+    logits tensor the exporters take."""
+
+    def build():
+        import torch
+        import torchvision
+
+        class Logits(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, image):
+                return self.model(image)["out"]
+
+        model = getattr(torchvision.models.segmentation, name)(
+            weights=None, weights_backbone=None, num_classes=10, **kwargs
+        )
+        return Logits(model), _image(size)
+
+    return build
+
+
 def _timm(name: str, size: int = 64, **kwargs) -> Callable:
     def build():
         import timm
