@@ -489,6 +489,63 @@ def _archs() -> list[Arch]:
             ("lraspp_mobilenet_v3_large", {}),
         )
     ]
+    archs += [
+        Arch(
+            "hf_yolos",
+            "transformers",
+            "detection",
+            _hf_pixels(
+                "YolosForObjectDetection",
+                "YolosConfig",
+                **{**_VIT, "image_size": [32, 32]},  # YOLOS takes a [height, width] pair
+                num_detection_tokens=10,
+            ),
+        ),
+        Arch(
+            "hf_detr",
+            "transformers",
+            "detection",
+            _hf_pixels(
+                "DetrForObjectDetection",
+                "DetrConfig",
+                64,
+                use_timm_backbone=False,
+                use_pretrained_backbone=False,
+                backbone_config={
+                    "model_type": "resnet",
+                    "embedding_size": 16,
+                    "hidden_sizes": [16, 32, 48, 64],
+                    "depths": [1, 1, 1, 1],
+                    "out_features": ["stage4"],
+                },
+                d_model=32,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                num_queries=10,
+                num_labels=10,
+            ),
+        ),
+        Arch(
+            "hf_dpt",
+            "transformers",
+            "depth",
+            _hf_pixels(
+                "DPTForDepthEstimation",
+                "DPTConfig",
+                **{**_VIT, "num_hidden_layers": 4},  # one layer per reassembled stage
+                backbone_out_indices=[0, 1, 2, 3],
+                neck_hidden_sizes=[16, 32, 48, 64],
+                fusion_hidden_size=32,
+                head_hidden_size=16,
+                # At the default 0.02 the head's final ReLU zeroes every depth value.
+                initializer_range=0.08,
+            ),
+        ),
+    ]
     return archs
 
 
