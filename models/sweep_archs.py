@@ -14,6 +14,7 @@ from sweep_builders import (
     _hf_features,
     _hf_pixels,
     _hf_seq2seq,
+    _hf_tensor,
     _hf_text,
     _timm,
     _torch_rnn,
@@ -543,6 +544,67 @@ def _archs() -> list[Arch]:
                 head_hidden_size=16,
                 # At the default 0.02 the head's final ReLU zeroes every depth value.
                 initializer_range=0.08,
+            ),
+        ),
+    ]
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    video = dict(**small, image_size=32, patch_size=8, num_frames=4)
+    archs += [
+        Arch(
+            "hf_ast",
+            "transformers",
+            "speech",
+            _hf_tensor(
+                "ASTModel",
+                "ASTConfig",
+                "input_values",
+                (1, 32, 16),  # [batch, frames, mel bins]
+                **small,
+                patch_size=8,
+                frequency_stride=8,
+                time_stride=8,
+                max_length=32,
+                num_mel_bins=16,
+            ),
+        ),
+        Arch(
+            "hf_patchtst",
+            "transformers",
+            "time-series",
+            _hf_tensor(
+                "PatchTSTModel",
+                "PatchTSTConfig",
+                "past_values",
+                (1, 32, 3),  # [batch, time steps, channels]
+                num_input_channels=3,
+                context_length=32,
+                patch_length=8,
+                patch_stride=8,
+                d_model=32,
+                num_attention_heads=4,
+                num_hidden_layers=2,
+                ffn_dim=64,
+            ),
+        ),
+        Arch(
+            "hf_timesformer",
+            "transformers",
+            "video",
+            _hf_tensor(
+                "TimesformerModel", "TimesformerConfig", "pixel_values", (1, 4, 3, 32, 32), **video
+            ),
+        ),
+        Arch(
+            "hf_videomae",
+            "transformers",
+            "video",
+            _hf_tensor(
+                "VideoMAEModel",
+                "VideoMAEConfig",
+                "pixel_values",
+                (1, 4, 3, 32, 32),  # [batch, frames, channels, height, width]
+                **video,
+                tubelet_size=2,
             ),
         ),
     ]

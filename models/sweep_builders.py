@@ -148,6 +148,21 @@ def _hf_features(model_cls: str, config_cls: str, frames: int = 32, **config) ->
     return build
 
 
+def _hf_tensor(model_cls: str, config_cls: str, keyword: str, shape: tuple, **config) -> Callable:
+    """A transformers model fed one random tensor of `shape` as its argument `keyword`
+    (spectrogram frames, a multichannel series, video frames)."""
+
+    def build():
+        import torch
+        import transformers
+
+        cfg = getattr(transformers, config_cls)(**config)
+        model = getattr(transformers, model_cls)(cfg)
+        return _Keyword(model, keyword), (torch.randn(*shape),)
+
+    return build
+
+
 def _wrappers():
     import torch
 
@@ -196,7 +211,16 @@ def _wrappers():
         def forward(self, features):
             return self.model(input_features=features)[0]
 
-    return Ids, Seq2Seq, Pixels, Audio, Features
+    class Keyword(torch.nn.Module):
+        def __init__(self, model, keyword: str):
+            super().__init__()
+            self.model = model
+            self.keyword = keyword
+
+        def forward(self, values):
+            return self.model(**{self.keyword: values})[0]
+
+    return Ids, Seq2Seq, Pixels, Audio, Features, Keyword
 
 
 def _takes_cache(model) -> bool:
@@ -223,6 +247,10 @@ def _Audio(model):  # noqa: N802
 
 def _Features(model):  # noqa: N802
     return _wrappers()[4](model)
+
+
+def _Keyword(model, keyword: str):  # noqa: N802
+    return _wrappers()[5](model, keyword)
 
 
 def _torch_rnn(kind: str, layers: int = 1, bidirectional: bool = False) -> Callable:
