@@ -1,6 +1,7 @@
 """The architectures of the sweep (models/sweep.py): name, source, family and builder.
 
-Names start with their source: tv_ (torchvision), timm_, hf_ (transformers), torch_.
+Names start with their source: tv_ (torchvision), timm_, hf_ (transformers), torch_,
+diffusers_.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from sweep_builders import (
     _TEXT,
     _VIT,
     Arch,
+    _diffusers_unet,
     _hf_audio,
     _hf_features,
     _hf_pixels,
@@ -607,6 +609,37 @@ def _archs() -> list[Arch]:
                 tubelet_size=2,
             ),
         ),
+        Arch(
+            "hf_mamba",
+            "transformers",
+            "state-space",
+            _hf_text(
+                "MambaModel",
+                "MambaConfig",
+                vocab_size=100,
+                hidden_size=32,
+                state_size=8,
+                num_hidden_layers=2,
+                expand=2,
+                conv_kernel=4,
+            ),
+        ),
+        Arch(
+            "hf_rwkv",
+            "transformers",
+            "state-space",
+            _hf_text(
+                "RwkvModel",
+                "RwkvConfig",
+                vocab_size=100,
+                hidden_size=32,
+                num_hidden_layers=2,
+                attention_hidden_size=32,
+                intermediate_size=64,
+                context_length=16,
+            ),
+        ),
+        Arch("diffusers_unet", "diffusers", "diffusion", _diffusers_unet()),
     ]
     return archs
 

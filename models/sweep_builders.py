@@ -163,6 +163,40 @@ def _hf_tensor(model_cls: str, config_cls: str, keyword: str, shape: tuple, **co
     return build
 
 
+def _diffusers_unet() -> Callable:
+    """A two-level Stable-Diffusion-style UNet (diffusers' UNet2DConditionModel): a latent
+    [1, 4, 16, 16], a timestep and 8 text-encoder states to cross-attend to."""
+
+    def build():
+        import diffusers
+        import torch
+
+        class Denoiser(torch.nn.Module):
+            def __init__(self, unet):
+                super().__init__()
+                self.unet = unet
+
+            def forward(self, latent, timestep, text):
+                return self.unet(latent, timestep, encoder_hidden_states=text).sample
+
+        unet = diffusers.UNet2DConditionModel(
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(32, 64),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=32,
+            attention_head_dim=8,
+            norm_num_groups=8,
+        )
+        inputs = (torch.randn(1, 4, 16, 16), torch.tensor([10.0]), torch.randn(1, 8, 32))
+        return Denoiser(unet), inputs
+
+    return build
+
+
 def _wrappers():
     import torch
 
