@@ -169,6 +169,8 @@ def _convs(doc: dict) -> list[str]:
     for conv in convs:
         ranked = conv.get("closest_refusals") or rank_refusals(conv)
         reasons = "; ".join(f"{s['entry']}: {s['refused']}" for s in ranked[:3])
+        if not ranked:  # the registry was not walked (a 3-D conv): the one reason
+            reasons = conv.get("fallback_reason") or ""
         rows.append(
             [
                 _td(conv["node"]),

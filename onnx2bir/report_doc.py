@@ -353,8 +353,11 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
 
 
 def _first_reasons(conv: dict, all_reasons: bool = False, count: int = 2) -> str:
-    """The closest entries' refusals (`rank_refusals`), shortened for the table."""
+    """The closest entries' refusals (`rank_refusals`), shortened for the table; the reason
+    the registry was not walked at all (a 3-D conv) when there are none."""
     ranked = conv.get("closest_refusals") or rank_refusals(conv)
+    if not ranked:
+        return conv.get("fallback_reason") or "no registry entry was tried"
     shown = ranked if all_reasons else ranked[:count]
     text = "; ".join(f"{step['entry']}: {step['refused']}" for step in shown)
     more = len(ranked) - len(shown)

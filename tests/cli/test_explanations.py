@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from onnx2bir.cli import main
 from onnx2bir.report_doc import rank_refusals
 
@@ -94,6 +96,28 @@ def test_the_table_shows_two_reasons_and_points_to_explain(capsys):
     # The closest refusal is the partition limit, not the first registry entry's form test.
     assert row.split("GENERIC - ")[1].startswith("rep_nhwc: C_in x kH = 144 x 1 > 128")
     assert "more: --explain" in row
+
+
+def test_a_conv_no_registry_entry_was_tried_for_shows_why(tmp_path, capsys):
+    """A 3-D conv is not walked through the 2-D registry: the table gives that reason instead
+    of an empty one, in text and in HTML."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    weight = numpy_helper.from_array(np.ones((4, 2, 2, 2, 2), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="c3", strides=[2, 2, 2])],
+        "video",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 4, 4])],
+        [weight],
+    )
+    path = tmp_path / "conv3d.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, out, _ = run(["report", path], capsys)
+    row = next(line for line in out.splitlines() if line.strip().startswith("c3 "))
+    assert row.split("GENERIC - ")[1] == "3-D conv: only 2-D convs are matched"
+    code, out, _ = run(["report", path, "--html", tmp_path / "r.html"], capsys)
+    assert "3-D conv: only 2-D convs are matched" in (tmp_path / "r.html").read_text()
 
 
 def test_localize_table_headers_and_skipped_nodes_are_explained(capsys):
