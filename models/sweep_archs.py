@@ -14,6 +14,7 @@ from sweep_builders import (
     _diffusers_unet,
     _hf_audio,
     _hf_features,
+    _hf_inputs,
     _hf_pixels,
     _hf_seq2seq,
     _hf_tensor,
@@ -640,6 +641,39 @@ def _archs() -> list[Arch]:
             ),
         ),
         Arch("diffusers_unet", "diffusers", "diffusion", _diffusers_unet()),
+        Arch(
+            "hf_clip",
+            "transformers",
+            "multimodal",
+            _hf_inputs(
+                "CLIPModel",
+                "CLIPConfig",
+                # two captions against three images: logits per image, [3, 2]
+                {"input_ids": ("ids", (2, 8), 100), "pixel_values": (3, 3, 32, 32)},
+                text_config={**small, "vocab_size": 100, "max_position_embeddings": 16},
+                vision_config={**small, "image_size": 32, "patch_size": 8},
+                projection_dim=16,
+            ),
+        ),
+        Arch(
+            "hf_perceiver",
+            "transformers",
+            "text-encoder",
+            _hf_inputs(
+                "PerceiverForMaskedLM",
+                "PerceiverConfig",
+                {"inputs": ("ids", (1, 16), 100)},
+                num_latents=8,
+                d_latents=32,
+                d_model=32,
+                num_blocks=1,
+                num_self_attends_per_block=2,
+                num_self_attention_heads=4,
+                num_cross_attention_heads=4,
+                vocab_size=100,
+                max_position_embeddings=32,
+            ),
+        ),
     ]
     return archs
 

@@ -151,6 +151,12 @@ def _hf_features(model_cls: str, config_cls: str, frames: int = 32, **config) ->
 def _hf_tensor(model_cls: str, config_cls: str, keyword: str, shape: tuple, **config) -> Callable:
     """A transformers model fed one random tensor of `shape` as its argument `keyword`
     (spectrogram frames, a multichannel series, video frames)."""
+    return _hf_inputs(model_cls, config_cls, {keyword: shape}, **config)
+
+
+def _hf_inputs(model_cls: str, config_cls: str, inputs: dict, **config) -> Callable:
+    """A transformers model fed one tensor per keyword of `inputs`: a shape gives standard
+    normal values, ("ids", shape, high) integers in [0, high)."""
 
     def build():
         import torch
@@ -158,7 +164,14 @@ def _hf_tensor(model_cls: str, config_cls: str, keyword: str, shape: tuple, **co
 
         cfg = getattr(transformers, config_cls)(**config)
         model = getattr(transformers, model_cls)(cfg)
-        return _Keyword(model, keyword), (torch.randn(*shape),)
+        values = []
+        for spec in inputs.values():
+            if spec[0] == "ids":
+                _, shape, high = spec
+                values.append(torch.randint(0, high, shape))
+            else:
+                values.append(torch.randn(*spec))
+        return _Keyword(model, tuple(inputs)), tuple(values)
 
     return build
 
@@ -246,13 +259,13 @@ def _wrappers():
             return self.model(input_features=features)[0]
 
     class Keyword(torch.nn.Module):
-        def __init__(self, model, keyword: str):
+        def __init__(self, model, keywords: tuple[str, ...]):
             super().__init__()
             self.model = model
-            self.keyword = keyword
+            self.keywords = keywords
 
-        def forward(self, values):
-            return self.model(**{self.keyword: values})[0]
+        def forward(self, *values):
+            return self.model(**dict(zip(self.keywords, values, strict=True)))[0]
 
     return Ids, Seq2Seq, Pixels, Audio, Features, Keyword
 
@@ -283,8 +296,8 @@ def _Features(model):  # noqa: N802
     return _wrappers()[4](model)
 
 
-def _Keyword(model, keyword: str):  # noqa: N802
-    return _wrappers()[5](model, keyword)
+def _Keyword(model, keywords: tuple[str, ...]):  # noqa: N802
+    return _wrappers()[5](model, keywords)
 
 
 def _torch_rnn(kind: str, layers: int = 1, bidirectional: bool = False) -> Callable:
