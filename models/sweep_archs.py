@@ -272,8 +272,7 @@ def _archs() -> list[Arch]:
         Arch(f"hf_{n}", "transformers", "text-decoder", _hf_text(m, c, **cfg))
         for n, m, c, cfg in dec
     ]
-    s2s = dict(
-        vocab_size=100,
+    encoder_decoder = dict(  # one layer each side, also DETR's
         d_model=32,
         encoder_layers=1,
         decoder_layers=1,
@@ -281,8 +280,8 @@ def _archs() -> list[Arch]:
         decoder_attention_heads=4,
         encoder_ffn_dim=64,
         decoder_ffn_dim=64,
-        max_position_embeddings=64,
     )
+    s2s = dict(vocab_size=100, **encoder_decoder, max_position_embeddings=64)
     archs += [
         Arch("hf_bart", "transformers", "seq2seq", _hf_seq2seq("BartModel", "BartConfig", **s2s)),
         Arch(
@@ -522,13 +521,7 @@ def _archs() -> list[Arch]:
                     "depths": [1, 1, 1, 1],
                     "out_features": ["stage4"],
                 },
-                d_model=32,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=64,
-                decoder_ffn_dim=64,
+                **encoder_decoder,
                 num_queries=10,
                 num_labels=10,
             ),
