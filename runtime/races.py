@@ -295,15 +295,22 @@ class RaceDetector:
         shadow: _Shadow,
         geometry: _Geometry,
     ) -> None:
-        if view.max() < 0:  # nothing recorded on these bytes
-            return
         previous = view.reshape(-1)
-        seen = previous >= 0
-        ordered = self._ordered(previous[seen], clock)
-        if ordered is True:
+        last = int(previous.max())
+        if last < 0:  # nothing recorded on these bytes
             return
-        racing = np.zeros(previous.shape, dtype=bool)
-        racing[np.flatnonzero(seen)[~np.asarray(ordered)]] = True
+        first = int(previous.min())
+        if first == last:  # one instance on every byte: one test
+            if clock[self.stream_of[last]] >= self.epoch_of[last]:
+                return
+            racing = np.ones(previous.shape, dtype=bool)
+        else:
+            seen = previous >= 0
+            ordered = self._ordered(previous[seen] if first < 0 else previous, clock)
+            if ordered is True:
+                return
+            racing = np.zeros(previous.shape, dtype=bool)
+            racing[np.flatnonzero(seen)[~np.asarray(ordered)]] = True
         for other in np.unique(previous[racing]):
             self._report(
                 int(other),
@@ -323,8 +330,13 @@ class RaceDetector:
         for slot in shadow.reads:
             view = geometry.view(slot)
             current = np.asarray(view)
-            if current.max() < 0:
+            last = int(current.max())
+            if last < 0:
                 replace = True
+            elif int(current.min()) == last:  # one reader in the slot on every byte
+                replace = bool(clock[self.stream_of[last]] >= self.epoch_of[last])
+                if not replace:
+                    replace = np.zeros(current.shape, dtype=bool)
             else:
                 held = current >= 0
                 ordered = self._ordered(current[held], clock)
