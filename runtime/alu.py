@@ -167,3 +167,33 @@ REDUCTIONS = {
     AluOp.MIN: np.minimum,
     AluOp.MULTIPLY: np.multiply,
 }
+
+
+# Max and min pick one of their inputs, so any order of visiting a window gives the same
+# value; only the sign of a zero and the payload of a NaN can depend on the order (numpy's own
+# reduction uses SIMD on some layouts). A pooling window (3 x 3 over strided rows) is reduced
+# by numpy one tiny inner loop per output element, about 20x slower than one call per window
+# position; `fold_window` does that, and keeps its result only where it is provably the
+# reduction's: no NaN in the result and no -0 anywhere in the windows.
+ORDER_FREE = (np.maximum, np.minimum)
+FOLD_MAX_WINDOW = 64  # window positions (one numpy call each); larger windows reduce well
+
+
+def fold_window(ufunc, values: np.ndarray, first_axis: int) -> np.ndarray | None:
+    """`ufunc.reduce` over the trailing axes from `first_axis`, one call per window position;
+    None where the result might differ from numpy's reduction in a zero's sign or a NaN."""
+    lead = (slice(None),) * first_axis
+    positions = np.ndindex(*values.shape[first_axis:])
+    out = values[lead + next(positions)].copy()
+    floating = values.dtype.kind == "f"
+    negative_zero = False
+    if floating:
+        negative_zero = bool(np.any((out == 0) & np.signbit(out)))
+    for position in positions:
+        window = values[lead + position]
+        ufunc(out, window, out=out)
+        if floating and not negative_zero:
+            negative_zero = bool(np.any((window == 0) & np.signbit(window)))
+    if floating and (negative_zero or np.isnan(out).any()):
+        return None
+    return out

@@ -12,13 +12,14 @@ free dims; elementwise operands share partitions and elements per partition ([P,
 bias columns); Matmult K <= 128 on both inputs, M <= 128, N <= 512, dst fp32 in PSUM with M
 partitions and N elements inside one 2 KiB bank, operand dtypes from `PE_INPUT_DTYPES` paired as
 `pe_operands_pair` allows; two TensorTensor inputs are never both in PSUM. Static rules are
-checked the first time an instruction runs; loop-dependent bounds (and the Matmult bank) on every
-run.
+checked the first time an instruction runs (the rules every opcode shares, and the store of a
+result into its dst, are in `runtime/operands.py`); loop-dependent bounds (and the Matmult bank)
+on every run.
 
 Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except
 that integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
-integer truncates. The ALU and activation functions and `cast` are in `runtime/alu.py` (`erf`
-re-exported here).
+integer truncates. The ALU and activation functions, `cast` and the windowed max/min fold of
+TensorReduce are in `runtime/alu.py` (`erf` re-exported here).
 """
 
 from __future__ import annotations
@@ -28,47 +29,41 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType, Opcode
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import (
     DMA_MAX_DIMS,
     MATMUL_MAX_MOVING_FREE,
     MATMUL_MAX_STATIONARY_FREE,
-    MAX_FREE_DIMS,
     NUM_PARTITIONS,
-    OPCODES,
     PSUM_BANK_BYTES,
-    partition_start_allowed,
 )
 
-from .alu import ACTIVATIONS, F32, I64, REDUCTIONS, alu, int_like, store_as
+from .alu import (
+    ACTIVATIONS,
+    F32,
+    FOLD_MAX_WINDOW,
+    I64,
+    ORDER_FREE,
+    REDUCTIONS,
+    alu,
+    fold_window,
+    int_like,
+    store_as,
+)
 from .alu import erf as erf
 from .machine import Machine, Operand, instruction_error
+from .operands import (
+    check_column,
+    check_same_tile,
+    enum_attr,
+    number_attr,
+    prepare,
+    store,
+)
 
 F64 = np.dtype(np.float64)
 Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
-
-
-_ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more than a cast
-
-
-def _store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None:
-    """Write values into dst's view in row-major element order, rounding to dst's dtype
-    (TF32 to 10 mantissa bits, FP8 e4m3 saturating at ±448: `alu.store_as`)."""
-    view = dst.view(loop_values)
-    target, source = view.dtype, values.dtype
-    # One cast straight into the view where it is the cast `store_as` makes: from the dtype
-    # itself, from fp32 (every store rounds from fp32), and any float widened to fp32 (exact).
-    if dst.loc.dtype not in _ROUNDED_APART and (
-        source == target or source == F32 or (target == F32 and not int_like(source))
-    ):
-        if source != target:
-            # Convert in the source's memory order, then copy: a cast fused with a transposing
-            # copy walks one side against its strides and runs about 3x slower.
-            values = values.astype(target, order="K")
-        np.copyto(view, values.reshape(view.shape))
-        return
-    view[...] = store_as(values, dst.loc.dtype).reshape(view.shape)
 
 
 # The PE array's operand dtypes (docs/autocast.md#the-pe-array): any two of these may meet in one
@@ -82,88 +77,6 @@ def pe_operands_pair(stationary: Dtype, moving: Dtype) -> bool:
     if stationary not in PE_INPUT_DTYPES or moving not in PE_INPUT_DTYPES:
         return False
     return (stationary in _PE_WIDE) == (moving in _PE_WIDE)
-
-
-# ---- static checks ----------------------------------------------------------------------------
-
-
-def _check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
-    """The opcode table's engines, roles, attributes and memories; PSUM and partition rules."""
-    spec = OPCODES[ins.opcode]
-    if ins.engine not in spec.engines:
-        allowed = ", ".join(sorted(spec.engines))
-        raise instruction_error(ins, f"engine {ins.engine} cannot run it (allowed: {allowed})")
-    roles = set(ins.srcs)
-    missing = set(spec.required_srcs) - roles
-    unknown = roles - set(spec.required_srcs) - set(spec.optional_srcs)
-    if missing or unknown:
-        raise instruction_error(
-            ins, f"operands missing {sorted(missing)}, unknown {sorted(unknown)}"
-        )
-    missing_attrs = [name for name in spec.required_attrs if name not in ins.attrs]
-    if missing_attrs:
-        raise instruction_error(ins, f"attributes missing: {missing_attrs}")
-    if "dst" not in ops:
-        raise instruction_error(ins, "has no dst")
-    for role, op in ops.items():
-        allowed = spec.dst_memory if role == "dst" else spec.src_memory
-        if op.memory not in allowed:
-            raise instruction_error(ins, f"operand {role!r} may not be in {op.memory}")
-        if ins.engine is Engine.POOL and op.memory is MemoryType.PSUM:
-            raise instruction_error(ins, f"POOL (GpSimd) cannot access PSUM (operand {role!r})")
-        if ins.opcode is Opcode.DMA_COPY:
-            continue
-        if not partition_start_allowed(op.ap.partition_start, op.partitions):
-            raise instruction_error(
-                ins,
-                f"operand {role!r}: a {op.partitions}-partition tile cannot start at partition "
-                f"{op.ap.partition_start}",
-            )
-        if len(op.ap.pattern) > MAX_FREE_DIMS:
-            raise instruction_error(
-                ins, f"operand {role!r} has {len(op.ap.pattern)} free dims, max {MAX_FREE_DIMS}"
-            )
-
-
-def _check_same_tile(ins: Instruction, dst: Operand, *srcs: Operand) -> None:
-    for src in srcs:
-        if (src.partitions, src.free_size) != (dst.partitions, dst.free_size):
-            raise instruction_error(
-                ins,
-                f"operand {src.role!r} is {src.partitions} partitions x {src.free_size} elements,"
-                f" dst {dst.partitions} x {dst.free_size}; elementwise operands must match",
-            )
-
-
-def _check_column(ins: Instruction, dst: Operand, col: Operand) -> None:
-    if col.partitions != dst.partitions or col.free_size != 1:
-        raise instruction_error(
-            ins,
-            f"operand {col.role!r} must be [{dst.partitions}, 1], is "
-            f"[{col.partitions}, {col.free_size}]",
-        )
-
-
-def _enum(ins: Instruction, kind: type, name: str):
-    try:
-        return kind(ins.attrs[name])
-    except (ValueError, KeyError):
-        raise instruction_error(ins, f"bad {name} {ins.attrs.get(name)!r}") from None
-
-
-def _number(ins: Instruction, name: str, default=None) -> float | int:
-    value = ins.attrs.get(name, default)
-    if isinstance(value, bool | int | float | np.number):
-        return value
-    raise instruction_error(ins, f"attribute {name} must be a number, is {value!r}")
-
-
-def _prepare(m: Machine, ins: Instruction, prepare: Callable) -> tuple:
-    """Bind and check an instruction once; cache what its semantics function needs."""
-    ops = m.operands(ins)
-    _check_common(ins, ops)
-    result = m.prepared[ins] = prepare(ins, ops)
-    return result
 
 
 def _check_bank(ins: Instruction, dst: Operand, offset: int) -> None:
@@ -196,8 +109,8 @@ def _prep_dma(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 
 def dma_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """DmaCopy: row-major element copy between DRAM/SB, through fp32 when dtypes differ."""
-    src, dst = m.prepared.get(ins) or _prepare(m, ins, _prep_dma)
-    _store(dst, loop_values, src.view(loop_values))
+    src, dst = m.prepared.get(ins) or prepare(m, ins, _prep_dma)
+    store(dst, loop_values, src.view(loop_values))
 
 
 def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -237,7 +150,7 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     its kernels block columns unevenly, and equal columns can come out a few ULP apart, which
     a softmax over huge equal logits turns into wrong probabilities.
     """
-    stat, mov, dst, k, m_size, n_size, accumulate = m.prepared.get(ins) or _prepare(
+    stat, mov, dst, k, m_size, n_size, accumulate = m.prepared.get(ins) or prepare(
         m, ins, _prep_matmult
     )
     if dst.terms:
@@ -300,63 +213,63 @@ def _transposed(stat_view: np.ndarray, rows: np.ndarray, result: np.ndarray) -> 
 
 def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     src, dst, bias = ops["in"], ops["dst"], ops.get("bias")
-    _check_same_tile(ins, dst, src)
-    bias_value = _number(ins, "bias_value", 0.0)
+    check_same_tile(ins, dst, src)
+    bias_value = number_attr(ins, "bias_value", 0.0)
     if bias is not None:
-        _check_column(ins, dst, bias)
+        check_column(ins, dst, bias)
         if bias_value:
             raise instruction_error(ins, "has both a bias operand and a nonzero bias_value")
-    func = ACTIVATIONS[_enum(ins, ActFunc, "func")]
-    return src, dst, bias, func, np.float32(_number(ins, "scale")), np.float32(bias_value)
+    func = ACTIVATIONS[enum_attr(ins, ActFunc, "func")]
+    return src, dst, bias, func, np.float32(number_attr(ins, "scale")), np.float32(bias_value)
 
 
 def activation(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """Activation: dst = func(in · scale + bias) in fp32."""
-    src, dst, bias, func, scale, bias_value = m.prepared.get(ins) or _prepare(
+    src, dst, bias, func, scale, bias_value = m.prepared.get(ins) or prepare(
         m, ins, _prep_activation
     )
     x = src.view(loop_values).reshape(src.partitions, -1).astype(F32, copy=False)
     if bias is not None:
         bias_value = bias.view(loop_values).reshape(-1, 1).astype(F32)
-    _store(dst, loop_values, func(x * scale + bias_value))
+    store(dst, loop_values, func(x * scale + bias_value))
 
 
 def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     a, b, dst = ops["in0"], ops["in1"], ops["dst"]
-    _check_same_tile(ins, dst, a, b)
+    check_same_tile(ins, dst, a, b)
     if a.memory is MemoryType.PSUM and b.memory is MemoryType.PSUM:
         raise instruction_error(ins, "both inputs are in PSUM")
     math_dtype = I64 if int_like(a.dtype) and int_like(b.dtype) else F32
-    return a, b, dst, _enum(ins, AluOp, "op"), math_dtype
+    return a, b, dst, enum_attr(ins, AluOp, "op"), math_dtype
 
 
 def tensor_tensor(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """TensorTensor: dst = in0 op in1 elementwise."""
-    a, b, dst, op, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_tensor)
+    a, b, dst, op, dt = m.prepared.get(ins) or prepare(m, ins, _prep_tensor_tensor)
     x = a.view(loop_values).reshape(a.partitions, -1).astype(dt, copy=False)
     y = b.view(loop_values).reshape(b.partitions, -1).astype(dt, copy=False)
-    _store(dst, loop_values, alu(op, x, y, dt))
+    store(dst, loop_values, alu(op, x, y, dt))
 
 
 def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     src, dst = ops["in"], ops["dst"]
-    _check_same_tile(ins, dst, src)
+    check_same_tile(ins, dst, src)
     if ins.attrs.get("op1") is None and "scalar1" in ops:
         raise instruction_error(ins, "has operand scalar1 but no op1")
     steps, integer = [], int_like(src.dtype)
     for i in (0, 1):
         if i == 1 and ins.attrs.get("op1") is None:
             break
-        op, col, imm = _enum(ins, AluOp, f"op{i}"), ops.get(f"scalar{i}"), None
+        op, col, imm = enum_attr(ins, AluOp, f"op{i}"), ops.get(f"scalar{i}"), None
         if col is not None:
-            _check_column(ins, dst, col)
+            check_column(ins, dst, col)
             integer = integer and int_like(col.dtype)
             if ins.attrs.get(f"imm{i}") is not None:
                 raise instruction_error(ins, f"has both scalar{i} and imm{i}")
         elif ins.attrs.get(f"imm{i}") is None:
             raise instruction_error(ins, f"op{i} needs operand scalar{i} or attribute imm{i}")
         else:
-            imm = _number(ins, f"imm{i}")
+            imm = number_attr(ins, f"imm{i}")
             integer = integer and isinstance(imm, bool | int | np.integer)
         steps.append((op, col, imm, bool(ins.attrs.get(f"reverse{i}", False))))
     dt = I64 if integer else F32
@@ -369,17 +282,17 @@ def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 
 def tensor_scalar(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """TensorScalar: dst = (in op0 s0) op1 s1, `reverse<i>` swapping the operands of step i."""
-    src, dst, steps, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_scalar)
+    src, dst, steps, dt = m.prepared.get(ins) or prepare(m, ins, _prep_tensor_scalar)
     x = src.view(loop_values).reshape(src.partitions, -1).astype(dt, copy=False)
     for op, col, imm, reverse in steps:
         s = imm if col is None else col.view(loop_values).reshape(-1, 1).astype(dt, copy=False)
         x = alu(op, s, x, dt) if reverse else alu(op, x, s, dt)
-    _store(dst, loop_values, np.broadcast_to(x, (src.partitions, src.free_size)))
+    store(dst, loop_values, np.broadcast_to(x, (src.partitions, src.free_size)))
 
 
 def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     src, dst = ops["in"], ops["dst"]
-    op = _enum(ins, AluOp, "op")
+    op = enum_attr(ins, AluOp, "op")
     if op not in REDUCTIONS:
         raise instruction_error(ins, f"cannot reduce with {op}")
     counts, axes = src.ap.counts, ins.attrs["axes"]
@@ -397,60 +310,30 @@ def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 
 def tensor_reduce(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """TensorReduce: reduce the last `axes` free dims with op; `negate` flips the sign."""
-    src, dst, ufunc, axis, negate, dt = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_reduce)
+    src, dst, ufunc, axis, negate, dt = m.prepared.get(ins) or prepare(m, ins, _prep_tensor_reduce)
     values = src.view(loop_values).astype(dt, copy=False)
     result = None
-    if ufunc in _ORDER_FREE and math.prod(values.shape[axis[0] :]) <= _FOLD_MAX_WINDOW:
-        result = _fold_window(ufunc, values, axis[0])
+    if ufunc in ORDER_FREE and math.prod(values.shape[axis[0] :]) <= FOLD_MAX_WINDOW:
+        result = fold_window(ufunc, values, axis[0])
     if result is None:
         result = ufunc.reduce(values, axis=axis)
-    _store(dst, loop_values, -result if negate else result)
-
-
-# Max and min pick one of their inputs, so any order of visiting a window gives the same
-# value; only the sign of a zero and the payload of a NaN can depend on the order (numpy's own
-# reduction uses SIMD on some layouts). A pooling window (3 x 3 over strided rows) is reduced
-# by numpy one tiny inner loop per output element, about 20x slower than one call per window
-# position; `_fold_window` does that, and keeps its result only where it is provably the
-# reduction's: no NaN in the result and no -0 anywhere in the windows.
-_ORDER_FREE = (np.maximum, np.minimum)
-_FOLD_MAX_WINDOW = 64  # window positions (one numpy call each); larger windows reduce well
-
-
-def _fold_window(ufunc, values: np.ndarray, first_axis: int) -> np.ndarray | None:
-    """`ufunc.reduce` over the trailing axes from `first_axis`, one call per window position;
-    None where the result might differ from numpy's reduction in a zero's sign or a NaN."""
-    lead = (slice(None),) * first_axis
-    positions = np.ndindex(*values.shape[first_axis:])
-    out = values[lead + next(positions)].copy()
-    floating = values.dtype.kind == "f"
-    negative_zero = False
-    if floating:
-        negative_zero = bool(np.any((out == 0) & np.signbit(out)))
-    for position in positions:
-        window = values[lead + position]
-        ufunc(out, window, out=out)
-        if floating and not negative_zero:
-            negative_zero = bool(np.any((window == 0) & np.signbit(window)))
-    if floating and (negative_zero or np.isnan(out).any()):
-        return None
-    return out
+    store(dst, loop_values, -result if negate else result)
 
 
 def _prep_tensor_copy(ins: Instruction, ops: dict[str, Operand]) -> tuple:
-    _check_same_tile(ins, ops["dst"], ops["in"])
+    check_same_tile(ins, ops["dst"], ops["in"])
     return ops["in"], ops["dst"]
 
 
 def tensor_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """TensorCopy: dst = in, bit-exact for equal dtypes, else through fp32."""
-    src, dst = m.prepared.get(ins) or _prepare(m, ins, _prep_tensor_copy)
-    _store(dst, loop_values, src.view(loop_values))
+    src, dst = m.prepared.get(ins) or prepare(m, ins, _prep_tensor_copy)
+    store(dst, loop_values, src.view(loop_values))
 
 
 def _prep_copy_predicated(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     dst, predicate, src = ops["dst"], ops["predicate"], ops.get("in")
-    _check_same_tile(ins, dst, predicate, *([src] if src is not None else []))
+    check_same_tile(ins, dst, predicate, *([src] if src is not None else []))
     if not int_like(predicate.dtype):
         raise instruction_error(ins, f"predicate must be an integer tile, not {predicate.dtype}")
     if src is not None and src.dtype != dst.dtype:
@@ -458,13 +341,13 @@ def _prep_copy_predicated(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     if src is None:
         if "imm" not in ins.attrs:
             raise instruction_error(ins, "needs an 'in' operand or an 'imm' value")
-        src = store_as(np.asarray(_number(ins, "imm")), dst.loc.dtype)
+        src = store_as(np.asarray(number_attr(ins, "imm")), dst.loc.dtype)
     return dst, predicate, src, bool(ins.attrs.get("reverse_pred", False))
 
 
 def copy_predicated(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """CopyPredicated: dst = in where the predicate is nonzero (zero with reverse_pred)."""
-    dst, predicate, src, reverse = m.prepared.get(ins) or _prepare(m, ins, _prep_copy_predicated)
+    dst, predicate, src, reverse = m.prepared.get(ins) or prepare(m, ins, _prep_copy_predicated)
     out = dst.view(loop_values).reshape(dst.partitions, -1)
     mask = predicate.view(loop_values).reshape(dst.partitions, -1) != 0
     if reverse:
@@ -476,14 +359,14 @@ def copy_predicated(m: Machine, ins: Instruction, loop_values: dict[str, int]) -
 
 
 def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
-    value = _number(ins, "value")
+    value = number_attr(ins, "value")
     dtype = I64 if isinstance(value, bool | int | np.integer) else F32
     return ops["dst"], store_as(np.asarray(value, dtype), ops["dst"].loc.dtype)
 
 
 def memset(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """Memset: every element of dst becomes `value`."""
-    dst, fill = m.prepared.get(ins) or _prepare(m, ins, _prep_memset)
+    dst, fill = m.prepared.get(ins) or prepare(m, ins, _prep_memset)
     dst.view(loop_values)[...] = fill
 
 
@@ -505,7 +388,7 @@ def _prep_iota(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 
 def iota(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """Iota: dst[p, i1, …] = base + p · channel_multiplier + Σ i_k · steps[k], integer math."""
-    dst, values = m.prepared.get(ins) or _prepare(m, ins, _prep_iota)
+    dst, values = m.prepared.get(ins) or prepare(m, ins, _prep_iota)
     dst.view(loop_values)[...] = values
 
 
