@@ -21,6 +21,7 @@ partition-chunk boundaries.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -193,9 +194,12 @@ def _slice_outer(ap: AccessPattern, first: int, count: int, total: int) -> Acces
     return None
 
 
-def _sub_piece(pieces: list[Piece], first: int, end: int) -> AccessPattern:
-    """Rows [first, end) of the piece that holds them (a piece's rows share one free offset)."""
-    piece = next(p for p in pieces if p.first <= first and end <= p.first + p.count)
+def _sub_piece(pieces: list[Piece], starts: list[int], first: int, end: int) -> AccessPattern:
+    """Rows [first, end) of the piece that holds them (a piece's rows share one free offset);
+    `starts` are the pieces' first rows, ascending (a binary search: a tensor of many
+    partition chunks has as many pieces, and a copy is cut at every chunk)."""
+    piece = pieces[bisect.bisect_right(starts, first) - 1]
+    assert piece.first <= first and end <= piece.first + piece.count
     return replace(
         piece.ap,
         partition_start=piece.ap.partition_start + first - piece.first,
@@ -252,17 +256,18 @@ def plan_copy(
         return "both sides are resident but walk different numbers of rows"
     (total,) = totals
     bounds = sorted({p.first for pieces in sides if pieces for p in pieces} | {total})
+    starts = [[p.first for p in pieces] if pieces else None for pieces in sides]
     copies = []
     for first, end in zip(bounds, bounds[1:], strict=False):
         parts = []
-        for ap, pieces in ((dst, sides[0]), (src, sides[1])):
+        for ap, pieces, firsts in ((dst, sides[0], starts[0]), (src, sides[1], starts[1])):
             if pieces is None:
                 sliced = _slice_outer(ap, first, end - first, total)
                 if sliced is None:
                     return f"the other side ({ap.loc!r}) cannot be cut at the same rows"
                 parts.append(sliced)
             else:
-                parts.append(_sub_piece(pieces, first, end))
+                parts.append(_sub_piece(pieces, firsts, first, end))
         new_dst, new_src = parts
         both_on_chip = all(ap.loc in homes or on_chip(ap.loc) for ap in parts)
         # A compute engine copies lane to lane under the partition-start rule; anything else
