@@ -366,6 +366,10 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
     the last dim next to a matmul, softmax or layer norm; else `canonical_inner`."""
     shape = tuple(graph.tensors[tensor].shape)
     seen, frontier = {tensor}, [tensor]
+    # A node met again from a tensor of the same shape adds nothing: its tensors that qualify
+    # are already seen, and a layout-fixing node ends the search at the hop it is first met.
+    # (A long elementwise chain, an unrolled recurrence, meets each node from many tensors.)
+    examined: set[tuple[str, tuple]] = set()
     for _ in range(hops):
         found, following = None, []
         for name in frontier:
@@ -373,13 +377,16 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
             producer = graph.producer(name)
             nodes = ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]
             for node in nodes:
-                op_type = graph.node(node)["op_type"]
+                if (node, here) in examined:
+                    continue
+                examined.add((node, here))
+                data = graph.node(node)
+                op_type = data["op_type"]
                 if op_type in PLANE_OPS:
                     found = found or "plane"
                 elif op_type in ROW_OPS:
                     found = found or "row"
                 else:
-                    data = graph.node(node)
                     for other in [*data["inputs"], *data["outputs"]]:
                         if other and other not in seen and other in graph.tensors:
                             there = tuple(graph.tensors[other].shape)
