@@ -148,6 +148,7 @@ def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
         lambda name: fn.memory_locations[name].memory is not MemoryType.DRAM,
         access.axis_ranges(),
         inst.predicate is not None,
+        check_only=True,
     )
     if isinstance(result, str):
         return f"node {inst.origin.node!r} ({inst.origin.rule}): {result}"

@@ -232,11 +232,14 @@ def plan_copy(
     on_chip: Callable[[str], bool],
     ranges: AxisRanges,
     predicated: bool = False,
+    check_only: bool = False,
 ) -> list[Copy] | str:
     """A DmaCopy `dst ← src` rewritten for the resident tensors in `homes`, or a reason.
 
     `on_chip(name)` says whether a location is an SBUF/PSUM tile, whose access patterns
-    already carry partitions.
+    already carry partitions. With `check_only` (the planner asking whether a layout works)
+    only the first cut is made: the others succeed or fail as it does, since `_slice_outer`
+    refuses by the shape of the access, never by the rows it is asked for.
     """
     sides = []
     for ap in (dst, src):
@@ -279,6 +282,8 @@ def plan_copy(
             and not any(_engine_ready(ap) for ap in parts)
         )
         copies.append(Copy(new_dst, new_src, engine_copy))
+        if check_only:
+            break
     return copies
 
 
