@@ -241,10 +241,10 @@ class LiveBytes:
         ap = ins.dst
         itemsize = self.itemsize[ap.loc]
         offset = ap.offset + sum(coef * loop_values.get(axis, 0) for axis, coef in ap.offset_terms)
-        reaches = [stride * (count - 1) for stride, count in ap.pattern]
+        below, above = ap.pattern_reach
         base = self.boxes[ap.loc].first
-        first = base + (offset + sum(r for r in reaches if r < 0)) * itemsize
-        stop = base + (offset + sum(r for r in reaches if r > 0) + 1) * itemsize
+        first = base + (offset + below) * itemsize
+        stop = base + (offset + above + 1) * itemsize
         p_first, p_stop = ap.partition_start, ap.partition_start + ap.num_partitions
         written = Box(self.boxes[ap.loc].memory, p_first, p_stop, first, stop)
         keys = None
@@ -424,10 +424,10 @@ def _reach(ap, boxes: dict[str, Box], itemsize: dict[str, int], path: tuple[Loop
             return whole
         a, b = coef * loop.start, coef * loop.last_value
         low, high = low + min(a, b), high + max(a, b)
-    reaches = [stride * (count - 1) for stride, count in ap.pattern]
+    below, above = ap.pattern_reach
     size = itemsize[ap.loc]
-    first = whole.first + (low + sum(r for r in reaches if r < 0)) * size
-    stop = whole.first + (high + sum(r for r in reaches if r > 0) + 1) * size
+    first = whole.first + (low + below) * size
+    stop = whole.first + (high + above + 1) * size
     p_first = ap.partition_start
     # Clipped to the location: what lies beyond is reached only by trips a predicate skips.
     first, stop = max(first, whole.first), min(stop, whole.stop)

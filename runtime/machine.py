@@ -91,14 +91,7 @@ class Operand:
             self.strides = (row_bytes, *element_strides)
             self.byte_offset = ap.partition_start * row_bytes + loc.address
         # Reach of the free pattern around its first element, for the bounds check.
-        low = high = 0
-        for stride, count in ap.pattern:
-            reach = stride * (count - 1)
-            if reach < 0:
-                low += reach
-            else:
-                high += reach
-        self.low, self.high = low, high
+        self.low, self.high = ap.pattern_reach
         self.static = None
         if not self.terms:
             self.static = self._build(ap.offset)

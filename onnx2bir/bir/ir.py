@@ -91,6 +91,19 @@ class AccessPattern:
     def offset_at(self, loop_values: dict[str, int]) -> int:
         return self.offset + sum(coef * loop_values[axis] for axis, coef in self.offset_terms)
 
+    @property
+    def pattern_reach(self) -> tuple[int, int]:
+        """How far the free pattern reaches below and above its first element (elements of
+        one partition row: low <= 0 <= high)."""
+        low = high = 0
+        for stride, count in self.pattern:
+            reach = stride * (count - 1)
+            if reach < 0:
+                low += reach
+            else:
+                high += reach
+        return low, high
+
     def element_span(self, axis_ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
         """Smallest and largest element index touched in one partition, over all loop values.
 
@@ -101,11 +114,8 @@ class AccessPattern:
             first, last = axis_ranges[axis]
             low += min(coef * first, coef * last)
             high += max(coef * first, coef * last)
-        for stride, count in self.pattern:
-            reach = stride * (count - 1)
-            low += min(reach, 0)
-            high += max(reach, 0)
-        return low, high
+        below, above = self.pattern_reach
+        return low + below, high + above
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,13 +80,7 @@ def footprint(
         memory = loc.memory.value
         first_p, last_p = ap.partition_start, ap.partition_start + ap.num_partitions - 1
         base = loc.address + ap.offset * size
-    low = high = 0
-    for stride, count in ap.pattern:
-        reach = stride * (count - 1)
-        if reach < 0:
-            low += reach
-        else:
-            high += reach
+    low, high = ap.pattern_reach
     low, high = low * size, high * size + size - 1
     if len(ap.offset_terms) < 2:
         terms = tuple((axis, coef * size) for axis, coef in ap.offset_terms if coef)

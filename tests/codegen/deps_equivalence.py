@@ -24,11 +24,14 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from onnx import TensorProto, helper  # noqa: E402
 from reference_deps import DependencyTracker as ReferenceTracker  # noqa: E402
 
 from onnx2bir.bir.ir import DoWhile, DynamicLoop, Function, Loop  # noqa: E402
-from onnx2bir.codegen import driver  # noqa: E402
-from onnx2bir.compiler import compile_model  # noqa: E402
+from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, driver  # noqa: E402
+from onnx2bir.compiler import compile_model, import_graph  # noqa: E402
+from onnx2bir.kernels import load_kernels  # noqa: E402
+from onnx2bir.options import CompileOptions  # noqa: E402
 from onnx2bir.runtime.program import unroll  # noqa: E402
 
 RUNTIME_TRIPS = (0, 3)  # trips per run of a runtime loop in the unrolled comparison
@@ -173,3 +176,23 @@ def main(paths: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def relu_codegen(row: int = 512) -> BirCodeGen:
+    """A code generator opened on a one-Relu graph over x, y: [128, row] fp32 in DRAM, for
+    tests that emit instructions by hand (the pruning and random-program tests)."""
+    graph = import_graph(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Relu", ["x"], ["y"])],
+                "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, row])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, row])],
+            ),
+            opset_imports=[helper.make_opsetid("", 18)],
+            ir_version=10,
+        )
+    )
+    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels())
+    cg.before_function()
+    return cg

@@ -11,38 +11,16 @@ import sys
 from pathlib import Path
 
 import networkx as nx
-from onnx import TensorProto, helper
 
 from onnx2bir.bir.enums import Dtype, Engine
 from onnx2bir.bir.ir import RuntimeValue, runtime_loops
-from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.compiler import import_graph
-from onnx2bir.kernels import load_kernels
-from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.program import unroll
 from onnx2bir.runtime.races import RaceDetector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from deps_equivalence import relu_codegen  # noqa: E402
 from test_deps import _order_graph  # noqa: E402
-
-
-def _codegen() -> BirCodeGen:
-    graph = import_graph(
-        helper.make_model(
-            helper.make_graph(
-                [helper.make_node("Relu", ["x"], ["y"])],
-                "g",
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 512])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 512])],
-            ),
-            opset_imports=[helper.make_opsetid("", 18)],
-            ir_version=10,
-        )
-    )
-    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels())
-    cg.before_function()
-    return cg
 
 
 def _races(function, trips: int = 0) -> list:
@@ -57,7 +35,7 @@ def _reader_loop_writer(runtime: bool):
     """A reads tile t whole on ACT (into u); a loop rewrites t a slice per iteration on the
     DMA queues; then B overwrites t whole on DVE (from v). In a counted loop the slices cover what A
     read, so B's conflict with A is ordered through them."""
-    cg = _codegen()
+    cg = relu_codegen()
     with cg.scope("s"):
         t = cg.sb_tile("t", 128, 256, Dtype.FP32)
         u = cg.sb_tile("u", 128, 256, Dtype.FP32)
@@ -108,7 +86,7 @@ def test_a_runtime_loop_covers_nothing_as_it_may_not_run():
 
 
 def test_a_whole_tile_write_in_a_runtime_loop_keeps_what_it_covers_for_after_the_loop():
-    cg = _codegen()
+    cg = relu_codegen()
     with cg.scope("s"):
         t = cg.sb_tile("t", 128, 256, Dtype.FP32)
         u = cg.sb_tile("u", 128, 256, Dtype.FP32)

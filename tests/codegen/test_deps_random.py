@@ -15,48 +15,26 @@ import sys
 from pathlib import Path
 
 import pytest
-from onnx import TensorProto, helper
 
 from onnx2bir.bir.enums import Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern, Function, MemoryLocation, RuntimeValue, runtime_loops
-from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, driver
+from onnx2bir.codegen import driver
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.compiler import import_graph
-from onnx2bir.kernels import load_kernels
-from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.program import unroll
 from onnx2bir.runtime.races import RaceDetector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deps_equivalence import compare_functions  # noqa: E402
+from deps_equivalence import compare_functions, relu_codegen  # noqa: E402
 from reference_deps import DependencyTracker as ReferenceTracker  # noqa: E402
 
 ROW = 512  # elements per row of the DRAM tensors x and y
 ENGINES = (Engine.ACT, Engine.DVE, Engine.POOL)
 
 
-def _codegen() -> BirCodeGen:
-    graph = import_graph(
-        helper.make_model(
-            helper.make_graph(
-                [helper.make_node("Relu", ["x"], ["y"])],
-                "g",
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, ROW])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, ROW])],
-            ),
-            opset_imports=[helper.make_opsetid("", 18)],
-            ir_version=10,
-        )
-    )
-    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels())
-    cg.before_function()
-    return cg
-
-
 class _Builder:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
-        self.cg = _codegen()
+        self.cg = relu_codegen(ROW)
 
     def program(self) -> None:
         cg, rng = self.cg, self.rng
