@@ -84,6 +84,8 @@ def validate(
     progress: bool = False,
     schedule: str = "program",
     check_races: bool = False,
+    reference: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
+    max_drift: str | list[str] | Mapping[str, float] | None = None,
     options: CompileOptions | None = None,
     **compile_option_values,
 ) -> ValidationResult:
@@ -95,9 +97,14 @@ def validate(
     `localize`: compare every intermediate tensor; `localize_budget` caps onnxruntime's
     intermediates at once, in MB. `schedule`: "program", "random:SEED" or "timeline", the order
     the engines' streams run in; `check_races`: run the race detector (a race fails).
+    `reference`: outputs to measure drift against instead of plain fp32 onnxruntime (an .npz,
+    a test_data_set folder — whose inputs are used when `inputs` is not given — or arrays);
+    `max_drift`: "cosine=0.999,snr=30,r=1.2" (or {"cosine": 0.999, ...}), limits on the drift
+    that fail the validation (docs/validation.md#drift).
     """
     from onnx2bir import validation_report
     from onnx2bir.runtime.tolerance import Partial, TolerancePolicy, load_tolerance_file
+    from onnx2bir.runtime.verdict import parse_max_drift
 
     opts = compile_options(options, **compile_option_values)
     for flag, value in (("atol", atol), ("rtol", rtol)):
@@ -112,6 +119,13 @@ def validate(
         policy.tensors[name] = Partial(a, r, f"--tolerance {name}")
     for name, (a, r) in (op_tolerance or {}).items():
         policy.op_types[name] = Partial(a, r, f"--op-tolerance {name}")
+    limits = dict(max_drift) if isinstance(max_drift, Mapping) else parse_max_drift(max_drift)
+    if isinstance(max_drift, Mapping):
+        parse_max_drift(",".join(f"{k}={v}" for k, v in limits.items()))  # the same checks
+    if reference is not None and not isinstance(reference, Mapping):
+        reference = str(reference)
+        if inputs is None and Path(reference).is_dir():
+            inputs = reference  # a test_data_set folder holds the inputs of its outputs
     shapes = dict(input_shapes or {})
     arrays = None
     if inputs is not None:
@@ -134,6 +148,8 @@ def validate(
         on_compiled=compiled.append,
         schedule=schedule,
         check_races=check_races,
+        reference=dict(reference) if isinstance(reference, Mapping) else reference,
+        max_drift=limits,
     )
     details = compiled[0]
     doc["notes"] = explain.shape_notes(model, dict(input_shapes or {})) + explain.flag_notes(

@@ -6,6 +6,7 @@ the pass manager (with its statistics), and the BIR module.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import onnx
 from onnx2bir.bir.ir import Module
 from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
+from onnx2bir.codegen.cast_plan import CastPlan, plan_casts
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
@@ -56,6 +58,9 @@ class Compilation:
     source_ops: Counter = field(default_factory=Counter)  # op types as imported, before passes
     options: CompileOptions | None = None  # what it was compiled with
     memory_plan: MemoryPlan | None = None  # None when the planner is off or codegen failed
+    # Where the program rounds the model's values (docs/validation.md#the-emulating-oracle);
+    # None when code generation failed.
+    cast_plan: CastPlan | None = None
 
 
 def unsupported_ops(graph: Graph) -> Counter:
@@ -112,6 +117,19 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
     return module, plan
 
 
+def record_provenance(
+    module: Module, source: Graph, options: CompileOptions, plan: CastPlan
+) -> None:
+    """Write into the module's metadata what it was compiled from and with, so a saved
+    program can be checked against its model later (`onnx2bir run --model`): the compile
+    options, the input shapes, and the cast plan."""
+    module.metadata["compile_options"] = dataclasses.asdict(options)
+    module.metadata["input_shapes"] = {
+        name: list(source.tensors[name].shape) for name in source.inputs
+    }
+    module.metadata["cast_plan"] = plan.to_json()
+
+
 def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=None) -> Graph:
     return import_model(source, input_shapes, dims)
 
@@ -138,6 +156,7 @@ def compile_graph(
             raise
         vendor_error = str(exc)
     start = time.perf_counter()
+    source = graph.snapshot()  # the model's names, for the cast plan
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
     timings["passes"] = time.perf_counter() - start
@@ -148,6 +167,9 @@ def compile_graph(
             raise UserError(vendor_error)
         check_supported(graph)
         module, compilation.memory_plan = generate_bir(graph, options)
+        homes = compilation.memory_plan.homes if compilation.memory_plan else {}
+        compilation.cast_plan = plan_casts(source, graph, module, manager.records, homes)
+        record_provenance(module, source, options, compilation.cast_plan)
         timings["codegen"] = time.perf_counter() - start
         start = time.perf_counter()
         check_module(module, f"the BIR generated for {graph.name}")

@@ -45,6 +45,9 @@ class Graph:
     # The model's own initializers (weights) as imported, unchanged by folding; a constant not
     # listed here was computed at compile time. See docs/memory_kinds.md.
     parameters: frozenset[str] = frozenset()
+    # The tensors of the model as imported; the passes add others (a kernel's layout copies).
+    # None for a graph built by hand: every tensor is the model's.
+    imported: frozenset[str] | None = None
     # topological_order's last answer and the graph's state it answered for.
     _order: tuple[tuple[int, int, int], list[str]] | None = field(
         default=None, repr=False, compare=False
@@ -65,6 +68,10 @@ class Graph:
     def consumers(self, tensor: str) -> list[tuple[str, int]]:
         """(node, input index) for every use of `tensor`, in node order."""
         return list(self.uses.get(tensor, ()))
+
+    def is_model_tensor(self, tensor: str) -> bool:
+        """Whether `tensor` is one of the model's (not one a pass made)."""
+        return self.imported is None or tensor in self.imported
 
     def op_counts(self) -> Counter:
         return Counter(data["op_type"] for _, data in self.nodes())
@@ -128,3 +135,32 @@ class Graph:
             order = list(nx.lexicographical_topological_sort(self.nx, key=rank.__getitem__))
             self._order = (state, order)
         return list(self._order[1])
+
+    def snapshot(self) -> Graph:
+        """A copy the passes cannot change: its own networkx graph, node data, tensor table and
+        use lists (the tensor infos, and the constants they hold, are shared: both are
+        immutable)."""
+        copy = nx.MultiDiGraph()
+        for name, data in self.nx.nodes(data=True):
+            copy.add_node(
+                name,
+                **{
+                    **data,
+                    "attrs": dict(data["attrs"]),
+                    "inputs": list(data["inputs"]),
+                    "outputs": list(data["outputs"]),
+                },
+            )
+        copy.add_edges_from(self.nx.edges(keys=True, data=True))
+        return Graph(
+            self.name,
+            copy,
+            dict(self.tensors),
+            list(self.inputs),
+            list(self.outputs),
+            self.opset,
+            dict(self.producers),
+            {tensor: list(uses) for tensor, uses in self.uses.items()},
+            self.parameters,
+            self.imported,
+        )

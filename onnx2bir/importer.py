@@ -375,6 +375,7 @@ def build_graph(
     for tensor in graph.outputs:
         if tensor not in tensors:
             raise UserError(f"graph output {tensor!r} is produced by no node")
+    graph.imported = frozenset(tensors)
     return graph
 
 

@@ -25,6 +25,9 @@ DESIGN.md's contract:
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
      "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type",
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
+     "casts": [{"node", "input", "dtype", "kind", "exact", "reason"?}] (the cast plan: node
+        reads input rounded to dtype; docs/validation.md#the-emulating-oracle),
+     "cast_plan": {"casts", "unemulated", "probes", "boundaries"},
      "memory": the memory planner's decisions (onnx2bir/report_memory.py) | null,
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
@@ -144,8 +147,20 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "loops": loops,
         "cost": cost,
         "autocast": autocast_summary(compilation),
+        "casts": cast_plan_json(compilation)["casts"],
+        "cast_plan": cast_plan_json(compilation),
         "memory": memory_json(compilation),
     }
+
+
+def cast_plan_json(compilation: Compilation) -> dict:
+    """Where the program rounds the model's values (onnx2bir/codegen/cast_plan.py): "casts"
+    [{"node", "input", "dtype", "kind", "exact", "reason"?}], "unemulated" [{"node",
+    "reason"}], "probes", "boundaries"; empty lists when the model did not compile."""
+    plan = compilation.cast_plan
+    if plan is None:
+        return {"casts": [], "unemulated": [], "probes": [], "boundaries": []}
+    return plan.to_json()
 
 
 def autocast_summary(compilation: Compilation) -> dict:
@@ -255,6 +270,19 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         if cast["matmul_operand_dtypes"]:
             listing = ", ".join(f"{k} x{v}" for k, v in cast["matmul_operand_dtypes"].items())
             lines.append(f"  PE matmul operand dtypes (stationary x moving): {listing}")
+    plan = doc.get("cast_plan") or {}
+    if plan.get("casts"):
+        kinds = Counter(point["dtype"] for point in plan["casts"])
+        lines.append(
+            f"  cast plan: {len(plan['casts'])} node inputs rounded ("
+            + ", ".join(f"{n} to {d}" for d, n in sorted(kinds.items()))
+            + "; --json lists them)"
+        )
+    for entry in plan.get("unemulated", []):
+        lines.append(
+            f"  rounds inside one op (validate uses its statistical bound): "
+            f"{entry['node']}: {entry['reason']}"
+        )
     lines += [f"note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     stats = doc["statistics"]
     if stats.get("total_conv_ops"):

@@ -10,6 +10,12 @@ file, missing or ill-shaped inputs, a bad flag value).
 
 JSON document: {"bir", "function", "schedule", "instances", "streams", "races": null | [race],
 "race_count", "outputs": [{"name", "location", "shape", "dtype"}], "saved": path | null}.
+
+With `--model MODEL.onnx` the program is also judged against the model: the outputs and the
+intermediates the program rounds are compared with onnxruntime rounding where the program
+rounds, under the cast plan and input shapes the program's metadata records (a program edited
+by hand keeps them), and the document is validate's (`onnx2bir.validation_report`): exit 1
+when an output or a checked intermediate is outside its bound.
 """
 
 from __future__ import annotations
@@ -71,6 +77,13 @@ def register(commands) -> None:
         "--save-outputs",
         metavar="OUT.npz",
         help="write the outputs (.npz, or a test_data_set folder of output_K.pb)",
+    )
+    run.add_argument(
+        "--model",
+        metavar="MODEL.onnx",
+        help="also judge the outputs, and the intermediates the program rounds, against this "
+        "model on onnxruntime rounding where the program rounds (the cast plan and options the "
+        "program's metadata records; docs/validation.md#verdict): exit 1 on a mismatch",
     )
     add_concurrency_options(run)
     run.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -137,6 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     module = _read(path)
     function = module.functions[0]
     feeds = _inputs(Path(args.inputs), function)
+    if args.model is not None:
+        return _run_against_model(args, module, feeds)
     run = run_scheduled(module, feeds, plan, args.check_races)
     outputs = {name.removesuffix(OUTPUT_SUFFIX): value for name, value in run.outputs.items()}
     saved = None
@@ -182,3 +197,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         if saved is not None:
             print(f"wrote {saved}")
     return EXIT_RACE if races else EXIT_OK
+
+
+def _run_against_model(args: argparse.Namespace, module, feeds: dict[str, np.ndarray]) -> int:
+    from onnx2bir.importer import read_model
+    from onnx2bir.validation_report import check_program, format_text, save_outputs
+
+    read_model(args.model)  # a missing or unreadable model is bad input, said before the run
+    doc, outputs = check_program(
+        module, feeds, args.model, schedule=args.schedule, check_races=args.check_races
+    )
+    doc["bir"] = str(args.bir)
+    if args.save_outputs:
+        doc["saved"] = str(save_outputs(args.save_outputs, outputs))
+    if args.json:
+        from onnx2bir.runtime.compare import json_safe
+
+        print(json.dumps(json_safe(doc), indent=1))
+    else:
+        doc.setdefault("inputs", [])
+        doc.setdefault("seed", None)
+        doc.setdefault("tolerance", {"rule": "|machine - oracle| <= atol + rtol * |oracle|"})
+        doc.setdefault("timings", {})
+        doc["model"] = f"{args.bir} (for {args.model})"
+        print(format_text(doc))
+    return EXIT_OK if doc["passed"] else EXIT_RACE

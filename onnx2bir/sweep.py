@@ -12,11 +12,14 @@ memory). A model that takes longer than `--timeout` seconds is stopped.
 
 Record (JSON): {"model", "path", "source", "family", "passed", "verdict" ("pass" or "fail"),
 "category" (null or one of CATEGORIES), "reason" (one line), "ops" (node count), "op_types",
-"convs": {"matched", "total"}, "attention", "mlp", "max_abs_err", "times": {"compile",
-"simulate", "onnxruntime", "total"}}. Categories: export (no model file), unsupported op (an
-op without a lowering), codegen refusal (onnx2bir refuses the model: import or code
-generation), mismatch (an output outside the tolerance), timeout, crash (the machine rejected
-the program, an internal error, or the worker died).
+"convs": {"matched", "total"}, "attention", "mlp", "max_abs_err" (against the emulating
+oracle), "drift_max_abs_err", "drift_cosine", "drift_r" (the worst over the outputs, against
+plain fp32 onnxruntime), "times": {"compile", "simulate", "onnxruntime", "total"}}. A
+validation checks races too (`--check-races`). Categories: export (no model file), unsupported
+op (an op without a lowering), codegen refusal (onnx2bir refuses the model: import or code
+generation), mismatch (an output or a checked intermediate outside its bound), unverifiable
+(an output whose bound cannot tell the answer from zeros), race, timeout, crash (the machine
+rejected the program, an internal error, or the worker died).
 
 Resumable: with `--json OUT`, models already recorded in OUT are skipped (except an export
 failure whose model file now exists) and OUT is rewritten after every model, so an interrupted
@@ -50,7 +53,16 @@ from onnx2bir.sweep_model import (
     run_one,
 )
 
-CATEGORIES = ("export", "unsupported op", "codegen refusal", "mismatch", "timeout", "crash")
+CATEGORIES = (
+    "export",
+    "unsupported op",
+    "codegen refusal",
+    "mismatch",
+    "unverifiable",
+    "race",
+    "timeout",
+    "crash",
+)
 __all__ = ["CATEGORIES", "collect", "memory_estimate", "run_guarded", "run_one", "sweep"]
 
 

@@ -112,7 +112,12 @@ def _run(path: Path, report_only: bool, record: dict) -> None:
 
     try:
         doc, _, _ = run_validate(
-            str(path), options, TolerancePolicy(), on_compiled=on_compiled, progress=False
+            str(path),
+            options,
+            TolerancePolicy(),
+            on_compiled=on_compiled,
+            progress=False,
+            check_races=True,
         )
     except UserError:
         if "compilation" not in seen:  # refused before code generation: report what it found
@@ -127,8 +132,29 @@ def _run(path: Path, report_only: bool, record: dict) -> None:
     )
     errors = [o["max_abs_err"] for o in doc["outputs"] if o["max_abs_err"] is not None]
     record["max_abs_err"] = max(errors) if errors else None
+    record.update(_drift_summary(doc["outputs"]))
     failed = [o for o in doc["outputs"] if not o["passed"]]
-    if failed:
+    checkpoints = [c for c in doc.get("checkpoints", []) if not c["passed"]]
+    if doc.get("races"):
+        record.update(category="race", reason=one_line(doc["races"][0]["message"]))
+    elif checkpoints:
+        worst = checkpoints[0]
+        record.update(
+            category="mismatch",
+            reason=one_line(
+                f"intermediate {worst['name']} (read by {', '.join(worst['readers'][:2])}): "
+                f"{worst['mismatches']} of {worst['size']} elements outside atol "
+                f"{worst['atol']:.3g} + rtol {worst['rtol']:.3g}, max abs err "
+                f"{worst['max_abs_err']:.3g}"
+            ),
+        )
+    elif any(o.get("verifiable") is False for o in failed):
+        worst = next(o for o in failed if o.get("verifiable") is False)
+        record.update(
+            category="unverifiable",
+            reason=one_line(f"output {worst['name']}: {worst['unverifiable_reason']}"),
+        )
+    elif failed:
         worst = failed[0]
         record.update(
             category="mismatch",
@@ -139,6 +165,19 @@ def _run(path: Path, report_only: bool, record: dict) -> None:
                 + (f" ({len(failed)} outputs fail)" if len(failed) > 1 else "")
             ),
         )
+
+
+def _drift_summary(outputs: list[dict]) -> dict:
+    """The worst drift over a model's float outputs: what its casts cost against fp32."""
+    drifts = [o["drift"] for o in outputs if o.get("drift")]
+    if not drifts:
+        return {"drift_max_abs_err": None, "drift_cosine": None, "drift_r": None}
+    ratios = [d["r"] for d in drifts if d["r"] is not None]
+    return {
+        "drift_max_abs_err": max(d["max_abs_err"] for d in drifts),
+        "drift_cosine": min(d["cosine"] for d in drifts),
+        "drift_r": max(ratios) if ratios else None,
+    }
 
 
 def _timeout_record(path: Path, seconds: float) -> dict:
@@ -165,6 +204,9 @@ def blank_record(path: Path) -> dict:
         "attention": None,
         "mlp": None,
         "max_abs_err": None,
+        "drift_max_abs_err": None,
+        "drift_cosine": None,
+        "drift_r": None,
         "times": {},
     }
 

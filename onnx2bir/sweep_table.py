@@ -2,8 +2,9 @@
 
 In: the records and summary of `onnx2bir.sweep`. Out: Markdown text. Columns: architecture,
 source, family, ops (nodes / distinct op types), convs matched to a kernel, attention and MLP
-blocks raised, verdict, max abs error, times (compile, simulate, onnxruntime, seconds) and the
-day the row was measured (UTC).
+blocks raised, verdict, max abs error against the emulating oracle, drift from plain fp32
+onnxruntime (the smallest cosine and the largest R over the outputs, docs/validation.md#drift),
+times (compile, simulate, onnxruntime, seconds) and the day the row was measured (UTC).
 
 `parse` reads such a page back into records (the fields the table shows), so a sweep of a few
 models can keep the other rows of an existing page (`onnx2bir sweep --merge`).
@@ -17,7 +18,8 @@ from onnx2bir.errors import UserError
 
 HEADER = (
     "| architecture | source | family | ops (types) | convs matched | attention | MLP "
-    "| verdict | max abs err | compile s | simulate s | onnxruntime s | measured |"
+    "| verdict | max abs err | drift cosine | drift R | compile s | simulate s "
+    "| onnxruntime s | measured |"
 )
 TIME_COLUMNS = {"compile s": "compile", "simulate s": "simulate", "onnxruntime s": "onnxruntime"}
 
@@ -66,7 +68,8 @@ def markdown(records: list[dict], summary: dict) -> str:
             f"| {r['model']} | {r.get('source') or ''} | {r.get('family') or ''} | {ops} "
             f"| {conv_text} | {'' if r.get('attention') is None else r['attention']} "
             f"| {'' if r.get('mlp') is None else r['mlp']} | {verdict} "
-            f"| {_num(r.get('max_abs_err'))} | {_seconds(r.get('times'), 'compile')} "
+            f"| {_num(r.get('max_abs_err'))} | {_num(r.get('drift_cosine'), '.6f')} "
+            f"| {_num(r.get('drift_r'), '.3f')} | {_seconds(r.get('times'), 'compile')} "
             f"| {_seconds(r.get('times'), 'simulate')} "
             f"| {_seconds(r.get('times'), 'onnxruntime')} | {r.get('measured') or ''} |"
         )
@@ -121,6 +124,8 @@ def _row_record(row: dict[str, str]) -> dict:
         "attention": _int(row.get("attention", "")),
         "mlp": _int(row.get("MLP", "")),
         "max_abs_err": float(row["max abs err"]) if row.get("max abs err") else None,
+        "drift_cosine": float(row["drift cosine"]) if row.get("drift cosine") else None,
+        "drift_r": float(row["drift R"]) if row.get("drift R") else None,
         "times": times,
         "measured": row.get("measured") or None,
     }

@@ -23,6 +23,8 @@ TIMINGS_EXPLAINED = {
     "codegen": "BIR code generation, dependency edges included",
     "verify": "checking the generated BIR (bounds, capacities, edges) before it runs",
     "simulate": "running the BIR on the numpy machine model",
+    "emulating_oracle": "onnxruntime on the model with the program's roundings inserted, twice: "
+    "plain, then fed the machine's values of the probed intermediates (docs/validation.md#verdict)",
     "onnxruntime": "onnxruntime: session creation (graph load) plus one run",
     "localize": "--localize: the intermediates on onnxruntime and their comparison",
 }
@@ -56,3 +58,21 @@ def check_arrays(arrays: dict[str, np.ndarray], graph, label: str) -> dict[str, 
             return oracle.load_inputs(path, graph)
         except UserError as exc:
             raise UserError(str(exc).replace(str(path), label)) from None
+
+
+def check_reference(arrays: dict, graph) -> dict[str, np.ndarray]:
+    """Reference outputs given as arrays (API): one per graph output, in its shape."""
+    missing = [name for name in graph.outputs if name not in arrays]
+    if missing:
+        raise UserError(f"reference: no array for output(s) {', '.join(missing)}")
+    result = {}
+    for name in graph.outputs:
+        info = graph.tensors[name]
+        value = np.asarray(arrays[name])
+        if tuple(value.shape) != tuple(info.shape):
+            raise UserError(
+                f"reference: output {name!r} has shape {tuple(value.shape)}, the model gives "
+                f"{tuple(info.shape)}"
+            )
+        result[name] = value.astype(info.dtype.numpy)
+    return result

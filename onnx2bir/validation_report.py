@@ -39,9 +39,11 @@ import numpy as np
 from onnx2bir.contracts_memory import check_validate_fits
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime import interpreter, oracle
-from onnx2bir.runtime.compare import compare_output, json_safe
+from onnx2bir.runtime.compare import json_safe
+from onnx2bir.runtime.emulating_oracle import run_emulating
 from onnx2bir.runtime.localize import DEFAULT_BUDGET_BYTES, localize
 from onnx2bir.runtime.prepared import output_values, prepare, simulate
+from onnx2bir.runtime.probes import ProbeReader
 from onnx2bir.runtime.progress import progress_for
 from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.tolerance import (
@@ -49,13 +51,16 @@ from onnx2bir.runtime.tolerance import (
     FP32_RTOL,
     LOW_PRECISION_RTOL,
     TolerancePolicy,
-    cast_depths,
-    reduction_length,
-    tensor_paths,
 )
-from onnx2bir.validation_inputs import TIMINGS_EXPLAINED, check_arrays, check_policy_names
+from onnx2bir.runtime.verdict import Evidence, judge
+from onnx2bir.validation_inputs import (
+    TIMINGS_EXPLAINED,
+    check_arrays,
+    check_policy_names,
+    check_reference,
+)
 
-RULE = "|machine - onnxruntime| <= atol + rtol * |onnxruntime|"
+RULE = "|machine - oracle| <= atol + rtol * |oracle|"
 MAX_NODE_ROWS = 60
 
 
@@ -76,6 +81,8 @@ def run_validate(
     on_compiled=None,
     schedule: str = "program",
     check_races: bool = False,
+    reference: str | dict[str, np.ndarray] | None = None,
+    max_drift: dict[str, float] | None = None,
 ) -> tuple[dict, dict, dict]:
     """(document, feeds, machine outputs); the CLI prints and saves them.
 
@@ -84,9 +91,12 @@ def run_validate(
     for `simulate` (test hooks; they imply --localize's machine-level run). Names in the
     policy's `tensors` and `op_types` must exist in the model (`check_policy_names`).
     `schedule` (`runtime/schedule.py`) orders the instructions; `check_races` runs the race
-    detector, and a race fails the validation.
+    detector, and a race fails the validation. `reference`: outputs the user supplies (an
+    .npz file, a test_data_set folder, or arrays by output name), which replace plain fp32
+    onnxruntime as what drift is measured against;
+    `max_drift`: limits that make drift fail the verdict (`runtime/verdict.py`).
     """
-    plan = parse_schedule(schedule)
+    plan_order = parse_schedule(schedule)
     if localize_nodes:
         # Every intermediate must have a DRAM copy to compare (docs/memory_planner.md#localize).
         options = dataclasses.replace(options, memory_plan=False)
@@ -96,6 +106,11 @@ def run_validate(
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine
     check_policy_names(policy, graph)
+    supplied = None
+    if isinstance(reference, dict):
+        supplied = (check_reference(reference, graph), "the given reference outputs")
+    elif reference is not None:
+        supplied = (oracle.load_reference(reference, graph), f"the reference {reference}")
     timings = dict(compilation.timings)
     if isinstance(inputs, dict):
         feeds = check_arrays(inputs, graph, inputs_label or "inputs")
@@ -107,73 +122,88 @@ def run_validate(
         feeds = oracle.synthesize_inputs(graph, seed)
         sources = oracle.input_rules(graph)
     function = compilation.module.functions[0]
+    plan = compilation.cast_plan
+    reader = ProbeReader(function, plan.probes, {t: graph.tensors[t].shape for t in plan.probes})
     bar = progress_for(function, progress)
-    machine_run = bool(localize_nodes or factories)
     machine = None
     start = time.perf_counter()
     races = None
+    schedule_differences: list[str] = []
     try:
+        # The verdict's run is in program order, with the probes (runtime/probes.py).
         if localize_nodes or factories:
-            machine = simulate(compilation, feeds, bar.observer if bar else None, factories)
+            machine = simulate(
+                compilation, feeds, bar.observer if bar else None, factories, reader.before()
+            )
             actual = output_values(compilation, machine)
-        if check_races or plan.kind != "program":
+        elif check_races and plan_order.kind == "program":
             run = run_scheduled(
                 compilation.module,
                 feeds,
-                plan,
-                check_races,
-                observer=None if machine_run else (bar.observer if bar else None),
+                plan_order,
+                True,
+                observer=bar.observer if bar else None,
+                before=reader.before(),
             )
             races = run.races
-            actual = {
-                tensor: run.outputs[location]
-                for tensor, location in zip(
-                    compilation.graph.outputs, function.outputs, strict=True
-                )
-            }
-        elif not machine_run:
+            actual = _named_outputs(compilation, run.outputs)
+        else:
             raw = interpreter.run_function(
-                compilation.module, feeds, observer=bar.observer if bar else None
+                compilation.module,
+                feeds,
+                observer=bar.observer if bar else None,
+                before=reader.before(),
             )
-            actual = {
-                tensor: raw[location]
-                for tensor, location in zip(
-                    compilation.graph.outputs, function.outputs, strict=True
-                )
-            }
+            actual = _named_outputs(compilation, raw)
+        if plan_order.kind != "program":
+            # Another order: its outputs are judged; they must also equal program order's.
+            run = run_scheduled(compilation.module, feeds, plan_order, check_races)
+            races = run.races
+            ordered = actual
+            actual = _named_outputs(compilation, run.outputs)
+            schedule_differences = _differences(ordered, actual)
     finally:
         if bar:
             bar.close()
     timings["simulate"] = time.perf_counter() - start
     start = time.perf_counter()
-    expected = oracle.run_onnxruntime(model, feeds, graph.outputs)
+    if supplied is not None:
+        expected, reference_kind = supplied
+    else:
+        expected = oracle.run_onnxruntime(model, feeds, graph.outputs)
+        reference_kind = "onnxruntime fp32"
     timings["onnxruntime"] = time.perf_counter() - start  # session creation + one run
-    paths = tensor_paths(graph, compilation.module)
-    depths = cast_depths(graph, compilation.module)
-    outputs = []
-    for name in graph.outputs:
-        producer = graph.producer(name)
-        op_type = graph.node(producer)["op_type"] if producer else None
-        path = paths.get(name, "fp32")
-        tol = policy.for_tensor(
-            name,
-            op_type,
-            path,
-            expected[name],
-            reduction_length(graph, producer) if producer else 1,
-            depths.get(name, 1),
+    start = time.perf_counter()
+    evidence = Evidence(
+        actual,
+        reader.values,
+        {t: function.memory_locations[reader.location(t)].dtype for t in reader.values},
+        expected,
+        reference_kind,
+    )
+
+    def run_oracle(machine_values, wanted):
+        return run_emulating(
+            prepared.folded, graph, prepared.weights, plan, feeds, machine_values, wanted
         )
-        result = compare_output(name, actual[name], expected[name], tol.atol, tol.rtol, tol.source)
-        entry = result.to_json()
-        entry.update(path=path, producer=producer, op_type=op_type)
-        outputs.append(entry)
+
+    outputs, checkpoints, emulation = judge(graph, plan, evidence, policy, run_oracle, max_drift)
+    timings["emulating_oracle"] = time.perf_counter() - start
     doc = {
         "model": model if isinstance(model, str) else "<ModelProto>",
-        "passed": all(entry["passed"] for entry in outputs) and not races,
-        "schedule": str(plan),
+        "passed": all(entry["passed"] for entry in outputs)
+        and all(entry["passed"] for entry in checkpoints)
+        and not races
+        and not schedule_differences,
+        "schedule": str(plan_order),
         # null: not checked; [] checked and none found
         "races": None if races is None else [race.to_json() for race in races],
+        "schedule_differences": schedule_differences,
         "outputs": outputs,
+        "checkpoints": checkpoints,
+        "emulation": emulation,
+        "casts": [point.to_json() for point in plan.points],
+        "drift_limits": max_drift or {},
         "timings": {},
         "seed": None if inputs is not None else seed,
         "inputs": [
@@ -213,8 +243,9 @@ def run_validate(
     }
     if localize_nodes:
         start = time.perf_counter()
+        resynced = {t: reader.values[t] for t in emulation["resynchronised_tensors"]}
         doc["localize"] = localize(
-            prepared, machine, feeds, policy, options, budget_bytes, factories
+            prepared, machine, feeds, policy, options, budget_bytes, factories, resynced
         )
         timings["localize"] = time.perf_counter() - start
         del machine
@@ -222,6 +253,114 @@ def run_validate(
     doc["timings_explained"] = TIMINGS_EXPLAINED
     doc["pass_statistics"] = [stat.to_json() for stat in compilation.passes.statistics]
     return doc, feeds, actual
+
+
+def check_program(
+    module,
+    feeds: dict[str, np.ndarray],
+    model: str,
+    schedule: str = "program",
+    check_races: bool = False,
+    policy: TolerancePolicy | None = None,
+    max_drift: dict[str, float] | None = None,
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """`onnx2bir run BIR --model MODEL`: run a saved (perhaps hand-edited) program and judge
+    its outputs against MODEL's emulating oracle, with the cast plan and input shapes the
+    program's metadata records (onnx2bir/compiler.py `record_provenance`). Returns (the
+    document, the outputs)."""
+    from onnx2bir.codegen.cast_plan import CastPlan
+    from onnx2bir.errors import UserError
+    from onnx2bir.importer import build_graph, import_parts
+
+    meta = module.metadata
+    if "cast_plan" not in meta or "input_shapes" not in meta:
+        raise UserError(
+            "the program records no cast plan or input shapes (it was written by an older "
+            "onnx2bir, or by hand): convert the model again to check it with --model"
+        )
+    shapes = {name: tuple(shape) for name, shape in meta["input_shapes"].items()}
+    imported = import_parts(model, shapes)
+    graph = build_graph(imported.folded, imported.graph.name, imported.weights)
+    function = module.functions[0]
+    if sorted(function.inputs) != sorted(graph.inputs) or len(function.outputs) != len(
+        graph.outputs
+    ):
+        raise UserError(
+            f"the program's inputs {function.inputs} and {len(function.outputs)} outputs do not "
+            f"match the model's inputs {graph.inputs} and {len(graph.outputs)} outputs"
+        )
+    plan = CastPlan.from_json(meta["cast_plan"])
+    unknown = sorted({p.node for p in plan.points} - set(graph.nx))
+    if unknown:
+        raise UserError(
+            f"the program's cast plan names nodes the model lacks ({', '.join(unknown[:3])}): "
+            "is it the model the program was compiled from?"
+        )
+    order = parse_schedule(schedule)
+    reader = ProbeReader(function, plan.probes, {t: graph.tensors[t].shape for t in plan.probes})
+    if order.kind == "program":
+        run = run_scheduled(module, feeds, order, check_races, before=reader.before())
+        raw, races, differences = run.outputs, run.races, []
+    else:
+        raw = interpreter.run_function(module, feeds, before=reader.before())
+        run = run_scheduled(module, feeds, order, check_races)
+        differences = _differences(raw, run.outputs)
+        raw, races = run.outputs, run.races
+    actual = dict(zip(graph.outputs, (raw[loc] for loc in function.outputs), strict=True))
+    evidence = Evidence(
+        actual,
+        reader.values,
+        {t: function.memory_locations[reader.location(t)].dtype for t in reader.values},
+        oracle.run_onnxruntime(model, feeds, graph.outputs),
+        "onnxruntime fp32",
+    )
+
+    def run_oracle(machine_values, wanted):
+        return run_emulating(
+            imported.folded, graph, imported.weights, plan, feeds, machine_values, wanted
+        )
+
+    outputs, checkpoints, emulation = judge(
+        graph, plan, evidence, policy or TolerancePolicy(), run_oracle, max_drift
+    )
+    doc = {
+        "model": str(model),
+        "passed": all(o["passed"] for o in outputs)
+        and all(c["passed"] for c in checkpoints)
+        and not races
+        and not differences,
+        "schedule": str(order),
+        "races": None if races is None else [race.to_json() for race in races],
+        "schedule_differences": differences,
+        "outputs": outputs,
+        "checkpoints": checkpoints,
+        "emulation": emulation,
+        "casts": [point.to_json() for point in plan.points],
+        "compile_options": meta.get("compile_options", {}),
+        "oracle": oracle.oracle_info(),
+    }
+    return doc, actual
+
+
+def _named_outputs(compilation, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The program's output locations by the graph output they hold."""
+    function = compilation.module.functions[0]
+    return {
+        tensor: raw[location]
+        for tensor, location in zip(compilation.graph.outputs, function.outputs, strict=True)
+    }
+
+
+def _differences(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> list[str]:
+    """Outputs whose bits differ between two runs of one program (in different orders)."""
+    found = []
+    for name, value in first.items():
+        other = second[name]
+        same = np.asarray(value).tobytes() == np.asarray(other).tobytes()
+        if not same:
+            count = int(np.sum(~((value == other) | (np.isnan(value) & np.isnan(other)))))
+            found.append(f"{name}: {count} of {value.size} elements differ from program order")
+    return found
 
 
 # --- text ----------------------------------------------------------------------------------
@@ -257,10 +396,22 @@ def _nonfinite_text(nonfinite: dict) -> str:
 
 def format_output(entry: dict) -> list[str]:
     verdict = "ok" if entry["passed"] else f"FAIL ({entry['mismatches']} of {entry['size']})"
+    if entry.get("verifiable") is False:
+        verdict = "UNVERIFIABLE"
+    elif not entry["passed"] and not entry["mismatches"] and entry.get("failed_upstream"):
+        verdict = f"FAIL (computed from {', '.join(entry['failed_upstream'][:3])})"
+    elif not entry["passed"] and not entry["mismatches"] and entry.get("drift_failures"):
+        verdict = "FAIL (--max-drift)"
     lines = [
         f"  {entry['name']}  {_shape(entry)}  {verdict}   atol {_g(entry['atol'], 'g')} + "
         f"rtol {_g(entry['rtol'], 'g')}·|ref|  ({entry['tolerance_source']})"
     ]
+    if entry.get("unverifiable_reason"):
+        lines.append(
+            f"    its bound cannot tell a right answer from zeros: {entry['unverifiable_reason']}"
+            " (tighten it with --tolerance/--atol/--rtol)"
+        )
+    lines += _drift_text(entry)
     if entry.get("shape_error"):
         return lines + [f"    {entry['shape_error']}"]
     abs_err, rel_err = entry["abs_err"], entry["rel_err"]
@@ -270,7 +421,7 @@ def format_output(entry: dict) -> list[str]:
         else f"   (over the {entry['finite_pairs']} elements finite on both sides)"
     )
     lines.append(
-        f"    {'error':<8} {'|m - ort|':>11} {'/ |ort|':>11}{note}   (m machine, ort onnxruntime)"
+        f"    {'error':<8} {'|m - o|':>11} {'/ |o|':>11}{note}   (m machine, o the oracle)"
     )
     for key in ("max", "mean", "median", "p99"):
         lines.append(f"    {key:<8} {_g(abs_err.get(key)):>11} {_g(rel_err.get(key)):>11}")
@@ -285,7 +436,7 @@ def format_output(entry: dict) -> list[str]:
         lines.append(
             f"    {'closest to' if entry['passed'] else 'furthest over'} its tolerance: element "
             f"{worst['index']}, machine "
-            f"{_g(worst['machine'], '.9g')}  onnxruntime {_g(worst['onnxruntime'], '.9g')}"
+            f"{_g(worst['machine'], '.9g')}  oracle {_g(worst['onnxruntime'], '.9g')}"
             f"  (abs err {_g(worst['abs_err'])}{share}; the largest abs err is in the table)"
         )
     ulp = "" if entry.get("max_ulp") is None else f"  max {entry['max_ulp']} ULP"
@@ -325,9 +476,13 @@ def format_text(doc: dict, stats: bool = False) -> str:
     outputs = doc["outputs"]
     good = sum(1 for entry in outputs if entry["passed"])
     orc = doc["oracle"]
+    checked = [c for c in doc.get("checkpoints") or [] if c["verifiable"]]
+    bad = sum(1 for c in checked if not c["passed"])
     lines = [
         f"{'PASS' if doc['passed'] else 'FAIL'}  {doc['model']}: {good}/{len(outputs)} "
         f"outputs match {orc['name']} {orc['version']} ({orc['graph_optimization_level']})"
+        + (", rounding where the program rounds" if doc.get("casts") else "")
+        + (f"; {bad} of {len(checked)} checked intermediates do not" if bad else "")
     ]
     lines += [f"  note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     seed = "" if doc["seed"] is None else f", seed {doc['seed']}"
@@ -340,10 +495,15 @@ def format_text(doc: dict, stats: bool = False) -> str:
             f"  autocast: {doc['autocast']} (attention kernel: "
             f"{doc['compile_options']['native_kernel_cast_type']})"
         )
+    if "emulation" in doc:
+        lines += _emulation_text(doc)
     lines.append(f"  rule: {doc['tolerance']['rule']}")
     lines.append(f"  schedule: {doc.get('schedule', 'program')}; races: {_races_text(doc)}")
     for race in doc.get("races") or []:
         lines.append(f"  {race['message']}")
+    for difference in doc.get("schedule_differences") or []:
+        lines.append(f"  schedule {doc['schedule']} changed an output: {difference}")
+    lines += _checkpoint_text(doc.get("checkpoints") or [])
     for entry in outputs:
         lines += [""] + format_output(entry)
     if "localize" in doc:
@@ -355,6 +515,66 @@ def format_text(doc: dict, stats: bool = False) -> str:
         ]
     lines += ["", "  timings: " + ", ".join(_timing(k, v) for k, v in doc["timings"].items())]
     return "\n".join(lines)
+
+
+def _emulation_text(doc: dict) -> list[str]:
+    emulation = doc["emulation"]
+    if not emulation["casts"] and not emulation["unemulated"]:
+        return ["  oracle: the program rounds nothing; onnxruntime as the model is"]
+    inexact = f" ({emulation['inexact_casts']} approximately)" if emulation["inexact_casts"] else ""
+    lines = [
+        f"  oracle: onnxruntime rounding at the program's {emulation['casts']} cast points"
+        f"{inexact}; {emulation['probes_read']} intermediates read from the machine, "
+        f"{emulation['resynchronised']} checked and fed on (docs/validation.md#verdict)"
+    ]
+    for entry in emulation["unemulated"]:
+        lines.append(f"  not emulated: {entry['node']}: {entry['reason']}")
+    if emulation["statistical"]:
+        names = ", ".join(emulation["statistical"][:6])
+        more = len(emulation["statistical"]) - 6
+        lines.append(
+            f"  statistical bound (the oracle is approximate there): {names}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    return lines
+
+
+def _checkpoint_text(checkpoints: list[dict]) -> list[str]:
+    if not checkpoints:
+        return []
+    failing = [c for c in checkpoints if not c["passed"]]
+    judged = sum(1 for c in checkpoints if c["verifiable"])
+    lines = [
+        f"  checkpoints: {judged - len(failing)} of {judged} intermediates within their bound"
+        + (
+            f" ({len(checkpoints) - judged} too small to judge)"
+            if judged < len(checkpoints)
+            else ""
+        )
+    ]
+    for c in failing[:MAX_NODE_ROWS]:
+        readers = ", ".join(c["readers"][:3]) or "-"
+        lines.append(
+            f"    FAIL {c['name']} (read by {readers}, stored {c['stored']}): "
+            f"{c['mismatches']} of {c['size']} elements over atol {_g(c['atol'], 'g')} + rtol "
+            f"{_g(c['rtol'], 'g')}·|ref|, max abs err {_g(c['max_abs_err'])}"
+        )
+    return lines
+
+
+def _drift_text(entry: dict) -> list[str]:
+    record = entry.get("drift")
+    if record is None:
+        return []
+    r = "-" if record["r"] is None else f"{record['r']:.3f}"
+    lines = [
+        f"    drift vs {record['against']} (what the casts cost): cosine "
+        f"{_g(record['cosine'], '.6f')}  SNR {_g(record['snr_db'], '.1f')} dB  max abs "
+        f"{_g(record['max_abs_err'])}  R {r}"
+    ]
+    for failure in entry.get("drift_failures") or []:
+        lines.append(f"    FAIL --max-drift: {failure}")
+    return lines
 
 
 def _timing(key: str, seconds: float) -> str:

@@ -3,8 +3,10 @@
 In: a node of the graph before the passes, onnxruntime's values of its inputs (exposed from
 the full model), the compile options. The node is rebuilt as a one-node ONNX model — constant
 inputs stay initializers, so the pass selects the same kernel, and the node keeps its name —
-compiled and simulated by onnx2bir, and compared with onnxruntime on the same inputs, at the
-tolerance the tensor had in the model. Out: the local comparison and a verdict:
+compiled and simulated by onnx2bir, and compared with the emulating oracle of the one-node
+model (onnxruntime rounding where the node's program rounds, runtime/emulating_oracle.py) on
+the same inputs, at the tolerance the tensor had in the model. Out: the local comparison and
+a verdict:
 
 - "own error": alone, on exact inputs, the node is over tolerance (or makes NaN/inf from
   finite inputs): its lowering or kernel is wrong;
@@ -26,7 +28,7 @@ from onnx2bir.errors import MachineError, UserError
 from onnx2bir.options import CompileOptions
 
 from .compare import ERROR_KEYS, compare_output, nonfinite_count, tensor_record
-from .oracle import run_onnxruntime
+from .emulating_oracle import run_emulating
 from .prepared import (
     ObserverFactory,
     Prepared,
@@ -177,7 +179,15 @@ def run_alone(
             return {"error": alone.compilation.codegen_error}
         machine = simulate(alone.compilation, values, factories=factories)
         got = output_values(alone.compilation, machine)
-        expected = run_onnxruntime(model, values, list(got))
+        expected = run_emulating(
+            alone.folded,
+            alone.pristine,
+            alone.weights,
+            alone.compilation.cast_plan,
+            values,
+            None,
+            list(got),
+        )
     except (UserError, MachineError, ValueError) as exc:
         return {"error": str(exc).splitlines()[0]}
     results = []

@@ -10,7 +10,9 @@ locations (ExternalInput, ExternalInputParameter) come from `inputs`, a paramete
 and Const and ExternalOutputParameter locations from `module.constants`; every other location
 starts as NaN bytes (see `machine.py`). The observer, if any, is called as
 observer(instruction, loop_values) after each execution; loop_values is the live dict, so copy
-it to keep it.
+it to keep it. `before` maps chosen instructions to a hook called as hook(machine, instruction,
+loop_values) before each of their executions (the verdict's probes read a tensor there,
+runtime/probes.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .machine import SENTINEL_BYTE, Machine, instruction_error
 from .semantics import SEMANTICS
 
 Observer = Callable[[Instruction, dict[str, int]], None]
+Hook = Callable[[Machine, Instruction, dict[str, int]], None]
 _INPUT_KINDS = (MemoryKind.EXTERNAL_INPUT, MemoryKind.EXTERNAL_INPUT_PARAMETER)
 _LOADED_KINDS = (*_INPUT_KINDS, MemoryKind.CONST, MemoryKind.EXTERNAL_OUTPUT_PARAMETER)
 _UNBOUND = object()
@@ -51,11 +54,12 @@ def run_function(
     inputs: dict[str, np.ndarray],
     function_name: str | None = None,
     observer: Observer | None = None,
+    before: dict[Instruction, Hook] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run one function of module (the first if unnamed); return copies of its outputs."""
     function = _select(module, function_name)
     machine = load_machine(module, function, inputs)
-    execute(machine, function.entry, observer)
+    execute(machine, function.entry, observer, before)
     return {name: machine.read(name) for name in function.outputs}
 
 
@@ -111,11 +115,16 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
     return machine
 
 
-def execute(machine: Machine, block: BasicBlock, observer: Observer | None = None) -> None:
+def execute(
+    machine: Machine,
+    block: BasicBlock,
+    observer: Observer | None = None,
+    before: dict[Instruction, Hook] | None = None,
+) -> None:
     """Run block (and the loops nested in it) on machine, in program order."""
     # Hardware raises no floating-point exceptions; NaN and inf just flow through.
     with np.errstate(all="ignore"), one_blas_thread(), no_cyclic_gc():
-        _run(_compile(block), machine, {}, observer)
+        _run(_compile(block, before or {}), machine, {}, observer)
 
 
 def _select(module: Module, function_name: str | None) -> Function:
@@ -126,7 +135,7 @@ def _select(module: Module, function_name: str | None) -> Function:
     return module.functions[0]
 
 
-def _compile(block: BasicBlock) -> list[tuple]:
+def _compile(block: BasicBlock, before: dict[Instruction, Hook]) -> list[tuple]:
     """Block items as (semantics, instruction, None) or (None, loop, compiled body)."""
     steps = []
     for item in block.items:
@@ -134,15 +143,25 @@ def _compile(block: BasicBlock) -> list[tuple]:
             if item.step <= 0:
                 raise MachineError(f"loop over {item.axis!r} has step {item.step}, must be > 0")
             runner = _RUNTIME_LOOP_RUNNERS.get(type(item))
-            steps.append((runner, item, _compile(item.body)))
+            steps.append((runner, item, _compile(item.body, before)))
         else:
             semantics = SEMANTICS.get(item.opcode)
             if semantics is None:
                 raise instruction_error(item, "has no semantics")
             if item.predicate is not None:
                 semantics = _predicated(semantics)
+            if item in before:
+                semantics = _hooked(before[item], semantics)
             steps.append((semantics, item, None))
     return steps
+
+
+def _hooked(hook: Hook, semantics):
+    def run(machine: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+        hook(machine, ins, loop_values)
+        semantics(machine, ins, loop_values)
+
+    return run
 
 
 def _run(

@@ -30,52 +30,47 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-import onnx
 
-from onnx2bir.bir.enums import MemoryType, Opcode
+from onnx2bir.bir.enums import Dtype, MemoryType, Opcode
+from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.findings import describe_blocks
 
 from .alone import diagnose, run_alone, runtime_inputs
 from .compare import ERROR_KEYS, compare_output, tensor_record
+from .emulating_oracle import run_emulating
 from .machine import Machine
-from .oracle import run_onnxruntime
-from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of, value_info, value_infos
-from .tolerance import (
-    TolerancePolicy,
-    cast_depths,
-    node_of_origin,
-    reduction_length,
-    tensor_paths,
-)
+from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of
+from .tolerance import TolerancePolicy, node_of_origin
+from .verdict import bound_for, check_narrow, taints
 
 DEFAULT_BUDGET_BYTES = 256 << 20
 
 
 # --- the oracle with intermediates exposed --------------------------------------------------
 class ExposingOracle:
-    """onnxruntime on the folded skeleton with chosen tensors as its outputs.
+    """The emulating oracle (`runtime/emulating_oracle.py`) on the folded skeleton, with chosen
+    tensors as its outputs, resynchronised at the tensors of `machine_values`.
 
     The weights the importer held aside stay graph inputs of the skeleton and are fed with the
     inputs, so each run serialises only the skeleton: no copy of the weights per batch and no
     2 GB protobuf limit.
     """
 
-    def __init__(self, prepared: Prepared):
-        self.model = onnx.ModelProto()
-        self.model.CopyFrom(prepared.folded)
+    def __init__(self, prepared: Prepared, machine_values: dict[str, np.ndarray] | None = None):
+        self.folded = prepared.folded
         self.graph = prepared.pristine
         self.weights = prepared.weights
-        self.value_info = value_infos(prepared.folded)
+        self.plan = prepared.compilation.cast_plan or CastPlan()
+        self.machine_values = machine_values or {}
 
     def run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         if not names:
             return {}
-        outputs = self.model.graph.output
-        del outputs[:]
-        outputs.extend(value_info(name, self.value_info, self.graph) for name in names)
-        return run_onnxruntime(self.model.SerializeToString(), {**feeds, **self.weights}, names)
+        return run_emulating(
+            self.folded, self.graph, self.weights, self.plan, feeds, self.machine_values, names
+        )
 
 
 # --- the walk -------------------------------------------------------------------------------
@@ -108,12 +103,14 @@ def localize(
     options: CompileOptions,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     factories: Iterable[ObserverFactory] = (),
+    machine_values: dict[str, np.ndarray] | None = None,
 ) -> dict:
-    """Compare every intermediate, in topological order (module docstring)."""
+    """Compare every intermediate, in topological order (module docstring), with the
+    emulating oracle resynchronised at `machine_values` (the verdict's choice)."""
     graph, compilation = prepared.pristine, prepared.compilation
     locations = machine.locations
-    paths = tensor_paths(graph, compilation.module)
-    depths = cast_depths(graph, compilation.module)
+    machine_values = machine_values or {}
+    found_taints = taints(graph, compilation.cast_plan or CastPlan(), set(machine_values))
     convs = conv_findings(compilation)
     pe_dtypes = pe_operand_dtypes(graph, compilation.module)
     plan: list[tuple[str, dict, list[str], list[str]]] = []
@@ -129,7 +126,7 @@ def localize(
         fused = [t for t in outputs if t not in locations]
         plan.append((name, data, compared, fused))
     tensor_results: dict[str, dict] = {}
-    oracle = ExposingOracle(prepared)
+    oracle = ExposingOracle(prepared, machine_values)
     wanted = [t for _, _, compared, _ in plan for t in compared]
     batches = _batches(graph, wanted, budget_bytes)
     producer = {t: (name, data) for name, data, compared, _ in plan for t in compared}
@@ -138,18 +135,14 @@ def localize(
         for tensor in batch:
             node, data = producer[tensor]
             ref = reference.pop(tensor)
-            tol = policy.for_tensor(
-                tensor,
-                data["op_type"],
-                paths.get(tensor, "fp32"),
-                ref,
-                reduction_length(graph, node),
-                depths.get(tensor, 1),
-            )
-            result = compare_output(
-                tensor, machine.read(tensor), ref, tol.atol, tol.rtol, tol.source
-            )
-            tensor_results[tensor] = tensor_record(result)
+            tol, kind = bound_for(policy, graph, tensor, ref, found_taints.get(tensor))
+            stored = locations[tensor].dtype
+            value = machine.read(tensor)
+            if stored.is_float and stored.mantissa_bits < Dtype.FP32.mantissa_bits:
+                result = check_narrow(tensor, value, stored, ref, tol)
+            else:
+                result = compare_output(tensor, value, ref, tol.atol, tol.rtol, tol.source)
+            tensor_results[tensor] = tensor_record(result) | {"bound": kind}
             del ref
     nodes = [
         _node_record(name, data, compared, fused, tensor_results, graph, convs, compilation)

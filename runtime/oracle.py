@@ -207,6 +207,55 @@ def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
     return result
 
 
+def load_reference(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
+    """Outputs the user supplies (`validate --reference`): an .npz keyed by output name, or a
+    test_data_set folder's output_K.pb (matched by name, else by K in graph-output order).
+    Every graph output must be there, in its shape; floats are read as the output's dtype."""
+    path = input_files.check_inputs_source(path)
+    if path.is_dir():
+        files = _numbered(path, "output")
+        if not files:
+            sets = sorted(path.glob("test_data_set_*"), key=lambda p: _index(p.name))
+            files = _numbered(sets[0], "output") if sets else []
+        if not files:
+            raise UserError(f"--reference {path}: no output_*.pb files (a test_data_set folder)")
+        arrays: dict[str, np.ndarray] = {}
+        for position, file in enumerate(files):
+            tensor = onnx.TensorProto()
+            input_files.check_regular_file(file)
+            try:
+                tensor.ParseFromString(file.read_bytes())
+                value = numpy_helper.to_array(tensor)
+            except Exception as exc:
+                raise UserError(
+                    f"{file}: not a readable TensorProto ({type(exc).__name__})"
+                ) from exc
+            if tensor.name in graph.outputs:
+                arrays[tensor.name] = value
+            elif position < len(graph.outputs):
+                arrays.setdefault(graph.outputs[position], value)
+    else:
+        arrays = input_files.read_npz(
+            path, {name: graph.tensors[name].shape for name in graph.outputs}
+        )
+    missing = [name for name in graph.outputs if name not in arrays]
+    if missing:
+        raise UserError(f"--reference {path}: no array for output(s) {', '.join(missing)}")
+    result = {}
+    for name in graph.outputs:
+        info = graph.tensors[name]
+        value = np.asarray(arrays[name])
+        if tuple(value.shape) != tuple(info.shape):
+            raise UserError(
+                f"--reference {path}: output {name!r} has shape {tuple(value.shape)}, the model "
+                f"gives {tuple(info.shape)}"
+            )
+        if value.dtype.kind not in "fiub" and value.dtype.kind != "V":
+            raise UserError(f"--reference {path}: output {name!r} is not numeric ({value.dtype})")
+        result[name] = value.astype(info.dtype.numpy)
+    return result
+
+
 def _read_test_data_set(folder: Path, graph: Graph) -> dict[str, np.ndarray]:
     files = _numbered(folder, "input")
     if not files:

@@ -71,6 +71,7 @@ def simulate(
     feeds: dict[str, np.ndarray],
     observer: Callable | None = None,
     factories: Iterable[ObserverFactory] = (),
+    before: dict | None = None,
 ) -> Machine:
     """Run the whole program; return the machine (its DRAM holds every tensor).
 
@@ -80,7 +81,7 @@ def simulate(
     function = module.functions[0]
     machine = interpreter.load_machine(module, function, feeds)
     observers = [factory(machine) for factory in factories]
-    interpreter.execute(machine, function.entry, chain(observer, *observers))
+    interpreter.execute(machine, function.entry, chain(observer, *observers), before)
     return machine
 
 

@@ -120,8 +120,15 @@ def run_scheduled(
     check_races: bool,
     function_name: str | None = None,
     observer: Callable | None = None,
+    before: dict | None = None,
 ) -> ScheduledRun:
-    """Run one function of `module` in the order `schedule` gives, checking races if asked."""
+    """Run one function of `module` in the order `schedule` gives, checking races if asked.
+
+    `before` ({instruction: hook(machine, instruction, loop_values)}, as the interpreter takes
+    it) is allowed in program order only: a hook that reads a tensor relies on every earlier
+    instruction having run."""
+    if before and schedule.kind != "program":
+        raise ValueError("before-hooks need the program order")
     function = _select(module, function_name)
     trips = None
     if next(runtime_loops(function.entry), None) is not None:
@@ -132,6 +139,8 @@ def run_scheduled(
     program = unroll(function, trips)
     detector = RaceDetector(program) if check_races else None
     run = {inst.id: semantics_for(inst) for inst in function.instructions()}
+    for inst, hook in (before or {}).items():
+        run[inst.id] = _hooked(hook, run[inst.id])
     with np.errstate(all="ignore"), one_blas_thread(), no_cyclic_gc():
         for i in order(program, schedule):
             inst = program.instructions[i]
@@ -146,3 +155,11 @@ def run_scheduled(
     if detector is None:
         return ScheduledRun(outputs, None, 0, len(program), program.streams)
     return ScheduledRun(outputs, detector.races, detector.race_count, len(program), program.streams)
+
+
+def _hooked(hook, semantics):
+    def step(machine, inst, values) -> None:
+        hook(machine, inst, values)
+        semantics(machine, inst, values)
+
+    return step

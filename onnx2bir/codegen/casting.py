@@ -42,8 +42,10 @@ def pe_operand_dtype(cg, model_dtype: Dtype = Dtype.FP32, otherwise: Dtype = Dty
 
 
 def storage_dtype(options: CompileOptions, kind: MemoryKind, model_dtype: Dtype) -> Dtype:
-    """Dtype of the DRAM location of a graph tensor: the cast dtype for an fp32 intermediate
-    under `--auto-cast all`, else the tensor's own dtype."""
+    """Dtype of the DRAM location of a tensor of the model: the cast dtype for an fp32
+    intermediate under `--auto-cast all`, else the tensor's own dtype. (A tensor a pass
+    made, such as a conv kernel's channel-last output, keeps its dtype: the driver asks only
+    for the model's own tensors.)"""
     if options.auto_cast != "all" or kind is not MemoryKind.INTERNAL:
         return model_dtype
     if model_dtype is not Dtype.FP32:

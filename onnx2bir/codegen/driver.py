@@ -415,7 +415,13 @@ class BirCodeGen(InstructionBuilders):
             return fn.memory_locations[tensor]
         info = self.graph.tensors[tensor]
         kind = self._dram_kind(tensor)
-        dtype = storage_dtype(self.options, kind, info.dtype)  # `--auto-cast all` casts
+        # `--auto-cast all` stores the model's intermediates narrow, not a pass's copies of
+        # them (a graph output's layout copy would round the output).
+        dtype = (
+            storage_dtype(self.options, kind, info.dtype)
+            if self.graph.is_model_tensor(tensor)
+            else info.dtype
+        )
         loc = MemoryLocation(tensor, MemoryType.DRAM, kind, dtype, tuple(info.shape))
         if tensor in self.homes:
             return self._place_home(loc)

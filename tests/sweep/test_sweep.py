@@ -79,7 +79,9 @@ def test_failures_fall_into_categories_with_their_reason(zoo, tmp_path, capsys):
     )
     assert by_name["small_cnn"]["passed"] and by_name["add"]["passed"]
     assert by_name["small_cnn"]["convs"] == {"matched": 4, "total": 5}
-    assert 0 < by_name["small_cnn"]["max_abs_err"] < 1e-2  # bf16 matmuls by default
+    # Against the emulating oracle the bf16 program is exact here; its drift from fp32 is not.
+    assert by_name["small_cnn"]["max_abs_err"] < 1e-4
+    assert 0 < by_name["small_cnn"]["drift_max_abs_err"] < 1e-2
     assert by_name["broken_export"]["category"] == "export"
     assert by_name["broken_export"]["reason"] == "RuntimeError: cannot trace this"
     assert by_name["det"]["category"] == "unsupported op"

@@ -18,6 +18,7 @@ from validation_helpers import (
 )
 
 from onnx2bir.options import CompileOptions
+from onnx2bir.runtime import emulating_oracle as emulating_module
 from onnx2bir.runtime import localize as localize_module
 from onnx2bir.runtime import oracle as oracle_module
 from onnx2bir.runtime.prepared import prepare
@@ -182,7 +183,7 @@ def test_weights_held_aside_reach_onnxruntime_as_inputs_not_in_the_protobuf(caps
         serialized.append(len(model) if isinstance(model, bytes) else None)
         return real(model, inputs, outputs)
 
-    monkeypatch.setattr(localize_module, "run_onnxruntime", recording)
+    monkeypatch.setattr(emulating_module, "run_onnxruntime", recording)
     corrupt_node(monkeypatch, "node_conv2d_1")
     code, doc = run_json(["validate", SMALL_CNN, "--localize"], capsys)
     assert code == 1 and doc["localize"]["first_failing"]["node"] == "node_conv2d_1"

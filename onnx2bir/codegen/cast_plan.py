@@ -1,0 +1,330 @@
+"""The cast plan: where the compiled program rounds a value of the model to a narrower dtype.
+
+In: the model's graph as imported (before the passes: the node and tensor names of the ONNX
+model), the graph after the passes, the BIR module and the memory plan. Out: a `CastPlan` —
+every place where an ONNX node reads one of its inputs through storage narrower than the
+model's dtype (`CastPoint`), the nodes whose rounding happens inside one ONNX op and cannot be
+repeated by inserting casts around it (`unemulated`), and for each rounded intermediate where
+the machine keeps it, so a run can read it (`Probe`). docs/validation.md#the-emulating-oracle.
+
+The plan is read off the compile's own decisions, never re-derived from the options:
+
+- **operand casts**: a node whose PE matmuls (not the transposes against the identity) take
+  operands of a narrower dtype rounds its PE-operand inputs (`PE_OPERAND_INPUTS`: inputs 0 and
+  1 of MatMul, Gemm, Conv, ConvTranspose and a two-input Einsum; a bias rides on the PSUM
+  eviction in fp32). A raised MLP kernel rounds the PE operands of every matmul of its block
+  (the hidden activation included, which never leaves the kernel); the raised attention kernel
+  rounds its matmul operands too, but its online softmax rounds unnormalised probabilities,
+  which no cast around the ONNX ops reproduces (`exact` is false);
+- **storage casts**: a tensor of the model whose BIR location (DRAM or SBUF home) has a
+  narrower dtype than the model gives it is rounded for every reader (`--auto-cast all`, and
+  the operand-only tensors and weights `codegen/weight_cast.py` stores in the cast dtype).
+
+A node with narrow PE operands that is none of the above (an LSTM, whose recurrent state is
+rounded inside the op; a Loop whose body multiplies; a fused attention op decomposed by a
+pass) is `unemulated`, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.ir import Module
+from onnx2bir.graph import Graph
+
+# Inputs of an op that the lowerings load into PE operand tiles (docs/autocast.md).
+PE_OPERAND_INPUTS = {
+    "MatMul": (0, 1),
+    "Gemm": (0, 1),
+    "Conv": (0, 1),
+    "ConvTranspose": (0, 1),
+    "Einsum": (0, 1),
+}
+MLP_TARGET = "AwsNeuronMLPNKI"
+IDENTITY_PREFIX = "identity_"  # the PE transposes' identity tiles (docs/bir_codegen.md#prologue)
+ONLINE_SOFTMAX = (
+    "the attention kernel's online softmax rounds probabilities before they are normalised; "
+    "casts around the ONNX ops cannot repeat that"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CastPoint:
+    """ONNX node `node` reads tensor `input` rounded to `dtype`."""
+
+    node: str
+    input: str
+    dtype: str
+    kind: str  # "operand" (a PE operand) or "storage" (the tensor is stored in `dtype`)
+    exact: bool = True  # the oracle rounds at the same point
+    reason: str | None = None  # why not exact
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Where the machine holds tensor `tensor` once its producer is done: location
+    `location`, flat (a DRAM tensor) or, with `inner`, an SBUF home whose rows of `inner`
+    elements are dealt over the partitions (docs/memory_planner.md#layout). It is read at the
+    first instruction that reads the location and does not belong to node `producer`."""
+
+    tensor: str
+    location: str
+    producer: str
+    inner: int | None = None
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """The output `tensor` of a raised kernel inside which node `node` reads `operand` (input
+    `position`) rounded, a value the program never stores: the machine's rounding of it can
+    differ from onnxruntime's where onnxruntime's value sits near a half-way point. The
+    verdict reads `tensor` from the machine, checks it with an allowance for exactly those
+    roundings, and feeds the machine's value on (docs/validation.md#kernel-boundaries)."""
+
+    tensor: str
+    node: str
+    operand: str
+    position: int
+    dtype: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CastPlan:
+    points: tuple[CastPoint, ...] = ()
+    unemulated: dict[str, str] = field(default_factory=dict)  # node → why
+    probes: dict[str, Probe] = field(default_factory=dict)  # tensor → where the machine holds it
+    boundaries: dict[str, Boundary] = field(default_factory=dict)  # tensor → its boundary
+
+    def to_json(self) -> dict:
+        return {
+            "casts": [point.to_json() for point in self.points],
+            "unemulated": [{"node": n, "reason": r} for n, r in self.unemulated.items()],
+            "probes": [probe.to_json() for probe in self.probes.values()],
+            "boundaries": [boundary.to_json() for boundary in self.boundaries.values()],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict) -> CastPlan:
+        """The plan a BIR file's metadata carries (`to_json`)."""
+        return cls(
+            tuple(CastPoint(**point) for point in doc.get("casts", [])),
+            {entry["node"]: entry["reason"] for entry in doc.get("unemulated", [])},
+            {entry["tensor"]: Probe(**entry) for entry in doc.get("probes", [])},
+            {entry["tensor"]: Boundary(**entry) for entry in doc.get("boundaries", [])},
+        )
+
+    @property
+    def rounded_tensors(self) -> set[str]:
+        return {point.input for point in self.points}
+
+
+def plan_casts(
+    source: Graph,
+    compiled: Graph,
+    module: Module,
+    records: Iterable = (),
+    homes: dict | None = None,
+) -> CastPlan:
+    """The cast plan of `module`, compiled from `source` (module docstring). `records` are the
+    pass records (their findings name the blocks a kernel took over); `homes` the memory
+    plan's SBUF homes by tensor."""
+    function = module.functions[0]
+    locations = function.memory_locations
+    hosts = _kernel_hosts(records, compiled)
+    narrow = _narrow_pe_nodes(module, set(compiled.nx))
+    points: dict[tuple[str, str], CastPoint] = {}
+    unemulated: dict[str, str] = {}
+
+    def add(node: str, tensor: str, dtype: str, kind: str, reason: str | None = None) -> None:
+        if tensor and (node, tensor) not in points:
+            points[(node, tensor)] = CastPoint(node, tensor, dtype, kind, reason is None, reason)
+
+    members = {host: [m for m, h in hosts.items() if h == host] for host in set(hosts.values())}
+    for node, dtype in narrow.items():
+        if node in members:  # a raised kernel: every PE op of its block
+            target = _target(compiled.node(node))
+            reason = None if target == MLP_TARGET else ONLINE_SOFTMAX
+            for member in members[node]:
+                for tensor in _pe_inputs(source, member):
+                    add(member, tensor, dtype, "operand", reason)
+        elif node in source.nx and _pe_inputs(source, node):
+            for tensor in _pe_inputs(source, node):
+                add(node, tensor, dtype, "operand")
+        else:
+            origin = node if node in source.nx else _source_node(records, node, source)
+            op_type = source.node(origin)["op_type"] if origin in source.nx else "?"
+            unemulated[origin or node] = (
+                f"{op_type} multiplies {dtype} operands inside the op (no ONNX cast can round "
+                "there)"
+            )
+    for tensor, info in source.tensors.items():
+        loc = locations.get(tensor)
+        if loc is None or info.dtype is not Dtype.FP32 or not loc.dtype.is_float:
+            continue
+        if loc.dtype.mantissa_bits < Dtype.FP32.mantissa_bits:
+            for consumer, _ in source.consumers(tensor):
+                add(consumer, tensor, str(loc.dtype), "storage")
+    own_storage = {
+        name
+        for name, loc in locations.items()
+        if name not in source.tensors
+        and loc.kind is MemoryKind.INTERNAL
+        and loc.dtype.is_float
+        and loc.dtype.mantissa_bits < Dtype.FP32.mantissa_bits
+        and (loc.memory is MemoryType.DRAM or name in (homes or {}))
+    }
+    for name in sorted(own_storage - _operand_only(function, own_storage)):
+        # Storage of the program's own (a Loop body's values, a kernel's layout copy) rounded
+        # narrower than fp32: a rounding inside one ONNX op.
+        owner = node_of_origin(name, set(compiled.nx))
+        origin = owner if owner in source.nx else _source_node(records, owner or name, source)
+        if origin is not None and origin not in unemulated:
+            op_type = source.node(origin)["op_type"]
+            dtype = locations[name].dtype
+            unemulated[origin] = f"{op_type} stores values of its own in {dtype} ({name})"
+    ordered = [points[key] for key in sorted(points, key=_order_key(source))]
+    probes = _probes(source, compiled, locations, {p.input for p in ordered}, homes or {})
+    boundaries: dict[str, Boundary] = {}
+    for point in ordered:
+        info = source.tensors.get(point.input)
+        if not point.exact or point.input in probes or info is None or info.is_const:
+            continue
+        if point.input in source.inputs:
+            continue
+        # Rounded where the program never stores it: inside the kernel hosting the node.
+        host = hosts.get(point.node)
+        outputs = [t for t in compiled.node(host)["outputs"] if t] if host else []
+        kept = [t for t in outputs if t in source.tensors and t in locations]
+        if not kept or len(kept) != len(outputs):
+            unemulated.setdefault(
+                point.node, f"rounds {point.input} to {point.dtype} where no probe can read it"
+            )
+            continue
+        position = source.node(point.node)["inputs"].index(point.input)
+        for tensor in kept:
+            boundaries[tensor] = Boundary(tensor, point.node, point.input, position, point.dtype)
+    probes.update(_probes(source, compiled, locations, set(boundaries) - set(probes), homes or {}))
+    return CastPlan(tuple(ordered), unemulated, probes, boundaries)
+
+
+def _order_key(source: Graph):
+    rank = {name: index for index, name in enumerate(source.nx.nodes)}
+    return lambda key: (rank.get(key[0], len(rank)), key[1])
+
+
+def _operand_only(function, names: set[str]) -> set[str]:
+    """The locations of `names` read only by DMAs into on-chip tiles of their own dtype (a
+    padded or flipped copy of an operand, stored as its reader loads it)."""
+    if not names:
+        return set()
+    locations = function.memory_locations
+    refused: set[str] = set()
+    for ins in function.instructions():
+        for ap, is_write in ins.accesses():
+            if is_write or ap.loc not in names or ap.loc in refused:
+                continue
+            dst = locations[ins.dst.loc] if ins.dst is not None else None
+            if (
+                dst is None
+                or dst.memory is MemoryType.DRAM
+                or dst.dtype is not locations[ap.loc].dtype
+            ):
+                refused.add(ap.loc)
+    return names - refused
+
+
+def _target(data: dict) -> str | None:
+    return data["attrs"].get("custom_call_target") if data["op_type"] == "CustomCall" else None
+
+
+def _pe_inputs(source: Graph, node: str) -> list[str]:
+    data = source.node(node)
+    slots = PE_OPERAND_INPUTS.get(data["op_type"], ())
+    inputs = data["inputs"]
+    if data["op_type"] == "Einsum" and len([t for t in inputs if t]) != 2:
+        return []
+    return [inputs[i] for i in slots if i < len(inputs) and inputs[i]]
+
+
+def _narrow_pe_nodes(module: Module, nodes: set[str]) -> dict[str, str]:
+    """Compiled node → the narrower dtype its PE matmuls' operands are stored in."""
+    function = module.functions[0]
+    locations = function.memory_locations
+    found: dict[str, str] = {}
+    for ins in function.instructions():
+        if ins.opcode is not Opcode.MATMULT:
+            continue
+        if ins.srcs["moving"].loc.startswith(IDENTITY_PREFIX):
+            continue  # a transpose: data movement, exact
+        dtypes = [locations[ins.srcs[r].loc].dtype for r in ("stationary", "moving")]
+        narrowest = min(dtypes, key=lambda d: d.mantissa_bits)
+        if narrowest.mantissa_bits >= Dtype.FP32.mantissa_bits:
+            continue
+        node = node_of_origin(ins.origin.node, nodes)
+        if node is not None:
+            found.setdefault(node, str(narrowest))
+    return found
+
+
+def node_of_origin(origin: str, nodes: set[str]) -> str | None:
+    """The graph node an instruction origin or a location name belongs to: itself, or the
+    node a helper ("conv/output_transpose", "loop/body_tensor") was made for."""
+    name = origin
+    while name not in nodes:
+        head, sep, _ = name.rpartition("/")
+        if not sep:
+            return None
+        name = head
+    return name
+
+
+def _kernel_hosts(records: Iterable, compiled: Graph) -> dict[str, str]:
+    """Node of the imported graph → the raised kernel node its block became."""
+    hosts: dict[str, str] = {}
+    for record in records:
+        for finding in record.result.findings:
+            members = list(finding.get("nodes") or [])
+            kept = [n for n in members if n in compiled.nx and _target(compiled.node(n))]
+            if kept:
+                hosts.update(dict.fromkeys(members, kept[0]))
+    return hosts
+
+
+def _source_node(records: Iterable, node: str, source: Graph) -> str | None:
+    """The imported node a pass-made node stands for (a decomposed fused op)."""
+    for record in records:
+        for finding in record.result.findings:
+            members = [n for n in (finding.get("nodes") or []) if n in source.nx]
+            if members and node.startswith(tuple(members)):
+                return members[0]
+    return None
+
+
+def _probes(
+    source: Graph, compiled: Graph, locations: dict, rounded: set[str], homes: dict
+) -> dict[str, Probe]:
+    """Where the machine holds each rounded intermediate the program stores."""
+    probes = {}
+    for tensor in sorted(rounded):
+        info = source.tensors.get(tensor)
+        if info is None or info.is_const or tensor in source.inputs:
+            continue  # a weight or an input: the oracle has the same values
+        loc = locations.get(tensor)
+        producer = compiled.producer(tensor)
+        if loc is None or producer is None:
+            continue  # inside a kernel: never stored
+        home = homes.get(tensor)
+        inner = home.inner if home is not None and loc.memory is MemoryType.SB else None
+        probes[tensor] = Probe(tensor, tensor, producer, inner)
+    return probes
