@@ -110,17 +110,33 @@ def _block_share(blocks: list[dict]) -> str:
 
 def _validation(validation: dict) -> list[str]:
     parts = ['<h2 id="validation">Validation against onnxruntime</h2>']
+    emulation = validation.get("emulation")
+    if emulation and emulation["casts"]:
+        parts.append(
+            f"<p>The oracle is onnxruntime rounding where the program rounds "
+            f"({emulation['casts']} cast points); {emulation['resynchronised']} intermediates "
+            "were read from the machine, checked and fed on. The error columns compare with "
+            "that oracle; the drift columns with plain fp32 onnxruntime (what the casts cost; "
+            "R = |machine − fp32| / |emulation − fp32|).</p>"
+        )
     rows = []
     for out in validation["outputs"]:
         cls = "ok" if out["passed"] else "fail"
+        drift = out.get("drift") or {}
+        verdict = "ok" if out["passed"] else f"FAIL ({out['mismatches']} of {out['size']})"
+        if out.get("verifiable") is False:
+            verdict = "UNVERIFIABLE"
         rows.append(
             [
                 _td(out["name"]),
-                _td("ok" if out["passed"] else f"FAIL ({out['mismatches']} of {out['size']})", cls),
+                _td(verdict, cls),
                 _td(_num(out["max_abs_err"]), "num"),
                 _td(_num(out["max_rel_err"]), "num"),
                 _td(f"{_num(out['atol'], 'g')} + {_num(out['rtol'], 'g')}·|ref|"),
-                _td(_num(out.get("cosine"), ".6f"), "num"),
+                _td(_num(drift.get("cosine"), ".6f"), "num"),
+                _td(_num(drift.get("snr_db"), ".1f"), "num"),
+                _td(_num(drift.get("max_abs_err")), "num"),
+                _td(_num(drift.get("r"), ".3f"), "num"),
             ]
         )
     parts.append(
@@ -128,14 +144,33 @@ def _validation(validation: dict) -> list[str]:
             [
                 "output",
                 "verdict",
-                "largest |machine - onnxruntime|",
+                "largest |machine - oracle|",
                 "largest relative error",
-                "tolerance (atol + rtol·|onnxruntime|)",
-                "cosine similarity",
+                "bound (atol + rtol·|oracle|)",
+                "drift: cosine",
+                "drift: SNR dB",
+                "drift: max abs error",
+                "drift: R",
             ],
             rows,
         )
     )
+    failing = [c for c in validation.get("checkpoints") or [] if not c["passed"]]
+    if failing:
+        parts.append(
+            _table(
+                ["intermediate over its bound", "read by", "elements over", "max abs error"],
+                [
+                    [
+                        _td(c["name"]),
+                        _td(", ".join(c["readers"][:3])),
+                        _td(f"{c['mismatches']} of {c['size']}", "fail"),
+                        _td(_num(c["max_abs_err"]), "num"),
+                    ]
+                    for c in failing
+                ],
+            )
+        )
     loc = validation.get("localize")
     if loc is None:
         parts.append(

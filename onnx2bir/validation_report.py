@@ -174,20 +174,10 @@ def run_validate(
         reference_kind = "onnxruntime fp32"
     timings["onnxruntime"] = time.perf_counter() - start  # session creation + one run
     start = time.perf_counter()
-    evidence = Evidence(
-        actual,
-        reader.values,
-        {t: function.memory_locations[reader.location(t)].dtype for t in reader.values},
-        expected,
-        reference_kind,
+    evidence = Evidence(actual, reader.values, reader.stored(), expected, reference_kind)
+    outputs, checkpoints, emulation = judge(
+        graph, plan, evidence, policy, oracle_runner(prepared, feeds), max_drift
     )
-
-    def run_oracle(machine_values, wanted):
-        return run_emulating(
-            prepared.folded, graph, prepared.weights, plan, feeds, machine_values, wanted
-        )
-
-    outputs, checkpoints, emulation = judge(graph, plan, evidence, policy, run_oracle, max_drift)
     timings["emulating_oracle"] = time.perf_counter() - start
     doc = {
         "model": model if isinstance(model, str) else "<ModelProto>",
@@ -255,6 +245,24 @@ def run_validate(
     return doc, feeds, actual
 
 
+def oracle_runner(prepared, feeds: dict[str, np.ndarray]):
+    """The emulating oracle of a prepared model on `feeds`, as `runtime/verdict.py`'s `judge`
+    calls it: run(machine_values, wanted) → arrays by name."""
+
+    def run(machine_values, wanted):
+        return run_emulating(
+            prepared.folded,
+            prepared.pristine,
+            prepared.weights,
+            prepared.compilation.cast_plan,
+            feeds,
+            machine_values,
+            wanted,
+        )
+
+    return run
+
+
 def check_program(
     module,
     feeds: dict[str, np.ndarray],
@@ -310,7 +318,7 @@ def check_program(
     evidence = Evidence(
         actual,
         reader.values,
-        {t: function.memory_locations[reader.location(t)].dtype for t in reader.values},
+        reader.stored(),
         oracle.run_onnxruntime(model, feeds, graph.outputs),
         "onnxruntime fp32",
     )

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from onnx2bir.bir.enums import Dtype, MemoryType, Opcode
+from onnx2bir.bir.ir import node_of_origin
 from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
@@ -42,7 +43,7 @@ from .compare import ERROR_KEYS, compare_output, tensor_record
 from .emulating_oracle import run_emulating
 from .machine import Machine
 from .prepared import ObserverFactory, Prepared, conv_findings, lowering_of
-from .tolerance import TolerancePolicy, node_of_origin
+from .tolerance import TolerancePolicy
 from .verdict import bound_for, check_narrow, taints
 
 DEFAULT_BUDGET_BYTES = 256 << 20

@@ -62,6 +62,12 @@ class ProbeReader:
     def location(self, tensor: str) -> str:
         return self.probes[tensor].location
 
+    def stored(self) -> dict:
+        """The dtype each read tensor's location holds (narrower than fp32 when the program
+        stores it cast)."""
+        locations = self.function.memory_locations
+        return {t: locations[self.probes[t].location].dtype for t in self.values}
+
     def before(self) -> dict:
         """`interpreter.execute`'s `before` argument."""
         return {ins: self._read for ins in self.hooks}

@@ -126,6 +126,18 @@ class Origin:
     rule: str
 
 
+def node_of_origin(origin: str, nodes: set[str]) -> str | None:
+    """The graph node an instruction origin or a location name belongs to: itself, or the node
+    a helper ("conv/output_transpose", "loop/body_tensor") was made for."""
+    name = origin
+    while name not in nodes:
+        head, sep, _ = name.rpartition("/")
+        if not sep:
+            return None
+        name = head
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class Dependency:
     """An edge from `source` to the instruction that lists it (docs/dependencies.md#edge-semantics).

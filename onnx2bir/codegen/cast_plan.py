@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
-from onnx2bir.bir.ir import Module
+from onnx2bir.bir.ir import Module, node_of_origin
 from onnx2bir.graph import Graph
 
 # Inputs of an op that the lowerings load into PE operand tiles (docs/autocast.md).
@@ -275,18 +275,6 @@ def _narrow_pe_nodes(module: Module, nodes: set[str]) -> dict[str, str]:
         if node is not None:
             found.setdefault(node, str(narrowest))
     return found
-
-
-def node_of_origin(origin: str, nodes: set[str]) -> str | None:
-    """The graph node an instruction origin or a location name belongs to: itself, or the
-    node a helper ("conv/output_transpose", "loop/body_tensor") was made for."""
-    name = origin
-    while name not in nodes:
-        head, sep, _ = name.rpartition("/")
-        if not sep:
-            return None
-        name = head
-    return name
 
 
 def _kernel_hosts(records: Iterable, compiled: Graph) -> dict[str, str]:

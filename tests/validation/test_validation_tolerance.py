@@ -15,14 +15,16 @@ from validation_helpers import F32, SMALL_CNN, model, run, run_json
 from onnx2bir.compiler import import_graph
 from onnx2bir.runtime import interpreter
 from onnx2bir.runtime.compare import compare_output
+from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.runtime.tolerance import (
     FP32_ATOL,
     FP32_RTOL,
     Partial,
+    Tolerance,
     TolerancePolicy,
     low_precision_tolerance,
-    tensor_paths,
 )
+from onnx2bir.runtime.verdict import bound_for, taints
 
 OFFSET = 0.01
 
@@ -236,7 +238,9 @@ def test_bf16_bound_passes_storage_rounding_and_fails_bf16_accumulation():
     assert not compare_output("y", accumulated, reference, tol.atol, tol.rtol).passed
 
 
-def test_paths_follow_low_precision_downstream_and_integers_are_exact():
+def test_a_models_own_fp16_taints_downstream_and_integers_are_exact():
+    """onnxruntime computes a model's own fp16 ops its own way: those tensors and what they
+    feed get the statistical bound; an fp32 branch that never meets them keeps the fp32 one."""
     nodes = [
         helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
         helper.make_node("Relu", ["h"], ["r"]),
@@ -249,13 +253,18 @@ def test_paths_follow_low_precision_downstream_and_integers_are_exact():
         {"x": (F32, [2, 5])},
         {"y": (F32, [2, 5]), "i": (TensorProto.INT64, [2, 1]), "z": (F32, [2, 5])},
     )
-    paths = tensor_paths(import_graph(proto))
-    assert paths["h"] == paths["r"] == "fp16"
-    assert paths["y"] == "fp16"  # fp32 storage, but fp16 error upstream
-    assert paths["i"] == "exact" and paths["z"] == "fp32"
+    graph = import_graph(proto)
+    found = taints(graph, CastPlan(), set())
+    assert found["h"].path == found["r"].path == "fp16"
+    assert found["y"].path == "fp16"  # fp32 storage, but fp16 error upstream
+    assert "i" not in found and "z" not in found
     policy = TolerancePolicy()
-    assert policy.for_tensor("i", "ArgMax", "exact").atol == 0.0
-    assert policy.for_tensor("y", "Cast", "fp16", np.ones(4)).rtol == 1e-3
+    assert bound_for(policy, graph, "i", np.zeros((2, 1)), None)[1] == "exact"
+    tol, kind = bound_for(policy, graph, "y", np.ones((2, 5)), found["y"])
+    assert kind == "statistical" and tol.rtol == 1e-3
+    assert bound_for(policy, graph, "z", np.ones((2, 5)), None)[0] == (
+        Tolerance(FP32_ATOL, FP32_RTOL, "fp32 path default")
+    )
 
 
 def test_policy_layers_resolve_atol_and_rtol_independently():

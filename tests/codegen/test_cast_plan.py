@@ -1,0 +1,122 @@
+"""The cast plan: read off the compiled program, for each kind of rounding it makes; and the
+plan a saved program carries in its metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from conftest import make_model
+from onnx import helper
+
+from onnx2bir.bir.json_io import read_module, write_module
+from onnx2bir.codegen.cast_plan import CastPlan
+from onnx2bir.compiler import compile_model
+from onnx2bir.options import CompileOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "models"
+
+
+def _pairs(plan: CastPlan) -> set[tuple[str, str, str]]:
+    return {(p.node, p.input, p.kind) for p in plan.points}
+
+
+def _gemm_conv_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    return make_model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Flatten", ["c"], ["f"], name="flat"),
+            helper.make_node("Gemm", ["f", "g", "gb"], ["y"], name="fc", transB=1),
+        ],
+        {"x": (1, 4, 6, 6)},
+        {"y": None},
+        initializers={
+            "w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+            "b": rng.standard_normal(8).astype(np.float32),
+            "g": rng.standard_normal((5, 288)).astype(np.float32),
+            "gb": rng.standard_normal(5).astype(np.float32),
+        },
+    )
+
+
+def test_matmult_rounds_the_pe_operands_not_the_biases():
+    plan = compile_model(_gemm_conv_model()).cast_plan
+    assert _pairs(plan) == {
+        ("conv", "x", "operand"),
+        ("conv", "w", "operand"),
+        ("fc", "f", "operand"),
+        ("fc", "g", "operand"),
+    }
+    assert {p.dtype for p in plan.points} == {"bfloat16"}
+    assert all(p.exact for p in plan.points) and not plan.unemulated
+    assert set(plan.probes) == {"f"}  # x is an input, w and g weights: the oracle has them
+
+
+def test_auto_cast_none_rounds_nothing():
+    plan = compile_model(_gemm_conv_model(), CompileOptions(auto_cast="none")).cast_plan
+    assert plan.points == () and not plan.probes and not plan.unemulated
+
+
+def test_the_cast_type_is_the_plans_dtype():
+    plan = compile_model(_gemm_conv_model(), CompileOptions(auto_cast_type="fp8_e4m3")).cast_plan
+    assert {p.dtype for p in plan.points} == {"float8_e4m3"}
+
+
+def test_a_depthwise_conv_on_vector_e_is_not_rounded():
+    rng = np.random.default_rng(0)
+    model = make_model(
+        helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=8, pads=[1, 1, 1, 1]),
+        {"x": (1, 8, 10, 10)},
+        {"y": None},
+        initializers={"w": rng.standard_normal((8, 1, 3, 3)).astype(np.float32)},
+    )
+    compilation = compile_model(model)
+    (finding,) = compilation.passes.result_of("TransformConvOp").findings
+    assert "depthwise" in finding["kernel"]
+    assert compilation.cast_plan.points == ()
+
+
+def test_auto_cast_all_rounds_every_stored_intermediate_for_every_reader():
+    plan = compile_model(_gemm_conv_model(), CompileOptions(auto_cast="all")).cast_plan
+    assert ("flat", "c", "storage") in _pairs(plan)  # the conv's output, stored in bf16
+    assert {"c", "f"} <= set(plan.probes)
+
+
+def test_a_raised_mlp_rounds_its_hidden_inside_and_its_output_is_a_boundary():
+    compilation = compile_model(MODELS / "bert.onnx")
+    plan = compilation.cast_plan
+    (raised, _) = [f for f in compilation.passes.result_of("LowerToNKIKernelCC").findings]
+    boundary = next(b for b in plan.boundaries.values() if b.node in raised.nodes)
+    assert (boundary.node, boundary.operand, "operand") in _pairs(plan)  # the hidden, rounded
+    assert boundary.operand not in plan.probes  # never stored
+    assert boundary.position == 0 and boundary.operand.startswith("gelu")
+    assert boundary.tensor in plan.probes  # the kernel's output is read from the machine
+    kernel = compilation.graph.node(boundary.node)  # the CustomCall keeps the down MatMul's name
+    assert kernel["op_type"] == "CustomCall" and boundary.tensor in kernel["outputs"]
+
+
+def test_the_raised_attention_kernel_is_only_approximately_emulated():
+    options = CompileOptions(
+        enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True
+    )
+    plan = compile_model(MODELS / "long_attention.onnx", options).cast_plan
+    inexact = [p for p in plan.points if not p.exact]
+    assert inexact and all("online softmax" in p.reason for p in inexact)
+
+
+def test_a_loop_that_stores_its_values_narrow_is_unemulated():
+    plan = compile_model(MODELS / "loop_cumsum.onnx", CompileOptions(auto_cast="all")).cast_plan
+    ((node, reason),) = plan.unemulated.items()
+    assert "Loop" in reason and "bfloat16" in reason
+
+
+def test_a_saved_program_carries_its_plan_and_options(tmp_path):
+    compilation = compile_model(MODELS / "resnet18.onnx")
+    write_module(compilation.module, tmp_path, "resnet18")
+    module = read_module(tmp_path / "resnet18.bir.json")
+    assert CastPlan.from_json(module.metadata["cast_plan"]) == compilation.cast_plan
+    assert module.metadata["compile_options"]["auto_cast_type"] == "bf16"
+    assert module.metadata["input_shapes"] == {"input": [1, 3, 64, 64]}

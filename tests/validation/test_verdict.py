@@ -1,0 +1,201 @@
+"""The verdict against the emulating oracle: the checks of a narrow-stored intermediate, the
+unverifiable rule, drift and its gate, outputs the user supplies, checkpoints that fail, and
+`--localize` under the autocast (docs/validation.md#verdict)."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+from validation_helpers import SMALL_CNN, corrupt_node, run, run_json
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.errors import UserError
+from onnx2bir.runtime.tolerance import Tolerance
+from onnx2bir.runtime.verdict import (
+    check_narrow,
+    drift,
+    drift_failures,
+    parse_max_drift,
+    unverifiable_reason,
+)
+
+RESNET18 = SMALL_CNN.parent / "resnet18.onnx"
+FP32 = Tolerance(1e-4, 1e-3)
+
+
+def _bf16(values) -> np.ndarray:
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+# --- a narrow-stored intermediate -------------------------------------------------------------
+def test_a_rounding_flipped_at_a_half_way_point_passes():
+    """The oracle's value sits a hair below the half-way point between two bf16 values; the
+    machine rounded up. Some value within the fp32 bound rounds there: it passes."""
+    half_way = np.float32(1.0 + 2**-8)
+    oracle = np.array([np.nextafter(half_way, np.float32(0))], np.float32)
+    machine = _bf16([1.0 + 2**-7])
+    assert _bf16(oracle)[0] == 1.0  # the oracle's own rounding went down
+    assert check_narrow("t", machine, Dtype.BF16, oracle, FP32).passed
+
+
+def test_a_value_no_rounding_of_the_bound_reaches_fails():
+    oracle = np.array([1.0 + 2**-10], np.float32)  # far from any half-way point
+    assert check_narrow("t", _bf16([1.0]), Dtype.BF16, oracle, FP32).passed
+    assert not check_narrow("t", _bf16([1.0 + 2**-7]), Dtype.BF16, oracle, FP32).passed
+    assert not check_narrow("t", _bf16([0.0]), Dtype.BF16, oracle, FP32).passed
+
+
+# --- bounds that cannot fail ------------------------------------------------------------------
+def test_a_bound_that_accepts_zeros_is_unverifiable():
+    reference = np.array([0.5, -0.5, 0.25])
+    assert unverifiable_reason(Tolerance(1e-4, 1e-3), reference) is None
+    assert "rtol" in unverifiable_reason(Tolerance(1e-4, 1.0), reference)
+    assert "zeros" in unverifiable_reason(Tolerance(0.5, 1e-3), reference)
+    # A reference of zeros is matched by zeros: that bound says the truth.
+    assert unverifiable_reason(Tolerance(1e-4, 1e-3), np.zeros(3)) is None
+
+
+@pytest.mark.parametrize("flags", [["--rtol", "1"], ["--atol", "10"]])
+def test_an_unverifiable_output_fails_validation(capsys, flags):
+    code, out, _ = run(["validate", SMALL_CNN, *flags], capsys)
+    assert code == 1 and "UNVERIFIABLE" in out and "cannot tell a right answer from zeros" in out
+
+
+# --- drift ------------------------------------------------------------------------------------
+def test_drift_compares_with_fp32_and_with_the_emulations_own_distance():
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal(1000)
+    emulated = reference + rng.standard_normal(1000) * 1e-3
+    record = drift(emulated, reference, emulated, "onnxruntime fp32")
+    assert record["r"] == pytest.approx(1.0)
+    twice = drift(reference + 2 * (emulated - reference), reference, emulated, "x")
+    assert twice["r"] == pytest.approx(2.0)
+    assert twice["snr_db"] == pytest.approx(record["snr_db"] - 20 * np.log10(2), abs=1e-9)
+    assert drift(reference, reference, reference, "x")["r"] is None  # nothing was rounded
+    assert drift(np.arange(3), np.arange(3), None, "x") is None  # integers drift not
+
+
+def test_max_drift_parses_and_judges():
+    limits = parse_max_drift(["cosine=0.999,snr=30", "r=1.2"])
+    assert limits == {"cosine": 0.999, "snr": 30.0, "r": 1.2}
+    good = {"cosine": 0.9999, "snr_db": 40.0, "r": 1.0}
+    assert drift_failures(good, limits) == []
+    bad = {"cosine": 0.99, "snr_db": 20.0, "r": 1.5}
+    assert len(drift_failures(bad, limits)) == 3
+    assert drift_failures({**good, "r": None}, limits) == []  # no R: nothing to break
+    for text in ("cos=1", "cosine=2", "r=0", "snr=abc", "cosine"):
+        with pytest.raises(UserError):
+            parse_max_drift(text)
+
+
+def test_the_json_carries_drift_and_the_default_is_within_the_fp32_bound(capsys):
+    code, doc = run_json(["validate", RESNET18], capsys)
+    (logits,) = doc["outputs"]
+    assert code == 0 and logits["bound"] == "fp32"
+    assert (logits["atol"], logits["rtol"]) == (1e-4, 1e-3)
+    assert set(logits["drift"]) >= {"cosine", "snr_db", "max_abs_err", "r"}
+    assert 0.99 < logits["drift"]["r"] < 1.2 and logits["drift"]["max_abs_err"] > 1e-3
+    code, doc = run_json(["validate", RESNET18, "--auto-cast", "none"], capsys)
+    assert code == 0 and doc["outputs"][0]["drift"]["r"] is None  # nothing rounded
+
+
+def test_max_drift_turns_drift_into_a_gate(capsys):
+    code, out, _ = run(["validate", SMALL_CNN, "--max-drift", "cosine=0.99"], capsys)
+    assert code == 0
+    code, out, _ = run(["validate", SMALL_CNN, "--max-drift", "snr=200"], capsys)
+    assert code == 1 and "FAIL --max-drift: SNR" in out
+    code, _, err = run(["validate", SMALL_CNN, "--max-drift", "bogus=1"], capsys)
+    assert code == 2 and "--max-drift" in err
+
+
+# --- outputs the user supplies ------------------------------------------------------------------
+def test_drift_against_supplied_outputs(tmp_path, capsys):
+    inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
+    code, doc = run_json(
+        ["validate", SMALL_CNN, "--save-inputs", inputs, "--save-outputs", outputs], capsys
+    )
+    assert code == 0
+    # The machine's own outputs as the reference: no drift at all, and the verdict unchanged.
+    code, doc = run_json(
+        ["validate", SMALL_CNN, "--inputs", inputs, "--reference", outputs], capsys
+    )
+    record = doc["outputs"][0]["drift"]
+    assert code == 0 and record["max_abs_err"] == 0.0 and record["against"].endswith("out.npz")
+    # Scaled by 1.05: the drift shows it, and --max-drift can fail on it.
+    logits = np.load(outputs)["logits"]
+    np.savez(outputs, logits=logits * 1.05)
+    code, doc = run_json(
+        ["validate", SMALL_CNN, "--inputs", inputs, "--reference", outputs,
+         "--max-drift", "snr=30"],
+        capsys,
+    )  # fmt: skip
+    assert code == 1 and doc["outputs"][0]["drift_failures"]
+
+
+def test_a_reference_folder_brings_its_inputs(tmp_path, capsys):
+    folder = tmp_path / "test_data_set_0"
+    run_json(["validate", SMALL_CNN, "--save-inputs", folder], capsys)
+    code, doc = run_json(["validate", SMALL_CNN, "--save-outputs", tmp_path / "o.npz"], capsys)
+    logits = np.load(tmp_path / "o.npz")["logits"]
+    from onnx import numpy_helper
+
+    (folder / "output_0.pb").write_bytes(
+        numpy_helper.from_array(logits, "logits").SerializeToString()
+    )
+    code, doc = run_json(["validate", SMALL_CNN, "--reference", folder], capsys)
+    assert code == 0 and doc["outputs"][0]["drift"]["max_abs_err"] == 0.0
+    assert doc["inputs"][0]["source"].startswith("from ")
+
+
+def test_a_reference_of_the_wrong_shape_is_bad_input(tmp_path, capsys):
+    np.savez(tmp_path / "ref.npz", logits=np.zeros((2, 3), np.float32))
+    np.savez(tmp_path / "in.npz", input=np.zeros((1, 3, 32, 32), np.float32))
+    code, _, err = run(
+        ["validate", SMALL_CNN, "--inputs", tmp_path / "in.npz", "--reference",
+         tmp_path / "ref.npz"],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and "shape" in err
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+def test_a_wrong_intermediate_fails_its_checkpoint_and_the_outputs_it_feeds(capsys, monkeypatch):
+    """node_relu_2's result feeds a convolution, which rounds it: the probe there catches the
+    error, and the logits computed from it fail too, naming it."""
+    corrupt_node(monkeypatch, "node_relu_2", amount=0.01)
+    code, doc = run_json(["validate", SMALL_CNN, "--no-memory-plan"], capsys)
+    failing = [c for c in doc["checkpoints"] if not c["passed"]]
+    assert code == 1 and [c["name"] for c in failing] == ["relu_2"]
+    assert doc["outputs"][0]["failed_upstream"] == ["relu_2"] and not doc["outputs"][0]["passed"]
+
+
+def test_every_checkpoint_passes_on_a_right_program(capsys):
+    code, doc = run_json(["validate", RESNET18, "--auto-cast", "all"], capsys)
+    assert code == 0 and doc["checkpoints"] and all(c["passed"] for c in doc["checkpoints"])
+    assert all(c["resynchronised"] for c in doc["checkpoints"])
+    narrow = [c for c in doc["checkpoints"] if c["stored"] == "bfloat16"]
+    assert narrow  # under `all` the intermediates are stored in bf16 and checked as such
+
+
+def test_localize_under_the_autocast_flags_nothing_on_a_right_program(capsys):
+    code, doc = run_json(["validate", RESNET18, "--localize"], capsys)
+    loc = doc["localize"]
+    assert code == 0 and loc["first_failing"] is None
+    bounds = {t.get("bound") for n in loc["nodes"] for t in n["tensors"]}
+    assert bounds == {"fp32"}
+
+
+def test_localize_under_the_autocast_names_the_corrupted_node(capsys, monkeypatch):
+    corrupt_node(monkeypatch, "node_conv2d_3", amount=0.01)
+    code, doc = run_json(["validate", SMALL_CNN, "--localize"], capsys)
+    assert code == 1 and doc["localize"]["first_failing"]["node"] == "node_conv2d_3"
+
+
+def test_validate_json_names_the_casts(capsys):
+    code, doc = run_json(["validate", SMALL_CNN], capsys)
+    assert doc["casts"] and {"node", "input", "dtype"} <= set(doc["casts"][0])
+    assert doc["emulation"]["resynchronised"] == doc["emulation"]["probes_read"] > 0
+    json.dumps(doc)
