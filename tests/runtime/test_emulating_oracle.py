@@ -62,10 +62,31 @@ def _values() -> np.ndarray:
             )
         )
     edges = np.array(
-        [0.0, np.inf, np.nan, 448, 449, 464, 465, 480, 1e30, 65504, 65519, 65520, 3.4e38,
-         1e-40, 1e-45, 2**-126, 2**-127, 2**-133, 3 * 2**-134, 2**-9, 2**-10],
+        [
+            0.0,
+            np.inf,
+            np.nan,
+            448,
+            449,
+            464,
+            465,
+            480,
+            1e30,
+            65504,
+            65519,
+            65520,
+            3.4e38,
+            1e-40,
+            1e-45,
+            2**-126,
+            2**-127,
+            2**-133,
+            3 * 2**-134,
+            2**-9,
+            2**-10,
+        ],
         np.float32,
-    )  # fmt: skip
+    )
     normal = rng.standard_normal(50_000).astype(np.float32)
     return np.concatenate([bits.view(np.float32), edges, -edges, *ties, normal])
 
@@ -182,8 +203,13 @@ def test_a_kernel_boundarys_allowance_covers_flips_near_half_way_points_only():
     half_way = 1.0 + 2**-8  # between the bf16 values 1 and 1 + 2^-7
     x = np.array([[1.25, 1.5, 0.75, 1.0], [half_way, 1.5, 0.75, 1.0]], np.float32)
     got = run_emulating(
-        proto, graph, {}, plan, {"x": x}, {"y": np.zeros((2, 2), np.float32)},
+        proto,
+        graph,
+        {},
+        plan,
+        {"x": x},
+        {"y": np.zeros((2, 2), np.float32)},
         outputs=["y" + ALLOWANCE_SUFFIX],
-    )["y" + ALLOWANCE_SUFFIX]  # fmt: skip
+    )["y" + ALLOWANCE_SUFFIX]
     np.testing.assert_array_equal(got[0], [0.0, 0.0])
     np.testing.assert_allclose(got[1], 2**-7 * np.abs(w2[0]), rtol=0)

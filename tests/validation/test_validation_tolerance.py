@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 from validation_helpers import F32, SMALL_CNN, model, run, run_json
 
+from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.compiler import import_graph
 from onnx2bir.runtime import interpreter
 from onnx2bir.runtime.compare import compare_output
-from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.runtime.tolerance import (
     FP32_ATOL,
     FP32_RTOL,

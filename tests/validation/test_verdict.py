@@ -128,10 +128,18 @@ def test_drift_against_supplied_outputs(tmp_path, capsys):
     logits = np.load(outputs)["logits"]
     np.savez(outputs, logits=logits * 1.05)
     code, doc = run_json(
-        ["validate", SMALL_CNN, "--inputs", inputs, "--reference", outputs,
-         "--max-drift", "snr=30"],
+        [
+            "validate",
+            SMALL_CNN,
+            "--inputs",
+            inputs,
+            "--reference",
+            outputs,
+            "--max-drift",
+            "snr=30",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     assert code == 1 and doc["outputs"][0]["drift_failures"]
 
 
@@ -154,10 +162,16 @@ def test_a_reference_of_the_wrong_shape_is_bad_input(tmp_path, capsys):
     np.savez(tmp_path / "ref.npz", logits=np.zeros((2, 3), np.float32))
     np.savez(tmp_path / "in.npz", input=np.zeros((1, 3, 32, 32), np.float32))
     code, _, err = run(
-        ["validate", SMALL_CNN, "--inputs", tmp_path / "in.npz", "--reference",
-         tmp_path / "ref.npz"],
+        [
+            "validate",
+            SMALL_CNN,
+            "--inputs",
+            tmp_path / "in.npz",
+            "--reference",
+            tmp_path / "ref.npz",
+        ],
         capsys,
-    )  # fmt: skip
+    )
     assert code == 2 and "shape" in err
 
 

@@ -157,8 +157,12 @@ def scale_constant(folder: Path, pick, factor: float) -> str:
     sidecar = folder / doc["constants"]["file"]
     blob = bytearray(sidecar.read_bytes())
     entry = pick(doc["constants"]["entries"])
-    dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16,
-             "float16": np.float16, "float8_e4m3": ml_dtypes.float8_e4m3fn}[entry["dtype"]]  # fmt: skip
+    dtype = {
+        "float32": np.float32,
+        "bfloat16": ml_dtypes.bfloat16,
+        "float16": np.float16,
+        "float8_e4m3": ml_dtypes.float8_e4m3fn,
+    }[entry["dtype"]]
     start, stop = entry["offset"], entry["offset"] + entry["nbytes"]
     values = np.frombuffer(bytes(blob[start:stop]), dtype).astype(np.float32) * factor
     data = values.astype(dtype).tobytes()
@@ -213,14 +217,31 @@ def check_scaled_weight(name: str, cast_type: str, tmp_path: Path, capsys) -> No
     if not chosen:  # no weight the answer depends on: scaling one must change nothing
         scale_constant(mutated, lambda es: max(es, key=lambda e: (e["nbytes"], e["loc"])), 1.05)
         capsys.readouterr()
-        code = main(["run", str(next(mutated.glob("*.bir.json"))), "--inputs", str(inputs),
-                     "--model", str(model)])  # fmt: skip
+        code = main(
+            [
+                "run",
+                str(next(mutated.glob("*.bir.json"))),
+                "--inputs",
+                str(inputs),
+                "--model",
+                str(model),
+            ]
+        )
         assert code == 0, f"{name}: a scaling that changes no answer fails"
         return
     scaled = scale_constant(mutated, lambda es: next(e for e in es if e == chosen[0]), 1.05)
     capsys.readouterr()
-    code = main(["run", str(next(mutated.glob("*.bir.json"))), "--inputs", str(inputs),
-                 "--model", str(model), "--json"])  # fmt: skip
+    code = main(
+        [
+            "run",
+            str(next(mutated.glob("*.bir.json"))),
+            "--inputs",
+            str(inputs),
+            "--model",
+            str(model),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 1, f"{name}: {scaled} scaled by 1.05 passes"
     failing = [o["name"] for o in doc["outputs"] if not o["passed"]]
