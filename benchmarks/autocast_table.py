@@ -9,10 +9,12 @@ Usage:
 
 Each model is validated (seed 0, the validator's random inputs) under six settings: none (fp32),
 matmult with bf16 (the default), fp16, tf32 and fp8_e4m3, and all with bf16. Per model and
-setting the table gives the output's max abs error against onnxruntime, cosine similarity, SNR
-in dB and the verdict with the derived tolerance (the first output when a model has several;
-`--json` keeps them all). `--write FILE` replaces the part of FILE between the
-`<!-- autocast-table:start -->` and `<!-- autocast-table:end -->` markers.
+setting the table gives the drift of the output from plain fp32 onnxruntime — max abs error,
+cosine similarity, SNR in dB, R (the machine's distance from fp32 over the emulation's) — and
+the verdict against the emulating oracle with its bound and the machine's largest error from
+it (the first output when a model has several; `--json` keeps them all); above it, the median
+and worst R and cosine per setting over the models. `--write FILE` replaces the part of FILE
+between the `<!-- autocast-table:start -->` and `<!-- autocast-table:end -->` markers.
 """
 
 from __future__ import annotations
@@ -69,13 +71,15 @@ def _measure(name: str, queue) -> None:
             doc, _, _ = run_validate(str(_resolve(name)), options, TolerancePolicy())
             row["passed"] = doc["passed"]
             row["outputs"] = [
-                {
-                    key: entry[key]
-                    for key in ("name", "max_abs_err", "cosine", "snr_db", "atol", "rtol", "path")
+                {key: entry[key] for key in ("name", "max_abs_err", "atol", "rtol", "bound")}
+                | {
+                    "passed": entry["passed"],
+                    "source": entry["tolerance_source"],
+                    "drift": entry["drift"],
                 }
-                | {"passed": entry["passed"], "source": entry["tolerance_source"]}
                 for entry in doc["outputs"]
             ]
+            row["checkpoints"] = len(doc["checkpoints"])
         except (UserError, MachineError) as exc:
             row["error"] = str(exc)
         rows.append(row)
@@ -113,20 +117,51 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | setting | max abs err | cosine | SNR dB | verdict (derived bound) |",
-        "|---|---|---|---|---|---|",
+        "| model | setting | drift: max abs err | cosine | SNR dB | R "
+        "| verdict (bound; max error from the oracle) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         model = Path(row["model"]).stem if not row["model"].startswith("light:") else row["model"]
         if "error" in row:
-            lines.append(f"| {model} | {row['setting']} | - | - | - | error: {row['error']} |")
+            lines.append(f"| {model} | {row['setting']} | - | - | - | - | error: {row['error']} |")
             continue
         out = row["outputs"][0]
+        drift = out.get("drift") or {}
         verdict = "pass" if out["passed"] else "FAIL"
         lines.append(
-            f"| {model} | {row['setting']} | {_fmt(out['max_abs_err'], '.2e')} | "
-            f"{_fmt(out['cosine'], '.6f')} | {_fmt(out['snr_db'], '.1f')} | {verdict} "
-            f"(atol {_fmt(out['atol'], '.2e')}, rtol {_fmt(out['rtol'], '.2g')}) |"
+            f"| {model} | {row['setting']} | {_fmt(drift.get('max_abs_err'), '.2e')} | "
+            f"{_fmt(drift.get('cosine'), '.6f')} | {_fmt(drift.get('snr_db'), '.1f')} | "
+            f"{_fmt(drift.get('r'), '.3f')} | {verdict} ({out['bound']} atol "
+            f"{_fmt(out['atol'], '.0e')}, rtol {_fmt(out['rtol'], '.0e')}; "
+            f"{_fmt(out['max_abs_err'], '.1e')}) |"
+        )
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    """Median and worst R and cosine per setting, over the models that ran."""
+    import statistics
+
+    lines = [
+        "| setting | models | median R | worst R | median cosine | worst cosine | pass |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for setting in [_label(*s) for s in SETTINGS]:
+        ran = [r for r in rows if r["setting"] == setting and "outputs" in r]
+        drifts = [r["outputs"][0].get("drift") or {} for r in ran]
+        ratios = [d["r"] for d in drifts if d.get("r") is not None]
+        cosines = [d["cosine"] for d in drifts if d.get("cosine") is not None]
+        passed = sum(1 for r in ran if r["passed"])
+        lines.append(
+            f"| {setting} | {len(ran)} | "
+            + (f"{statistics.median(ratios):.3f} | {max(ratios):.3f} | " if ratios else "- | - | ")
+            + (
+                f"{statistics.median(cosines):.6f} | {min(cosines):.6f} | "
+                if cosines
+                else "- | - | "
+            )
+            + f"{passed}/{len(ran)} |"
         )
     return "\n".join(lines)
 
@@ -155,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_json:
         rows = [row for path in args.from_json for row in json.loads(Path(path).read_text())]
-        table = markdown(rows)
+        table = summary(rows) + "\n\n" + markdown(rows)
         if args.write:
             write_section(Path(args.write), table)
         print(table)
@@ -167,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"{name} ...", file=sys.stderr, flush=True)
         rows += measure(name)
-    table = markdown(rows)
+    table = summary(rows) + "\n\n" + markdown(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.write:

@@ -44,9 +44,9 @@ class ValidationResult:
         return json_safe(self.document)
 
     def text(self, stats: bool = False) -> str:
-        from onnx2bir import validation_report
+        from onnx2bir import validation_text
 
-        return validation_report.format_text(self.document, stats=stats)
+        return validation_text.format_text(self.document, stats=stats)
 
     def html(self, path: str | os.PathLike) -> Path:
         """Write the report page with this run's errors (`validate --html`)."""

@@ -201,7 +201,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_against_model(args: argparse.Namespace, module, feeds: dict[str, np.ndarray]) -> int:
     from onnx2bir.importer import read_model
-    from onnx2bir.validation_report import check_program, format_text, save_outputs
+    from onnx2bir.validation_report import check_program, save_outputs
+    from onnx2bir.validation_text import format_text
 
     read_model(args.model)  # a missing or unreadable model is bad input, said before the run
     doc, outputs = check_program(
