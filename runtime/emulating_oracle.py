@@ -13,7 +13,9 @@ A cast point (node N reads tensor T rounded to dtype d) becomes
 where round_d is onnxruntime's own Cast to the narrow type and back for bfloat16 (opset 13
 and later) and float16 — it rounds to nearest, ties to even, as the machine does — and an
 exact arithmetic rounding otherwise (`rounding_nodes`): float8 e4m3 (which Cast reaches only
-from opset 19, without the device's saturation) and tfloat32 (which has no ONNX type).
+from opset 19, without the device's saturation), tfloat32 (which has no ONNX type), and
+bfloat16 before opset 13. Roundings need opset 9 (Where, IsNaN); a model older than that cannot
+be emulated (`MIN_OPSET`).
 
 Resynchronisation. The machine and onnxruntime sum in different orders, so a value the
 machine rounds can sit a few fp32 ULPs from onnxruntime's and round the other way; such a
@@ -37,6 +39,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.codegen.cast_plan import CastPlan, CastPoint
+from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 
 from .oracle import run_onnxruntime
@@ -44,6 +47,7 @@ from .oracle import run_onnxruntime
 MACHINE_SUFFIX = "::machine"  # the graph input that carries the machine's value of a tensor
 ALLOWANCE_SUFFIX = "::flip_allowance"  # a kernel boundary's allowance (`flip_allowance_nodes`)
 CAST_OPSET_BF16 = 13  # Cast to and from bfloat16 exists from opset 13
+MIN_OPSET = 9  # Where and IsNaN, which the arithmetic rounding needs
 
 
 class Format:
@@ -117,12 +121,36 @@ class _Builder:
         guess = self.op("Floor", self.op("Mul", self.op("Log", magnitude), self.const(1 / LN2)))
         below = self.op("Less", magnitude, self.op("Pow", two, guess))
         guess = self.op("Sub", guess, self.op("Cast", below, to=TensorProto.FLOAT))
-        # |x| >= 2^(e+1), spelled Not(Less) to stay within opset 11 (NaN is handled by callers).
+        # |x| >= 2^(e+1), spelled Not(Less) (NaN is handled by the callers).
         reach = self.op("Pow", two, self.op("Add", guess, one))
         above = self.op("Not", self.op("Less", magnitude, reach))
         exponent = self.op("Add", guess, self.op("Cast", above, to=TensorProto.FLOAT))
         exponent = self.op("Max", exponent, self.const(float(fmt.min_exponent)))
         return self.op("Pow", two, self.op("Sub", exponent, self.const(float(fmt.precision - 1))))
+
+    def round_half_even(self, y: str) -> str:
+        """y rounded to the nearest integer, ties to even, without the Round op (opset 11):
+        f = Floor(y), d = y − f (exact: |y| < 2^24 here); up when d > 1/2, or d = 1/2 and f
+        is odd (f − 2·Floor(f/2) = 1)."""
+        half = self.const(0.5)
+        floor = self.op("Floor", y)
+        fraction = self.op("Sub", y, floor)
+        over = self.op("Greater", fraction, half)
+        tie = self.op(
+            "And",
+            self.op("Not", self.op("Less", fraction, half)),
+            self.op("Not", over),
+        )
+        halved = self.op("Floor", self.op("Mul", floor, half))
+        parity = self.op("Sub", floor, self.op("Add", halved, halved))
+        odd = self.op("Greater", parity, half)
+        up = self.op("Or", over, self.op("And", tie, odd))
+        return self.op("Add", floor, self.op("Cast", up, to=TensorProto.FLOAT))
+
+    def is_special(self, x: str) -> str:
+        """NaN or ±inf, without IsInf (opset 10): |x| > the largest finite float32."""
+        largest = self.const(float(np.finfo(np.float32).max))
+        return self.op("Or", self.op("IsNaN", x), self.op("Greater", self.op("Abs", x), largest))
 
 
 LN2 = math.log(2.0)
@@ -135,15 +163,22 @@ def arithmetic_rounding(
     arithmetic that is exact at every step:
 
         q = the format's spacing at x (`_Builder.quantum`, a power of two: x/q, r·q exact)
-        r = Round(x / q) · q               (ONNX Round rounds half to even)
+        r = sign(x) · rint(|x| / q) · q    (half to even, `_Builder.round_half_even`)
 
     then ±inf and NaN pass through and a value past the largest finite one becomes ±inf, or
-    ±max for a saturating format (fp8 e4m3). Valid in opset 11 and later."""
+    ±max for a saturating format (fp8 e4m3). Only ops of opset 9 (Where, IsNaN) and before,
+    whose meaning has not changed since, so it runs in any model from opset 9 on."""
     b = _Builder(prefix)
     quantum = b.quantum(source, fmt)
-    rounded = b.op("Mul", b.op("Round", b.op("Div", source, quantum)), quantum)
-    special = b.op("Or", b.op("IsNaN", source), b.op("IsInf", source))
-    rounded = b.op("Where", special, source, rounded)
+    magnitude = b.op("Abs", source)
+    rounded = b.op("Mul", b.round_half_even(b.op("Div", magnitude, quantum)), quantum)
+    # The sign goes back on last, by a product, so that -0 and a negative value rounding to
+    # zero stay -0 (1/x < 0 holds for every negative x, -0 included; onnxruntime's Where turns
+    # a -0 taken from its first branch into +0, so the sign is not chosen with Where).
+    negative = b.op("Less", b.op("Div", b.const(1.0), source), b.const(0.0))
+    twice = b.op("Mul", b.op("Cast", negative, to=TensorProto.FLOAT), b.const(2.0))
+    rounded = b.op("Mul", rounded, b.op("Sub", b.const(1.0), twice))
+    rounded = b.op("Where", b.is_special(source), source, rounded)
     if fmt.saturates:
         limit = b.const(fmt.max_finite)
         clipped = b.op("Min", b.op("Max", rounded, b.op("Neg", limit)), limit)
@@ -221,6 +256,12 @@ def emulating_model(
         (entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0
     )
     resync = set(resync)
+    if (plan.points or plan.boundaries) and opset < MIN_OPSET:
+        raise UserError(
+            f"the model's opset {opset} predates the ops the emulating oracle rounds with "
+            f"(opset {MIN_OPSET}): validate it with --auto-cast none, or convert it to a newer "
+            "opset"
+        )
     by_node: dict[str, list[CastPoint]] = {}
     for point in plan.points:
         by_node.setdefault(point.node, []).append(point)
