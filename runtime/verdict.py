@@ -394,6 +394,7 @@ def judge(
             entry["passed"] = True  # not judged here: its error reaches a checked tensor
         checkpoints.append(entry)
     reach = _downstream_outputs(graph, [c["name"] for c in checkpoints if not c["passed"]])
+    rounded = _downstream_outputs(graph, _outputs_of(graph, {p.node for p in plan.points}))
     outputs = []
     for name in graph.outputs:
         tol, kind = bound_for(policy, graph, name, oracle[name], final.get(name))
@@ -416,7 +417,7 @@ def judge(
         record = drift(
             evidence.machine[name],
             evidence.reference[name],
-            emulated.get(name),
+            emulated.get(name) if name in rounded else None,  # R only where casts reach
             evidence.reference_kind,
         )
         entry["drift"] = record
@@ -459,6 +460,10 @@ def _downstream_outputs(graph: Graph, tensors: list[str]) -> dict[str, list[str]
             for node, _ in graph.consumers(tensor):
                 stack.extend(t for t in graph.node(node)["outputs"] if t)
     return found
+
+
+def _outputs_of(graph: Graph, nodes: set[str]) -> list[str]:
+    return [t for node in nodes if node in graph.nx for t in graph.node(node)["outputs"] if t]
 
 
 def _record(result: OutputComparison) -> dict:
