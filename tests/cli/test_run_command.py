@@ -128,3 +128,44 @@ def test_report_counts_dependencies_and_convert_writes_carried_edges(tmp_path, c
     jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
     text = (tmp_path / "loop_cumsum.bir.json").read_text()
     assert text.count('"carried_by"') == deps["loop_carried"]
+
+
+# --- run --model: a saved program judged against its model ------------------------------------
+def test_run_model_passes_a_program_against_the_model_it_was_compiled_from(tmp_path, capsys):
+    bir, inputs = _converted(tmp_path, capsys)
+    code, out, err = run(["run", bir, "--inputs", inputs, "--model", SMALL_CNN], capsys)
+    assert code == 0, err
+    assert out.startswith("PASS") and "rounding where the program rounds" in out
+    code, out, _ = run(
+        [
+            "run",
+            bir,
+            "--inputs",
+            inputs,
+            "--model",
+            SMALL_CNN,
+            "--schedule",
+            "random:1",
+            "--check-races",
+            "--json",
+        ],
+        capsys,
+    )
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and doc["races"] == [] and doc["schedule"] == "random:1"
+
+
+def test_run_model_refuses_a_program_without_a_cast_plan(tmp_path, capsys):
+    bir, inputs = _converted(tmp_path, capsys)
+    doc = json.loads(bir.read_text())
+    doc["metadata"].pop("cast_plan")
+    bir.write_text(json.dumps(doc))
+    code, _, err = run(["run", bir, "--inputs", inputs, "--model", SMALL_CNN], capsys)
+    assert code == 2 and "convert the model again" in err
+
+
+def test_run_model_refuses_another_model(tmp_path, capsys):
+    bir, inputs = _converted(tmp_path, capsys)
+    other = ROOT / "models" / "resnet18.onnx"
+    code, _, err = run(["run", bir, "--inputs", inputs, "--model", other], capsys)
+    assert code == 2 and ("do not match" in err or "lacks" in err), err
