@@ -60,8 +60,8 @@ def _measure(name: str, queue) -> None:
     """Validate one model under every setting (in its own process: memory is returned)."""
     from onnx2bir.errors import MachineError, UserError
     from onnx2bir.options import CompileOptions
-    from onnx2bir.runtime.tolerance import TolerancePolicy
-    from onnx2bir.validation_report import run_validate
+    from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
+    from onnx2bir.validation.run import run_validate
 
     rows = []
     for auto_cast, cast_type in SETTINGS:

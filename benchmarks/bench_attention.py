@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from onnx2bir.bir.enums import Engine, MemoryType  # noqa: E402
 from onnx2bir.compiler import compile_model  # noqa: E402
 from onnx2bir.options import CompileOptions  # noqa: E402
-from onnx2bir.runtime import cost  # noqa: E402
+from onnx2bir.runtime.timing import cost  # noqa: E402
 
 RAISE = CompileOptions(
     enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True
@@ -74,8 +74,8 @@ def measure(seq: int, causal: bool, run: bool) -> dict:
         "compile_s": seconds,
     }
     if run:
-        from onnx2bir.runtime.interpreter import run_function
-        from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+        from onnx2bir.runtime.machine.interpreter import run_function
+        from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
         feeds = synthesize_inputs(compilation.graph, 0)
         got = run_function(compilation.module, feeds)

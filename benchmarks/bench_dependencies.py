@@ -29,7 +29,7 @@ import light  # noqa: E402
 from bench_models import timed_dependencies  # noqa: E402
 
 from onnx2bir.compiler import compile_model  # noqa: E402
-from onnx2bir.runtime.oracle import synthesize_inputs  # noqa: E402
+from onnx2bir.runtime.oracle.ort import synthesize_inputs  # noqa: E402
 
 LIGHT = sorted(light.LIGHT_MODELS.values())
 
@@ -89,7 +89,7 @@ def measure(name: str, races: bool = True) -> dict:
     if not races:
         return row
     try:
-        from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+        from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
     except ImportError:
         return row
     feeds = synthesize_inputs(compilation.graph, 0)

@@ -115,9 +115,9 @@ def _measure(name: str, races: bool, queue) -> None:
     from onnx2bir.bir.json_io import write_module
     from onnx2bir.compiler import compile_model
     from onnx2bir.options import CompileOptions
-    from onnx2bir.runtime.interpreter import run_function
-    from onnx2bir.runtime.oracle import synthesize_inputs
-    from onnx2bir.runtime.schedule import Schedule, run_scheduled
+    from onnx2bir.runtime.machine.interpreter import run_function
+    from onnx2bir.runtime.machine.schedule import Schedule, run_scheduled
+    from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
     try:
         path = _resolve(name)
@@ -169,8 +169,8 @@ def _validates(path: Path) -> bool:
     """Whether `onnx2bir validate` passes the model (a run of its own, outside the timings:
     the verdict reads the machine's rounded intermediates, docs/validation.md#verdict)."""
     from onnx2bir.options import CompileOptions
-    from onnx2bir.runtime.tolerance import TolerancePolicy
-    from onnx2bir.validation_report import run_validate
+    from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
+    from onnx2bir.validation.run import run_validate
 
     doc, _, _ = run_validate(str(path), CompileOptions(), TolerancePolicy())
     return bool(doc["passed"])

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.calibration import MODELS, path_of  # noqa: E402
-from onnx2bir import api  # noqa: E402
+from onnx2bir.api import commands as api  # noqa: E402
 from onnx2bir.bir.enums import Dtype, Engine  # noqa: E402
-from onnx2bir.runtime.cost import CostTable, estimate  # noqa: E402
+from onnx2bir.runtime.timing.cost import CostTable, estimate  # noqa: E402
 
 PUBLISHED_MS = {"bert_base": 2.95, "distilbert_base": 1.67, "bert_large": 8.73}
 TABLE = CostTable(pe_dtype=Dtype.BF16)

@@ -67,7 +67,7 @@ def gemm_seconds(k: int, m: int, n: int, dtype=np.float64, repeats: int = 20) ->
 
 def floor_seconds(products: Counter) -> tuple[float, float]:
     """(seconds, GFLOP) of the products as float64 GEMMs on one BLAS thread."""
-    from onnx2bir.runtime.blas import one_blas_thread
+    from onnx2bir.runtime.machine.blas import one_blas_thread
 
     seconds = flops = 0.0
     with one_blas_thread():
@@ -80,7 +80,7 @@ def floor_seconds(products: Counter) -> tuple[float, float]:
 def position_dependence(dtype, trials: int = 400, seed: int = 1) -> int:
     """Of `trials` random tile shapes (K <= 128, M <= 128, N <= 512, fp32 values), how many
     give one output column other bits when computed alone than inside its tile (one thread)."""
-    from onnx2bir.runtime.blas import one_blas_thread
+    from onnx2bir.runtime.machine.blas import one_blas_thread
 
     rng = np.random.default_rng(seed)
     differ = 0

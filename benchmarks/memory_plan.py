@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onnx2bir import api  # noqa: E402
-from onnx2bir.runtime.cost import estimate  # noqa: E402
+from onnx2bir.api import commands as api  # noqa: E402
+from onnx2bir.runtime.timing.cost import estimate  # noqa: E402
 
 LIGHT = [
     "alexnet",

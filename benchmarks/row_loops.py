@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 from models.calibration import path_of  # noqa: E402
 from onnx2bir.bir.enums import Dtype, Engine  # noqa: E402
 from onnx2bir.compiler import compile_model  # noqa: E402
-from onnx2bir.runtime.cost import CostTable  # noqa: E402
-from onnx2bir.runtime.device_time import simulate  # noqa: E402
+from onnx2bir.runtime.timing.cost import CostTable  # noqa: E402
+from onnx2bir.runtime.timing.device_time import simulate  # noqa: E402
 
 OPS = (
     "Softmax",

@@ -41,9 +41,9 @@ from gemm_floor import floor_seconds, pe_products  # noqa: E402
 from onnx2bir.bir.ir import BasicBlock, Loop  # noqa: E402
 from onnx2bir.compiler import compile_model  # noqa: E402
 from onnx2bir.options import CompileOptions  # noqa: E402
-from onnx2bir.runtime import interpreter, semantics  # noqa: E402
-from onnx2bir.runtime.live_bytes import LiveBytes  # noqa: E402
-from onnx2bir.runtime.oracle import synthesize_inputs  # noqa: E402
+from onnx2bir.runtime.machine import interpreter, semantics  # noqa: E402
+from onnx2bir.runtime.machine.live_bytes import LiveBytes  # noqa: E402
+from onnx2bir.runtime.oracle.ort import synthesize_inputs  # noqa: E402
 
 
 def _timed(spent: Counter, key: str, function):

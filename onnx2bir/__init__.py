@@ -22,13 +22,13 @@ __version__ = "0.1.0"  # pyproject.toml's version (a test keeps them equal)
 
 # The API is loaded on first use, so `import onnx2bir.bir` does not load the whole compiler.
 _API = {
-    "Compilation": "onnx2bir.api",
-    "Report": "onnx2bir.api",
-    "ValidationResult": "onnx2bir.api",
-    "compile": "onnx2bir.api",
-    "report": "onnx2bir.api",
-    "run": "onnx2bir.api",
-    "validate": "onnx2bir.api",
+    "Compilation": "onnx2bir.api.commands",
+    "Report": "onnx2bir.api.commands",
+    "ValidationResult": "onnx2bir.api.commands",
+    "compile": "onnx2bir.api.commands",
+    "report": "onnx2bir.api.commands",
+    "run": "onnx2bir.api.commands",
+    "validate": "onnx2bir.api.commands",
     "CompileError": "onnx2bir.errors",
     "MachineError": "onnx2bir.errors",
     "UserError": "onnx2bir.errors",

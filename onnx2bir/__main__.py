@@ -1,5 +1,5 @@
 import sys
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 sys.exit(main())

@@ -23,17 +23,17 @@ from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.weight_cast import store_in_cast_dtype
 from onnx2bir.errors import CompileError, UserError
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.gc_pause import no_cyclic_gc
 from onnx2bir.graph import Graph
-from onnx2bir.importer import import_model
 from onnx2bir.kernels import load_kernels
 from onnx2bir.options import CompileOptions
-from onnx2bir.passes import PassManager
-from onnx2bir.patterns.attention import LowerToCustomNativeKernel
-from onnx2bir.patterns.conv import TransformConvOp
-from onnx2bir.patterns.decompose import DecomposeAttention
-from onnx2bir.patterns.mlp import LowerToNKIKernelCC
-from onnx2bir.vendor_ops import check_vendor_ops
+from onnx2bir.patterns.attention.decompose import DecomposeAttention
+from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
+from onnx2bir.patterns.conv.selection import TransformConvOp
+from onnx2bir.patterns.mlp.raising import LowerToNKIKernelCC
+from onnx2bir.patterns.passes import PassManager
+from onnx2bir.patterns.vendor_ops import check_vendor_ops
 
 load_kernels()  # the kernel modules register their tracers once, when the compiler loads
 

@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.compare import FP32_ATOL, FP32_RTOL, compare_output
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
-from onnx2bir.runtime.uninit import run_checked
+from onnx2bir.runtime.machine.uninit import run_checked
+from onnx2bir.runtime.oracle.compare import FP32_ATOL, FP32_RTOL, compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 # onnxruntime 1.2x reads IR version 10 models; opsets up to 21 belong to IR 10.
 IR_VERSION = 10

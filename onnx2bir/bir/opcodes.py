@@ -1,5 +1,5 @@
 """What each BIR opcode takes: operand roles, engines, attributes. The verifier reads this table;
-the machine (`onnx2bir.runtime.semantics`) gives each opcode its meaning.
+the machine (`onnx2bir.runtime.machine.semantics`) gives each opcode its meaning.
 
 Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
 

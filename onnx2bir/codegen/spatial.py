@@ -16,7 +16,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower_elementwise import fill_exact
+from onnx2bir.codegen.lower.elementwise import fill_exact
 from onnx2bir.codegen.tiling import Affine, tiles
 
 FILL_TILE = 2048

@@ -24,10 +24,8 @@ def kernel(name: str) -> Callable[[Callable], Callable]:
 
 def load_kernels() -> dict[str, Callable]:
     """Import every kernel module (each registers its tracers) and return the registry."""
-    import importlib
-    import pkgutil
+    from onnx2bir.kernels.attention import kernel as attention  # noqa: F401
+    from onnx2bir.kernels.conv import column_packing, depthwise, rep_nhwc  # noqa: F401
+    from onnx2bir.kernels.mlp import kernel as mlp  # noqa: F401
 
-    for module in pkgutil.iter_modules(__path__):
-        if module.name.startswith("conv_") or module.name.endswith("_kernel"):
-            importlib.import_module(f"{__name__}.{module.name}")
     return KERNEL_REGISTRY

@@ -10,9 +10,9 @@ import onnx
 import pytest
 
 import onnx2bir
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime import oracle
+from onnx2bir.runtime.oracle import ort as oracle
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = ROOT / "models" / "small_cnn.onnx"

@@ -1,4 +1,4 @@
-"""The ONNX backend test suite (onnx.backend.test) on `onnx2bir.backend`, plus the rep's own tests.
+"""The ONNX backend test suite (onnx.backend.test) on `onnx2bir.api.backend`, plus the rep's own tests.
 
 In: every case onnx ships (node, pytorch-converted, pytorch-operator, simple, real). Out: one
 unittest method per case and device, as `BackendTest` builds them. A case runs if onnx2bir
@@ -36,7 +36,7 @@ import onnx.backend.test
 import pytest
 from onnx import TensorProto, helper
 
-from onnx2bir.backend import Onnx2BirBackend, Onnx2BirRep
+from onnx2bir.api.backend import Onnx2BirBackend, Onnx2BirRep
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.errors import MachineError, UserError

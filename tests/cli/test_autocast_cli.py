@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = ROOT / "models" / "small_cnn.onnx"

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = ROOT / "models" / "small_cnn.onnx"
@@ -61,7 +61,7 @@ def test_validate_small_cnn_passes_and_reports_json(capsys):
 
 
 def test_validate_exits_1_when_an_output_differs(capsys, monkeypatch):
-    import onnx2bir.runtime.interpreter as interpreter
+    import onnx2bir.runtime.machine.interpreter as interpreter
 
     real = interpreter.run_function
 
@@ -274,8 +274,8 @@ def test_a_converted_bir_file_runs_to_the_same_outputs(tmp_path, capsys):
     """convert → read the BIR back → run it on the machine: the same outputs, bit for bit."""
     from onnx2bir.bir.json_io import module_to_json, read_module
     from onnx2bir.compiler import compile_model
-    from onnx2bir.runtime.interpreter import run_function
-    from onnx2bir.runtime.oracle import synthesize_inputs
+    from onnx2bir.runtime.machine.interpreter import run_function
+    from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
     model = ROOT / "models" / "llama.onnx"
     assert run(["convert", model, "-o", tmp_path], capsys)[0] == 0

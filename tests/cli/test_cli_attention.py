@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 LONG = Path(__file__).resolve().parents[2] / "models" / "long_attention.onnx"
 FLAGS = ["--enable-native-kernel-attention", "--enable-native-kernel-attention-bf16"]

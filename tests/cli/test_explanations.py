@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx2bir.cli import main
-from onnx2bir.report_doc import rank_refusals
+from onnx2bir.cli.commands import main
+from onnx2bir.reporting.document import rank_refusals
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

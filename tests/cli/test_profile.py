@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from onnx2bir import profile as profiler
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
+from onnx2bir.reporting import profile as profiler
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
@@ -125,7 +125,7 @@ def test_profile_resnet18_writes_a_trace_and_a_picture(tmp_path, capsys):
 @pytest.mark.parametrize("model", ["loop_cumsum", "long_attention", "mha"])
 def test_steady_state_copies_keep_tracks_and_dependency_order(model, monkeypatch, tmp_path):
     """With the exact mode off, loops run in steady state and later trips are drawn as copies."""
-    from onnx2bir import api
+    from onnx2bir.api import commands as api
 
     monkeypatch.setattr(profiler, "EXACT_LIMIT", 0)
     module = api.compile(str(MODELS / f"{model}.onnx")).module

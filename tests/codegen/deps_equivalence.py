@@ -32,7 +32,7 @@ from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, driver  # noqa: E402
 from onnx2bir.compiler import compile_model, import_graph  # noqa: E402
 from onnx2bir.kernels import load_kernels  # noqa: E402
 from onnx2bir.options import CompileOptions  # noqa: E402
-from onnx2bir.runtime.program import unroll  # noqa: E402
+from onnx2bir.runtime.machine.program import unroll  # noqa: E402
 
 RUNTIME_TRIPS = (0, 3)  # trips per run of a runtime loop in the unrolled comparison
 

@@ -20,12 +20,12 @@ from onnx2bir.bir.enums import Dtype, Opcode
 from onnx2bir.codegen.casting import AUTO_CAST_DTYPES
 from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import AUTO_CAST_TYPES, CompileOptions
-from onnx2bir.runtime import semantics
-from onnx2bir.runtime.alu import round_tf32, store_as
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.semantics import SEMANTICS, pe_operands_pair
-from onnx2bir.runtime.tolerance import TolerancePolicy
-from onnx2bir.validation_report import run_validate
+from onnx2bir.runtime.machine import semantics
+from onnx2bir.runtime.machine.alu import round_tf32, store_as
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.machine.semantics import SEMANTICS, pe_operands_pair
+from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
+from onnx2bir.validation.run import run_validate
 
 M, K, N = 96, 192, 80  # two K tiles (128 + 64): the second accumulates onto the first in PSUM
 

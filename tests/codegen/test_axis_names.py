@@ -7,7 +7,7 @@ from __future__ import annotations
 from onnx import TensorProto, helper
 
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.importer import import_model
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.options import CompileOptions
 
 

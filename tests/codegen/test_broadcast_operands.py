@@ -18,9 +18,9 @@ from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.residency import preferred_row
 from onnx2bir.compiler import compile_model, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 B, H, T, D = 2, 4, 128, 64
 

@@ -16,8 +16,8 @@ from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.tiling import BUFFERED_LOOPS, tiles
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 
 def _loops(block) -> list[Loop]:

@@ -15,8 +15,8 @@ import networkx as nx
 from onnx2bir.bir.enums import Dtype, Engine
 from onnx2bir.bir.ir import RuntimeValue, runtime_loops
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.runtime.program import unroll
-from onnx2bir.runtime.races import RaceDetector
+from onnx2bir.runtime.machine.program import unroll
+from onnx2bir.runtime.machine.races import RaceDetector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deps_equivalence import relu_codegen  # noqa: E402

@@ -20,8 +20,8 @@ from onnx2bir.bir.enums import Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern, Function, MemoryLocation, RuntimeValue, runtime_loops
 from onnx2bir.codegen import driver
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.runtime.program import unroll
-from onnx2bir.runtime.races import RaceDetector
+from onnx2bir.runtime.machine.program import unroll
+from onnx2bir.runtime.machine.races import RaceDetector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deps_equivalence import compare_functions, relu_codegen  # noqa: E402

@@ -16,9 +16,9 @@ from onnx2bir.bir.enums import MemoryType, Opcode
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 SHAPE = [3, 200, 48]  # 600 rows of 48: five row tiles, the last one partial (predicated)
 # 12800 rows of 48: a home 100 x 48 elements wide, past the end of a scratch tile (2 x 2048):

@@ -88,7 +88,7 @@ def test_outputs_copied_in_the_epilogue_are_ordered():
 
 def test_axis_names_stay_unique_when_a_hint_ends_in_a_digit():
     from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
-    from onnx2bir.importer import import_model
+    from onnx2bir.frontend.importer import import_model
     from onnx2bir.kernels import load_kernels
     from onnx2bir.options import CompileOptions
 

@@ -14,7 +14,7 @@ from conftest import assert_matches_onnxruntime, make_model, one_node_model
 from onnx import TensorProto, helper
 
 from onnx2bir.compiler import import_graph
-from onnx2bir.runtime.oracle import synthesize_inputs
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 
 def check(model, **kwargs) -> None:

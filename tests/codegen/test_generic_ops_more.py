@@ -18,8 +18,8 @@ from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.errors import UserError
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 
@@ -1401,7 +1401,7 @@ def test_resize_aspect_policy_needs_constant_sizes() -> None:
 def test_where_nan_guard_is_exact() -> None:
     """Where(IsNaN(p), 0, p): a NaN in the branch not taken must not leak (CopyPredicated)."""
     from onnx2bir.compiler import compile_model
-    from onnx2bir.runtime.interpreter import run_function
+    from onnx2bir.runtime.machine.interpreter import run_function
 
     nodes = [
         helper.make_node("Log", ["x"], ["p"]),  # log of negatives: NaN

@@ -12,9 +12,9 @@ import pytest
 
 from onnx2bir.codegen.instances import estimate_instances
 from onnx2bir.compiler import compile_model
-from onnx2bir.report_doc import build_report, format_report
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import synthesize_inputs
+from onnx2bir.reporting.document import build_report, format_report
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 MODELS = Path(__file__).parents[2] / "models"
 

@@ -24,8 +24,8 @@ from onnx2bir.bir.json_io import read_module, write_module
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_model
 from onnx2bir.errors import UserError
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 N = 4
 
@@ -223,7 +223,7 @@ def test_scan_outputs_are_refused_with_a_clear_error():
 def test_committed_loop_models_convert_and_validate(name, kind, tmp_path, capsys):
     from pathlib import Path
 
-    from onnx2bir.cli import main
+    from onnx2bir.cli.commands import main
 
     path = Path(__file__).parents[2] / "models" / f"{name}.onnx"
     assert main(["validate", str(path)]) == 0

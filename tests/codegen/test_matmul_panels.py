@@ -19,9 +19,9 @@ from onnx import helper
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
-from onnx2bir.runtime.uninit import run_checked
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.uninit import run_checked
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 
 def _compile(model, options: CompileOptions | None = None):

@@ -22,8 +22,8 @@ from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.compiler import compile_model, import_graph
 from onnx2bir.kernels import load_kernels
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 FP32 = CompileOptions(auto_cast="none")  # values compared exactly: no autocast
 

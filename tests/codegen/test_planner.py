@@ -14,9 +14,9 @@ from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.residency import Home, canonical_inner, plan_copy, translate
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime import cost
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
+from onnx2bir.runtime.timing import cost
 
 IDENTITY_BYTES = 128 * 128 * 4  # the prologue loads I[128, 128] fp32 (docs/bir_codegen.md)
 

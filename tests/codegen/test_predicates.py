@@ -27,7 +27,7 @@ from onnx2bir.bir.json_io import module_from_json, module_to_json
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_model
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.interpreter import run_function
+from onnx2bir.runtime.machine.interpreter import run_function
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "onnx2bir" / "bir" / "schema.json").read_text())
 

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx2bir.bir.ir import Loop
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 

@@ -18,9 +18,9 @@ from onnx2bir.codegen.row_groups import COPY_BUDGET, GROUP, emit_skewed, emit_st
 from onnx2bir.codegen.tiling import BUFFERED_LOOPS
 from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 
 def _loops(block) -> list[Loop]:

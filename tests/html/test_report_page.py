@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"

@@ -9,9 +9,9 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.compiler import compile_model
-from onnx2bir.importer import import_parts
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime
+from onnx2bir.frontend.importer import import_parts
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 
 def _fill_model(shape, value, consumer_nodes, x_shape, dtype=TensorProto.FLOAT):

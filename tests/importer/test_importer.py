@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.errors import UserError
-from onnx2bir.importer import import_model
+from onnx2bir.frontend.importer import import_model
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17):

@@ -1,4 +1,4 @@
-"""The native attention kernel (onnx2bir.kernels.attention_kernel) against onnxruntime.
+"""The native attention kernel (onnx2bir.kernels.attention.kernel) against onnxruntime.
 
 Each case builds the attention math as an ONNX model (MatMul → scale / masks → Softmax
 [→ Where(IsNaN)] → MatMul), imports it, replaces the math nodes by one CustomCall node by hand
@@ -32,13 +32,13 @@ from onnx2bir.bir.ir import Loop
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.driver import CodegenError
 from onnx2bir.compiler import compile_graph
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.graph import Graph, TensorInfo
-from onnx2bir.importer import import_model
-from onnx2bir.kernels.attention_kernel import TARGETS
+from onnx2bir.kernels.attention.kernel import TARGETS
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 IR_VERSION = 10  # onnxruntime reads IR 10 (opsets up to 21)
 FP32_TOL = (1e-4, 1e-3)

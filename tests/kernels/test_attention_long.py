@@ -19,12 +19,12 @@ import pytest
 
 from onnx2bir.bir.enums import Engine, Opcode
 from onnx2bir.compiler import compile_graph, compile_model
-from onnx2bir.importer import import_model
-from onnx2bir.patterns.attention import LowerToCustomNativeKernel
-from onnx2bir.runtime import cost
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.frontend.importer import import_model
+from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.timing import cost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 

@@ -24,19 +24,19 @@ from onnx import helper
 from onnx2bir.bir.enums import Opcode
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_model, import_graph
-from onnx2bir.kernels.conv_column_packing import TapBlock, tap_groups
+from onnx2bir.kernels.conv.column_packing import TapBlock, tap_groups
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.conv import (
+from onnx2bir.patterns.conv.op import conv_op_from_node
+from onnx2bir.patterns.conv.selection import (
     COLUMN_PACKING,
     COLUMN_PACKING_1,
     COLUMN_PACKING_IO10,
     match_conv_depthwise_backward,
     select_kernel,
 )
-from onnx2bir.patterns.conv_op import conv_op_from_node
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 
@@ -334,7 +334,7 @@ def test_committed_depthwise_upsample_model_selects_both_rows(capsys):
     the model validates and `report --explain` shows the backward encoding."""
     from pathlib import Path
 
-    from onnx2bir.cli import main
+    from onnx2bir.cli.commands import main
 
     path = Path(__file__).parents[2] / "models" / "depthwise_upsample.onnx"
     compilation = compile_model(path)

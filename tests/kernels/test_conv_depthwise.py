@@ -1,4 +1,4 @@
-"""The VectorE depthwise kernels (onnx2bir.kernels.conv_depthwise) against onnxruntime.
+"""The VectorE depthwise kernels (onnx2bir.kernels.conv.depthwise) against onnxruntime.
 
 Each case is a one-Conv model with group = C and seeded random weights (and bias) as
 initializers, compiled with the default passes. The test asserts that TransformConvOp chose
@@ -17,13 +17,13 @@ from onnx2bir.bir.enums import Opcode
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.driver import CodegenError
 from onnx2bir.compiler import compile_model, import_graph
-from onnx2bir.kernels import conv_depthwise
+from onnx2bir.kernels.conv import depthwise as conv_depthwise
 from onnx2bir.options import CompileOptions
-from onnx2bir.passes import PassManager
-from onnx2bir.patterns.conv import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE, TransformConvOp
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.patterns.conv.selection import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE, TransformConvOp
+from onnx2bir.patterns.passes import PassManager
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 

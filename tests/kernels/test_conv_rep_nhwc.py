@@ -16,11 +16,15 @@ from onnx2bir.bir.enums import Opcode
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.conv import FUNCTIONAL_KERNEL_REGISTRY, REP_NHWC, lower_to_conv_kernel
-from onnx2bir.patterns.conv_op import conv_op_from_node
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.patterns.conv.op import conv_op_from_node
+from onnx2bir.patterns.conv.selection import (
+    FUNCTIONAL_KERNEL_REGISTRY,
+    REP_NHWC,
+    lower_to_conv_kernel,
+)
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 

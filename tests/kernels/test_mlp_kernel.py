@@ -1,4 +1,4 @@
-"""The fused MLP kernel (onnx2bir.kernels.mlp_kernel) against onnxruntime.
+"""The fused MLP kernel (onnx2bir.kernels.mlp.kernel) against onnxruntime.
 
 Each case builds y = act(x·w1 + b1)·w2 + b2 as an ONNX model (MatMul + Add, or Gemm with
 transB for the transposed-weight flags; the activation spelled in primitive ops), imports
@@ -22,13 +22,13 @@ from onnx2bir.bir.enums import Dtype, MemoryType, Opcode
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.compiler import compile_graph
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.graph import Graph
-from onnx2bir.importer import import_model
-from onnx2bir.kernels.mlp_kernel import ACTIVATIONS, TARGET, mlp_args, token_block
+from onnx2bir.kernels.mlp.kernel import ACTIVATIONS, TARGET, mlp_args, token_block
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.compare import FP32_ATOL, FP32_RTOL, compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import FP32_ATOL, FP32_RTOL, compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 

@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.tolerance import FP32_ATOL, FP32_RTOL, TolerancePolicy
-from onnx2bir.validation_report import run_validate
+from onnx2bir.runtime.oracle.tolerance import FP32_ATOL, FP32_RTOL, TolerancePolicy
+from onnx2bir.validation.run import run_validate
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))

@@ -14,9 +14,9 @@ import pytest
 
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 HF = Path(__file__).resolve().parents[2] / "models" / "hf"
 # Blocks found and raised are under test, compared at fp32 tolerance: no general autocast.

@@ -10,7 +10,7 @@ import pytest
 
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.cost import estimate
+from onnx2bir.runtime.timing.cost import estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))

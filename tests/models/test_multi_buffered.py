@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RESNET18 = ROOT / "models" / "resnet18.onnx"

@@ -14,8 +14,8 @@ import pytest
 
 from onnx2bir.compiler import compile_model
 from onnx2bir.errors import UserError
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))
@@ -60,7 +60,7 @@ def test_runtime_trip_loops_run_under_random_schedules_race_free(name):
 
 
 def test_a_runtime_loop_without_recorded_trips_is_refused():
-    from onnx2bir.runtime.program import unroll
+    from onnx2bir.runtime.machine.program import unroll
 
     compilation = compile_model(ROOT / "models" / "loop_while.onnx")
     with pytest.raises(UserError, match="no recorded run"):

@@ -12,10 +12,10 @@ import pytest
 
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.conv import CONV2D_DEPTHWISE, REP_NHWC
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.patterns.conv.selection import CONV2D_DEPTHWISE, REP_NHWC
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

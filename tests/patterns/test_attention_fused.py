@@ -16,14 +16,14 @@ import pytest
 from onnx import TensorProto
 from test_decompose import F, make_model
 
-import onnx2bir.patterns.decompose as decompose
+import onnx2bir.patterns.attention.decompose as decompose
 from onnx2bir.compiler import compile_graph
-from onnx2bir.importer import import_model
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.kernels import load_kernels
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 # The raise is under test, not the general autocast: the decomposed math stays fp32.
 RAISE = CompileOptions(
@@ -153,7 +153,7 @@ def test_refused_fused_blocks_are_decomposed_and_validate(attrs, options, reason
 
 
 def test_group_query_attention_is_listed_with_its_reason():
-    from onnx2bir.patterns.attention import LowerToCustomNativeKernel
+    from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
 
     model = make_model(
         "GroupQueryAttention",

@@ -11,10 +11,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.importer import import_model
-from onnx2bir.kernels.attention_plan import sb_shape
+from onnx2bir.frontend.importer import import_model
+from onnx2bir.kernels.attention.plan import sb_shape
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.attention import (
+from onnx2bir.patterns.attention.raising import (
     ATTENTION,
     ATTENTION_WITHOUT_SWAP,
     CAUSAL_ATTENTION_WITHOUT_SWAP,
@@ -386,9 +386,9 @@ def test_bf16_model_is_raised_without_the_bf16_flag_and_runs():
     import ml_dtypes
 
     from onnx2bir.compiler import compile_model
-    from onnx2bir.runtime.compare import compare_output
-    from onnx2bir.runtime.interpreter import run_function
-    from onnx2bir.runtime.oracle import run_onnxruntime
+    from onnx2bir.runtime.machine.interpreter import run_function
+    from onnx2bir.runtime.oracle.compare import compare_output
+    from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
     seq = 1024
 

@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-import onnx2bir.patterns.conv as conv
+import onnx2bir.patterns.conv.selection as conv
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.importer import import_model
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.conv_op import (
+from onnx2bir.patterns.conv.op import (
     ConvOp,
     apply_perm_to_dims,
     compose_perm,

@@ -21,22 +21,22 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import onnx2bir.patterns.decompose as decompose
+import onnx2bir.patterns.attention.decompose as decompose
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.compiler import compile_graph
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.graph import Graph
-from onnx2bir.importer import import_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.attention import (
+from onnx2bir.patterns.attention.decompose import DecomposeAttention
+from onnx2bir.patterns.attention.raising import (
     ATTENTION_WITHOUT_SWAP,
     CAUSAL_ATTENTION_WITHOUT_SWAP,
     find_blocks,
     raise_block,
 )
-from onnx2bir.patterns.decompose import DecomposeAttention
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 

@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir.importer import import_model
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.decompose import DecomposeAttention
-from onnx2bir.patterns.decompose_match import NO_DIVIDE, NO_DOT, NO_SELECT, NO_SOFTMAX, explore
+from onnx2bir.patterns.attention.decompose import DecomposeAttention
+from onnx2bir.patterns.attention.decompose_match import (
+    NO_DIVIDE,
+    NO_DOT,
+    NO_SELECT,
+    NO_SOFTMAX,
+    explore,
+)
 
 
 def graph_of(nodes, inits=()):

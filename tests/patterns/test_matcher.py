@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from onnx2bir.importer import import_model
-from onnx2bir.patterns.attention_match import MAX_SCORE_STEPS, PATTERNS
+from onnx2bir.frontend.importer import import_model
+from onnx2bir.patterns.attention.match import MAX_SCORE_STEPS, PATTERNS
 from onnx2bir.patterns.matcher import Pattern, PNode, find_matches, find_matches_vf2
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

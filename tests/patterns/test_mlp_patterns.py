@@ -11,12 +11,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.compiler import compile_model
-from onnx2bir.importer import import_model
+from onnx2bir.frontend.importer import import_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.mlp import TARGET, LowerToNKIKernelCC
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import run_onnxruntime, synthesize_inputs
+from onnx2bir.patterns.mlp.raising import TARGET, LowerToNKIKernelCC
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 FP32 = CompileOptions(auto_cast="none")  # compared at fp32 tolerance: no autocast
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto, helper
 
-from onnx2bir.importer import import_model
-from onnx2bir.patterns.attention_match import PATTERNS, TAILS
+from onnx2bir.frontend.importer import import_model
+from onnx2bir.patterns.attention.match import PATTERNS, TAILS
+from onnx2bir.patterns.builder import PatternOps, expand
 from onnx2bir.patterns.matcher import ANY_INDEX, find_matches
-from onnx2bir.patterns.pattern_builder import PatternOps, expand
 
 
 def _gelu(op: PatternOps) -> str:

@@ -28,7 +28,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "models").glob("*.onnx"))

@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir import contracts_memory
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 from onnx2bir.errors import UserError
-from onnx2bir.importer import import_model
+from onnx2bir.frontend import memory_contracts as contracts_memory
+from onnx2bir.frontend.importer import import_model
 
 F = TensorProto.FLOAT
 
@@ -164,7 +164,7 @@ def test_the_device_figure_is_named(tmp_path, capsys):
 
 
 def test_exit_3_asks_for_a_report_naming_model_command_and_version(capsys, monkeypatch):
-    import onnx2bir.cli as cli
+    import onnx2bir.cli.commands as cli
 
     def broken(args):
         raise ZeroDivisionError("division by zero")

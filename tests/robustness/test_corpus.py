@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from corpus_cases import CASES, CORPUS, Case
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 
 
 def _files(tmp):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from onnx2bir import output_paths
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 from onnx2bir.errors import UserError
 
 OK = Path(__file__).resolve().parent / "corpus" / "ok.onnx"

@@ -6,8 +6,8 @@ import numpy as np
 
 from onnx2bir.bir.ir import Dependency, Function
 from onnx2bir.bir.predicates import narrow
-from onnx2bir.runtime.program import unroll
-from onnx2bir.runtime.races import RaceDetector
+from onnx2bir.runtime.machine.program import unroll
+from onnx2bir.runtime.machine.races import RaceDetector
 
 
 def detect(function: Function, limit: int = 1000) -> RaceDetector:

@@ -18,7 +18,7 @@ from onnx2bir.bir.ir import (
     Module,
     Origin,
 )
-from onnx2bir.runtime.cost import DEFAULT_TABLE, CostTable, estimate, instruction_cost
+from onnx2bir.runtime.timing.cost import DEFAULT_TABLE, CostTable, estimate, instruction_cost
 
 ORIGIN = Origin("n", "test")
 

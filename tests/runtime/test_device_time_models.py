@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from onnx2bir import api
-from onnx2bir.runtime.cost import DEFAULT_TABLE, estimate
+from onnx2bir.api import commands as api
+from onnx2bir.runtime.timing.cost import DEFAULT_TABLE, estimate
 
 MODELS = sorted((Path(__file__).resolve().parents[2] / "models").glob("*.onnx"))
 

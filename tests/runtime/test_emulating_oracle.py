@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from onnx2bir.codegen.cast_plan import Boundary, CastPlan, CastPoint
 from onnx2bir.compiler import import_graph
-from onnx2bir.runtime.emulating_oracle import (
+from onnx2bir.runtime.oracle.emulating import (
     ALLOWANCE_SUFFIX,
     FORMATS,
     MACHINE_SUFFIX,
@@ -26,7 +26,7 @@ from onnx2bir.runtime.emulating_oracle import (
     rounding_nodes,
     run_emulating,
 )
-from onnx2bir.runtime.oracle import run_onnxruntime
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 DTYPES = ("bfloat16", "float16", "tfloat32", "float8_e4m3")
 

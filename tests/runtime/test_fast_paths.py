@@ -27,10 +27,10 @@ from onnx2bir.bir.ir import (
     Origin,
 )
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.alu import store_as
-from onnx2bir.runtime.interpreter import execute, load_machine, run_function
-from onnx2bir.runtime.machine import Machine
-from onnx2bir.runtime.semantics import SEMANTICS
+from onnx2bir.runtime.machine.alu import store_as
+from onnx2bir.runtime.machine.interpreter import execute, load_machine, run_function
+from onnx2bir.runtime.machine.machine import Machine
+from onnx2bir.runtime.machine.semantics import SEMANTICS
 
 RNG = np.random.default_rng(5)
 ORIGIN = Origin("n", "test")

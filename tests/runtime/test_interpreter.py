@@ -18,7 +18,7 @@ from onnx2bir.bir.ir import (
     Origin,
 )
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.interpreter import run_function
+from onnx2bir.runtime.machine.interpreter import run_function
 
 RNG = np.random.default_rng(1)
 _ids = iter(range(10**6))

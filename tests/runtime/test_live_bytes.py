@@ -22,9 +22,9 @@ from onnx2bir.bir.ir import (
 from onnx2bir.compiler import compile_model
 from onnx2bir.errors import MachineError
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.interpreter import load_machine, run_function
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.interpreter import load_machine, run_function
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 _ids = iter(range(10**6))

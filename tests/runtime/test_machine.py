@@ -9,8 +9,8 @@ import pytest
 from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import AccessPattern, Function, Instruction, MemoryLocation, Origin
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.machine import Machine
-from onnx2bir.runtime.semantics import SEMANTICS
+from onnx2bir.runtime.machine.machine import Machine
+from onnx2bir.runtime.machine.semantics import SEMANTICS
 
 ORIGIN = Origin("conv_3", "kernel.conv")
 

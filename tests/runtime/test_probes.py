@@ -13,9 +13,9 @@ import pytest
 from onnx2bir.bir.enums import MemoryType
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime import interpreter
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.probes import ProbeReader
+from onnx2bir.runtime.machine import interpreter
+from onnx2bir.runtime.machine.probes import ProbeReader
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

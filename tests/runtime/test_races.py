@@ -11,9 +11,9 @@ import pytest
 
 from onnx2bir.compiler import compile_model
 from onnx2bir.errors import UserError
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.program import unroll
-from onnx2bir.runtime.schedule import order, parse_schedule, run_scheduled
+from onnx2bir.runtime.machine.program import unroll
+from onnx2bir.runtime.machine.schedule import order, parse_schedule, run_scheduled
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from race_helpers import detect, necessary_edges, without  # noqa: E402

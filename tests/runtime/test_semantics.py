@@ -11,8 +11,8 @@ import pytest
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import AccessPattern, Function, Instruction, MemoryLocation, Origin
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.machine import Machine
-from onnx2bir.runtime.semantics import SEMANTICS, erf
+from onnx2bir.runtime.machine.machine import Machine
+from onnx2bir.runtime.machine.semantics import SEMANTICS, erf
 
 ORIGIN = Origin("node_under_test", "rule.under_test")
 BF16 = ml_dtypes.bfloat16

@@ -19,7 +19,7 @@ from onnx2bir.bir.ir import (
     Predicate,
 )
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.uninit import run_checked
+from onnx2bir.runtime.machine.uninit import run_checked
 
 _ids = iter(range(10**6))
 

@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir import sweep
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
+from onnx2bir.sweep import run as sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = ROOT / "models" / "small_cnn.onnx"

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir import sweep
-from onnx2bir.cli import main
-from onnx2bir.sweep_table import markdown, parse
+from onnx2bir.cli.commands import main
+from onnx2bir.sweep import run as sweep
+from onnx2bir.sweep.table import markdown, parse
 
 
 def _add(path, value: float = 1.0) -> None:

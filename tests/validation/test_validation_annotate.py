@@ -7,7 +7,7 @@ import onnx
 from onnx import helper
 from validation_helpers import F32, SMALL_CNN, model, run, save
 
-from onnx2bir.runtime.oracle import run_onnxruntime
+from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
 REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"
 

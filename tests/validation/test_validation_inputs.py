@@ -11,7 +11,7 @@ from validation_helpers import F32, I64, SMALL_CNN, model, run, run_json, save
 
 from onnx2bir.compiler import import_graph
 from onnx2bir.errors import UserError
-from onnx2bir.runtime.oracle import (
+from onnx2bir.runtime.oracle.ort import (
     input_rules,
     load_inputs,
     run_onnxruntime,

@@ -18,12 +18,12 @@ from validation_helpers import (
 )
 
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime import emulating_oracle as emulating_module
-from onnx2bir.runtime import localize as localize_module
-from onnx2bir.runtime import oracle as oracle_module
-from onnx2bir.runtime.prepared import prepare
-from onnx2bir.runtime.tolerance import TolerancePolicy
-from onnx2bir.validation_report import run_validate
+from onnx2bir.runtime.oracle import emulating as emulating_module
+from onnx2bir.runtime.oracle import ort as oracle_module
+from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
+from onnx2bir.validation import localize as localize_module
+from onnx2bir.validation.prepared import prepare
+from onnx2bir.validation.run import run_validate
 
 REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"
 

@@ -10,10 +10,10 @@ import pytest
 from validation_helpers import SMALL_CNN, run, run_json
 
 from onnx2bir.compiler import compile_model
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.interpreter import run_function
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.progress import ProgressBar, dynamic_instruction_count, progress_for
+from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.machine.progress import ProgressBar, dynamic_instruction_count, progress_for
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
 
 
 def test_terminal_summary_puts_the_verdict_first(capsys):

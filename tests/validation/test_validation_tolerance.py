@@ -14,9 +14,9 @@ from validation_helpers import F32, SMALL_CNN, model, run, run_json
 
 from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.compiler import import_graph
-from onnx2bir.runtime import interpreter
-from onnx2bir.runtime.compare import compare_output
-from onnx2bir.runtime.tolerance import (
+from onnx2bir.runtime.machine import interpreter
+from onnx2bir.runtime.oracle.compare import compare_output
+from onnx2bir.runtime.oracle.tolerance import (
     FP32_ATOL,
     FP32_RTOL,
     Partial,
@@ -24,7 +24,7 @@ from onnx2bir.runtime.tolerance import (
     TolerancePolicy,
     low_precision_tolerance,
 )
-from onnx2bir.runtime.verdict import bound_for, taints
+from onnx2bir.runtime.oracle.verdict import bound_for, taints
 
 OFFSET = 0.01
 

@@ -13,8 +13,8 @@ from validation_helpers import SMALL_CNN, corrupt_node, run, run_json
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
-from onnx2bir.runtime.tolerance import Tolerance
-from onnx2bir.runtime.verdict import (
+from onnx2bir.runtime.oracle.tolerance import Tolerance
+from onnx2bir.runtime.oracle.verdict import (
     check_narrow,
     drift,
     drift_failures,

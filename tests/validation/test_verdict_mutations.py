@@ -21,15 +21,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from onnx2bir.cli import main
+from onnx2bir.cli.commands import main
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime import interpreter
-from onnx2bir.runtime.oracle import synthesize_inputs
-from onnx2bir.runtime.prepared import prepare
-from onnx2bir.runtime.probes import ProbeReader
-from onnx2bir.runtime.tolerance import TolerancePolicy
-from onnx2bir.runtime.verdict import Evidence, judge
-from onnx2bir.validation_report import oracle_runner
+from onnx2bir.runtime.machine import interpreter
+from onnx2bir.runtime.machine.probes import ProbeReader
+from onnx2bir.runtime.oracle.ort import synthesize_inputs
+from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
+from onnx2bir.runtime.oracle.verdict import Evidence, judge
+from onnx2bir.validation.prepared import prepare
+from onnx2bir.validation.run import oracle_runner
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))
@@ -81,7 +81,7 @@ class Case:
             self.prepared.compilation.module, feeds, before=reader.before()
         )
         outputs = dict(zip(graph.outputs, (raw[loc] for loc in function.outputs), strict=True))
-        from onnx2bir.runtime.oracle import run_onnxruntime
+        from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
         reference = run_onnxruntime(str(_path(name)), feeds, graph.outputs)
         self.evidence = Evidence(outputs, reader.values, reader.stored(), reference, "fp32")
@@ -181,7 +181,7 @@ def weights_that_matter(model: Path, inputs: Path, entries: list[dict]) -> list[
     import onnx
     from onnx import numpy_helper
 
-    from onnx2bir.runtime.oracle import run_onnxruntime
+    from onnx2bir.runtime.oracle.ort import run_onnxruntime
 
     proto = onnx.load(str(model))
     initializers = {init.name: init for init in proto.graph.initializer}

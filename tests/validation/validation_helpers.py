@@ -16,8 +16,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import MemoryType
-from onnx2bir.cli import main
-from onnx2bir.runtime import semantics
+from onnx2bir.cli.commands import main
+from onnx2bir.runtime.machine import semantics
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_CNN = ROOT / "models" / "small_cnn.onnx"

@@ -1,0 +1,200 @@
+"""`onnx2bir.validate` and its result (re-exported by `onnx2bir.api.commands`; docs/api.md#validate).
+
+Compile `model`, run it on the machine and compare every output with onnxruntime, as
+`onnx2bir validate` does; `ValidationResult.to_json()` is that command's `--json` document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+
+from onnx2bir import compiler
+from onnx2bir.api.options import DEFAULT_LOCALIZE_BUDGET_MB, ModelSource, compile_options
+from onnx2bir.errors import UserError
+from onnx2bir.options import CompileOptions
+from onnx2bir.reporting import notes as explain
+
+
+# --- validate ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ValidationResult:
+    """The outcome of `onnx2bir validate`: the document, the inputs used and the machine's
+    outputs."""
+
+    document: dict
+    inputs: dict[str, np.ndarray] = field(repr=False, compare=False)
+    outputs: dict[str, np.ndarray] = field(repr=False, compare=False)
+    details: compiler.Compilation | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.document["passed"]
+
+    def to_json(self) -> dict:
+        """The document `onnx2bir validate --json` prints (non-finite floats as None)."""
+        from onnx2bir.runtime.oracle.compare import json_safe
+
+        return json_safe(self.document)
+
+    def text(self, stats: bool = False) -> str:
+        from onnx2bir.validation import text as validation_text
+
+        return validation_text.format_text(self.document, stats=stats)
+
+    def html(self, path: str | os.PathLike) -> Path:
+        """Write the report page with this run's errors (`validate --html`)."""
+        from onnx2bir.reporting import document as report_doc
+        from onnx2bir.reporting import html as html_report
+
+        doc = report_doc.build_report(self.document["model"], self.details)
+        doc["notes"] = self.document.get("notes", [])
+        return html_report.write_page(path, doc, self.document, self.details)
+
+    def save_inputs(self, path: str | os.PathLike) -> Path:
+        from onnx2bir.validation import run as validation_report
+
+        return validation_report.save_inputs(path, self.inputs)
+
+    def save_outputs(self, path: str | os.PathLike) -> Path:
+        from onnx2bir.validation import run as validation_report
+
+        return validation_report.save_outputs(path, self.outputs)
+
+
+def validate(
+    model: ModelSource,
+    inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+    atol: float | None = None,
+    rtol: float | None = None,
+    tolerance: Mapping[str, tuple[float | None, float | None]] | None = None,
+    op_tolerance: Mapping[str, tuple[float | None, float | None]] | None = None,
+    tolerance_file: str | os.PathLike | None = None,
+    localize: bool = False,
+    localize_budget: float = DEFAULT_LOCALIZE_BUDGET_MB,
+    progress: bool = False,
+    schedule: str = "program",
+    check_races: bool = False,
+    reference: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
+    max_drift: str | list[str] | Mapping[str, float] | None = None,
+    options: CompileOptions | None = None,
+    **compile_option_values,
+) -> ValidationResult:
+    """Compile `model`, run it on the machine and compare every output with onnxruntime.
+
+    `inputs`: an .npz file or an ONNX test_data_set folder, or a {name: array} mapping;
+    default seeded random inputs (`seed`). Their shapes fix the model's symbolic dimensions.
+    `tolerance` / `op_tolerance`: {tensor or op type: (atol, rtol)}, None keeping the default.
+    `localize`: compare every intermediate tensor; `localize_budget` caps onnxruntime's
+    intermediates at once, in MB. `schedule`: "program", "random:SEED" or "timeline", the order
+    the engines' streams run in; `check_races`: run the race detector (a race fails).
+    `reference`: outputs to measure drift against instead of plain fp32 onnxruntime (an .npz,
+    a test_data_set folder — whose inputs are used when `inputs` is not given — or arrays);
+    `max_drift`: "cosine=0.999,snr=30,r=1.2" (or {"cosine": 0.999, ...}), limits on the drift
+    that fail the validation (docs/validation.md#drift).
+    """
+    from onnx2bir.runtime.oracle.tolerance import Partial, TolerancePolicy, load_tolerance_file
+    from onnx2bir.runtime.oracle.verdict import parse_max_drift
+    from onnx2bir.validation import run as validation_report
+
+    opts = compile_options(options, **compile_option_values)
+    for flag, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not value >= 0:
+            raise UserError(f"--{flag} {value}: must be a number >= 0")
+    if not localize_budget > 0:
+        raise UserError(f"--localize-budget {localize_budget}: must be > 0")
+    policy = TolerancePolicy(atol=atol, rtol=rtol)
+    if tolerance_file:
+        load_tolerance_file(tolerance_file, policy)
+    for name, (a, r) in (tolerance or {}).items():
+        policy.tensors[name] = Partial(a, r, f"--tolerance {name}")
+    for name, (a, r) in (op_tolerance or {}).items():
+        policy.op_types[name] = Partial(a, r, f"--op-tolerance {name}")
+    limits = dict(max_drift) if isinstance(max_drift, Mapping) else parse_max_drift(max_drift)
+    if isinstance(max_drift, Mapping):
+        parse_max_drift(",".join(f"{k}={v}" for k, v in limits.items()))  # the same checks
+    if reference is not None and not isinstance(reference, Mapping):
+        reference = str(reference)
+        if inputs is None and Path(reference).is_dir():
+            inputs = reference  # a test_data_set folder holds the inputs of its outputs
+    shapes = dict(input_shapes or {})
+    arrays = None
+    if inputs is not None:
+        arrays = read_input_arrays(inputs, model)
+        for name, shape in _symbolic_shapes(model, arrays).items():
+            shapes.setdefault(name, shape)
+    compiled: list[compiler.Compilation] = []
+    doc, feeds, outputs = validation_report.run_validate(
+        model if isinstance(model, onnx.ModelProto) else str(model),
+        opts,
+        policy,
+        input_shapes=shapes,
+        dims=dict(dims or {}),
+        inputs=arrays,
+        inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
+        seed=seed,
+        localize_nodes=localize,
+        budget_bytes=int(localize_budget * (1 << 20)),
+        progress=progress,
+        on_compiled=compiled.append,
+        schedule=schedule,
+        check_races=check_races,
+        reference=dict(reference) if isinstance(reference, Mapping) else reference,
+        max_drift=limits,
+    )
+    details = compiled[0]
+    doc["notes"] = explain.shape_notes(model, dict(input_shapes or {})) + explain.flag_notes(
+        opts, details
+    )
+    doc["compile_options"] = {
+        **doc.get("compile_options", {}),
+        **dataclasses.asdict(opts),
+    }
+    return ValidationResult(doc, feeds, outputs, details)
+
+
+def read_input_arrays(
+    source: str | os.PathLike | Mapping[str, np.ndarray], model: ModelSource
+) -> dict[str, np.ndarray]:
+    """Arrays by graph-input name from a mapping, an .npz file or a test_data_set folder."""
+    if isinstance(source, Mapping):
+        return {name: np.asarray(value) for name, value in source.items()}
+    from onnx2bir.frontend.importer import read_model, runtime_inputs
+    from onnx2bir.runtime.oracle import ort as oracle
+
+    path = Path(source)
+    if path.is_dir():
+        names = [v.name for v in runtime_inputs(read_model(model))]
+        # The folder reader maps unnamed input_K.pb files by position in graph-input order.
+        return oracle._read_test_data_set(path, SimpleNamespace(inputs=names))
+    from onnx2bir.runtime.oracle import input_files
+
+    input_files.check_inputs_source(path)
+    # Headers first: a wrong dtype or an array larger than the host's memory is refused before
+    # any data is read. Shapes are compared once --input-shape and the arrays have fixed them.
+    names = [value.name for value in runtime_inputs(read_model(model))]
+    return input_files.read_npz(path, dict.fromkeys(names))
+
+
+def _symbolic_shapes(model: ModelSource, arrays: dict[str, np.ndarray]) -> dict[str, tuple]:
+    """The arrays' shapes for the inputs the model declares with a symbolic or unknown dim."""
+    from onnx2bir.frontend.importer import read_model, runtime_inputs
+
+    shapes = {}
+    for value in runtime_inputs(read_model(model)):
+        dims = value.type.tensor_type.shape.dim
+        static = all(d.HasField("dim_value") and d.dim_value > 0 for d in dims) and len(dims)
+        if value.name in arrays and not static:
+            shapes[value.name] = tuple(int(d) for d in np.shape(arrays[value.name]))
+    return shapes

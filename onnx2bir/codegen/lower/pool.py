@@ -1,0 +1,276 @@
+"""Generic lowering of MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on VectorE.
+
+Planes (N·C) sit on partitions. MaxPool reads a band of the (-inf framed) input and reduces
+it through a 4-D access pattern — output rows, output cols, window rows, window cols — with
+one `TensorReduce(max)` over the last two dims per tile, as the NKI pooling kernels do.
+AveragePool does the same with a 0 frame and an add, then divides by the number of elements
+each window counts: the same for every window (an immediate), or, when padding or ceil_mode
+make the edge windows count fewer, a constant divisor map [out_h, out_w] broadcast to every
+partition by DMA. GlobalAveragePool / GlobalMaxPool reduce each plane along the free dim (in
+chunks when the plane is larger than a tile, then reduce the partial results); the average
+scales by 1 / (H·W) on ScalarE. MaxPool and AveragePool on 5-D inputs go to `lower_pool3d`
+(a depth pass, then `window_pool` here).
+
+The window pools' output-tile loops (planes, output rows, output columns) rotate band, out and
+divisor tiles over buffer copies along the innermost loop with more than one tile
+(docs/buffers.md#lowerings): that loop is `parallel`.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import numpy as np
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.registry import lowering
+from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
+from onnx2bir.codegen.tiling import (
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tile_index,
+    tiles,
+)
+
+POOL_OUT_TILE = 1024
+POOL_BAND_BYTES = 96 * 1024  # SBUF bytes per partition one input band may take
+REDUCE_CHUNK = 8192
+
+
+@lowering("MaxPool")
+def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
+    attrs = node["attrs"]
+    if len(node["outputs"]) > 1 and node["outputs"][1]:
+        raise cg.fail("MaxPool's Indices output is not supported")
+    if attrs.get("storage_order", 0):
+        raise cg.fail("MaxPool storage_order=1 is not supported")
+    if len(cg.graph.tensors[node["inputs"][0]].shape) == 5:
+        return _pool_3d(cg, node)
+    geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
+    _window_pool(cg, node, geo, AluOp.MAX, float("-inf"), None)
+
+
+def axis_counts(
+    out: int,
+    size: int,
+    stride: int,
+    dilation: int,
+    kernel: int,
+    begin: int,
+    end: int,
+    count_include_pad: bool,
+) -> np.ndarray:
+    """Taps each of the `out` windows along one axis counts: those inside the input, or with
+    count_include_pad those inside the padded input."""
+    low, high = (-begin, size + end) if count_include_pad else (0, size)
+    taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
+    return ((taps >= low) & (taps < high)).sum(1)
+
+
+def divisor_map(
+    geo: WindowGeometry, pad_bottom: int, pad_right: int, count_include_pad: bool
+) -> np.ndarray:
+    """Elements each AveragePool window divides by, [out_h, out_w]: the taps inside the
+    input, or with count_include_pad inside the padded input (a ceil_mode window reaching past
+    the end padding counts only what is inside it)."""
+
+    counts = partial(axis_counts, count_include_pad=count_include_pad)
+    rows = counts(
+        geo.out_h, geo.in_h, geo.stride_h, geo.dilation_h, geo.kernel_h, geo.pad_top, pad_bottom
+    )
+    cols = counts(
+        geo.out_w, geo.in_w, geo.stride_w, geo.dilation_w, geo.kernel_w, geo.pad_left, pad_right
+    )
+    return (rows[:, None] * cols[None, :]).astype(np.float32)
+
+
+@lowering("AveragePool")
+def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
+    """Window sums as MaxPool's window max, then a divide by the divisor map (an immediate
+    when every window counts the same)."""
+    attrs = node["attrs"]
+    if len(cg.graph.tensors[node["inputs"][0]].shape) == 5:
+        return _pool_3d(cg, node)
+    geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
+    # The end pads: SAME_* padding puts the rest of the total there; ceil_mode's extra reach
+    # past the input is not padding.
+    pad_bottom = pad_right = 0
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pad_bottom = max(0, geo.rows_needed(geo.out_h) - geo.in_h - geo.pad_top)
+        pad_right = max(0, geo.cols_needed(geo.out_w) - geo.in_w - geo.pad_left)
+    elif auto_pad in ("NOTSET", "") and attrs.get("pads"):
+        pads = list(attrs["pads"])
+        pad_bottom, pad_right = pads[2:] if len(pads) == 4 else (0, pads[1])
+    divisors = divisor_map(geo, pad_bottom, pad_right, bool(attrs.get("count_include_pad", 0)))
+    _window_pool(cg, node, geo, AluOp.ADD, 0.0, divisor_argument(cg, divisors))
+
+
+def divisor_argument(cg: BirCodeGen, divisors: np.ndarray) -> float | str:
+    """The divisor `window_pool` takes: an immediate when every window counts the same, else
+    the name of a DRAM constant holding the map."""
+    if np.all(divisors == divisors.flat[0]):
+        return float(divisors.flat[0])
+    name = f"{cg.origin.node}/divisors"
+    cg.add_dram_const(name, divisors)
+    return name
+
+
+def _pool_3d(cg: BirCodeGen, node: dict) -> None:
+    from onnx2bir.codegen.lower.pool3d import lower_pool_3d  # imports this module
+
+    lower_pool_3d(cg, node)
+
+
+def _window_pool(
+    cg: BirCodeGen,
+    node: dict,
+    geo: WindowGeometry,
+    op: AluOp,
+    fill: float,
+    divisor: float | str | None,
+) -> None:
+    x_name, out_name = node["inputs"][0], node["outputs"][0]
+    x_shape = tuple(cg.graph.tensors[x_name].shape)
+    dtype = cg.graph.tensors[x_name].dtype
+    window_pool(cg, x_name, out_name, x_shape[0] * x_shape[1], dtype, geo, op, fill, divisor)
+
+
+def window_pool(
+    cg: BirCodeGen,
+    x_name: str,
+    out_name: str,
+    planes: int,
+    dtype: Dtype,
+    geo: WindowGeometry,
+    op: AluOp,
+    fill: float,
+    divisor: float | str | None,
+) -> None:
+    """Windows of the `fill`-framed planes of `x_name` (a graph tensor or a DRAM location of
+    this node) reduced with `op` (a 4-D access pattern: output rows, output cols, window rows,
+    window cols), then divided by `divisor`: an immediate or a DRAM [out_h, out_w] map
+    broadcast to every partition."""
+    src, height, width = padded_input(cg, x_name, planes, geo, fill)
+    plane = height * width
+    cols = min(geo.out_w, POOL_OUT_TILE)
+    rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
+    # Big windows: shrink the output tile until its input band fits the band budget.
+    while cols > 1 and geo.rows_needed(rows) * geo.cols_needed(cols) * dtype.itemsize > (
+        POOL_BAND_BYTES
+    ):
+        if rows > 1:
+            rows = max(1, rows // 2)
+        else:
+            cols = max(1, cols // 2)
+    # band, out and divisors rotate over the innermost tile loop with more than one tile
+    # (docs/buffers.md#lowerings).
+    band_stride = copy_stride(geo.rows_needed(rows) * geo.cols_needed(cols), dtype)
+    out_stride = copy_stride(rows * cols, dtype)
+    counts = [tile_count(planes, NUM_PARTITIONS), tile_count(geo.out_h, rows)]
+    counts.append(tile_count(geo.out_w, cols))
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        per_copy = (band_stride + out_stride * (2 if isinstance(divisor, str) else 1)) * (
+            dtype.itemsize
+        )
+        copies = buffer_count(cg, counts[level], per_copy)
+    buffers = [copies if i == level else 1 for i in range(3)]
+    band = cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, dtype)
+    out_sb = cg.sb_tile("out", NUM_PARTITIONS, copies * out_stride, dtype)
+    if isinstance(divisor, str):
+        div_sb = cg.sb_tile("divisors", NUM_PARTITIONS, copies * out_stride, dtype)
+    y_loc = cg.dram(out_name).name
+    out_plane = geo.out_h * geo.out_w
+    for p in tiles(cg, planes, NUM_PARTITIONS, "p", buffers=buffers[0]):
+        for row in tiles(cg, geo.out_h, rows, "oh", buffers=buffers[1]):
+            for col in tiles(cg, geo.out_w, cols, "ow", buffers=buffers[2]):
+                slot = p.slot + row.slot + col.slot  # at most one of them rotates
+                band_at, out_at = slot * band_stride, slot * out_stride
+                band_rows, band_cols = geo.rows_needed(row.size), geo.cols_needed(col.size)
+                cg.dma(
+                    cg.ap(band, [(1, band_rows * band_cols)], band_at, partitions=p.size),
+                    cg.dram_ap(
+                        src,
+                        p.start * plane
+                        + row.start * (geo.stride_h * width)
+                        + col.start * geo.stride_w,
+                        [(plane, p.size), (width, band_rows), (1, band_cols)],
+                    ),
+                )
+                windows = cg.ap(
+                    band,
+                    [
+                        (geo.stride_h * band_cols, row.size),
+                        (geo.stride_w, col.size),
+                        (geo.dilation_h * band_cols, geo.kernel_h),
+                        (geo.dilation_w, geo.kernel_w),
+                    ],
+                    band_at,
+                    partitions=p.size,
+                )
+                result = cg.ap(out_sb, [(1, row.size * col.size)], out_at, partitions=p.size)
+                cg.tensor_reduce(result, windows, op, axes=2)
+                if isinstance(divisor, float):
+                    cg.tensor_scalar(result, result, AluOp.DIVIDE, divisor)
+                elif isinstance(divisor, str):
+                    div = cg.ap(div_sb, [(1, row.size * col.size)], out_at, partitions=p.size)
+                    cg.dma(
+                        div,
+                        cg.dram_ap(
+                            divisor,
+                            row.start * geo.out_w + col.start,
+                            [(0, p.size), (geo.out_w, row.size), (1, col.size)],
+                        ),
+                    )
+                    cg.tensor_tensor(result, result, div, AluOp.DIVIDE)
+                cg.dma(
+                    cg.dram_ap(
+                        y_loc,
+                        p.start * out_plane + row.start * geo.out_w + col.start,
+                        [(out_plane, p.size), (geo.out_w, row.size), (1, col.size)],
+                    ),
+                    result,
+                )
+
+
+@lowering("GlobalAveragePool", "GlobalMaxPool")
+def lower_global_pool(cg: BirCodeGen, node: dict) -> None:
+    op = AluOp.MAX if node["op_type"] == "GlobalMaxPool" else AluOp.ADD
+    x_name, out_name = node["inputs"][0], node["outputs"][0]
+    x_shape = tuple(cg.graph.tensors[x_name].shape)
+    planes, size = x_shape[0] * x_shape[1], math.prod(x_shape[2:])
+    dtype = cg.graph.tensors[x_name].dtype
+    x_loc, y_loc = cg.dram(x_name).name, cg.dram(out_name).name
+    chunk = min(size, REDUCE_CHUNK)
+    chunks = -(-size // chunk)
+    data = cg.sb_tile("data", NUM_PARTITIONS, chunk, dtype)
+    partial = cg.sb_tile("partial", NUM_PARTITIONS, chunks, dtype)
+    total = cg.sb_tile("sum", NUM_PARTITIONS, 1, dtype)
+    for p in tiles(cg, planes, NUM_PARTITIONS, "p"):
+        for piece in tiles(cg, size, chunk, "hw"):
+            cg.dma(
+                cg.ap(data, [(1, piece.size)], partitions=p.size),
+                cg.dram_ap(x_loc, p.start * size + piece.start, [(size, p.size), (1, piece.size)]),
+            )
+            cg.tensor_reduce(
+                cg.ap(partial, [(1, 1)], tile_index(piece, chunk), partitions=p.size),
+                cg.ap(data, [(1, piece.size)], partitions=p.size),
+                op,
+                1,
+            )
+        cg.tensor_reduce(cg.ap(total, partitions=p.size), cg.ap(partial, partitions=p.size), op, 1)
+        if op is AluOp.ADD:
+            cg.activation(
+                cg.ap(total, partitions=p.size),
+                cg.ap(total, partitions=p.size),
+                ActFunc.COPY,
+                scale=1.0 / size,
+            )
+        cg.dma(cg.dram_ap(y_loc, p.start, [(1, p.size), (1, 1)]), cg.ap(total, partitions=p.size))

@@ -1,0 +1,87 @@
+"""Generic lowering of QuantizeLinear and DequantizeLinear (per tensor or per axis).
+
+Elementwise (`emit_elementwise`), the scale and zero point broadcast along `axis` when they
+are vectors (seen as [C, 1, …] at that axis):
+- DequantizeLinear: y = (x − zero_point) · scale; the subtraction is exact in int64 on VectorE
+  when both are integers, the product fp32.
+- QuantizeLinear: y = saturate(round(x / scale) + zero_point), round halves to even as Round
+  does (`lower_math`), saturation to the output type's range (uint8 [0, 255], int8
+  [−128, 127], …) by max/min before the store converts to the integer type.
+Blocked quantization (block_size) and the float8 types are refused.
+"""
+
+from __future__ import annotations
+
+from onnx2bir.bir.enums import AluOp, Dtype
+from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scratch_tile
+from onnx2bir.codegen.lower.math_ops import _floor
+from onnx2bir.codegen.registry import lowering
+
+_RANGES = {
+    Dtype.UINT8: (0, 255),
+    Dtype.INT8: (-128, 127),
+    Dtype.INT32: (-(2**31), 2**31 - 1),
+}
+
+
+def _axis_shapes(cg: BirCodeGen, node: dict) -> dict[str, tuple[int, ...]]:
+    """Per-axis scale / zero point seen as [C, 1, …] at `axis` of x."""
+    if node["attrs"].get("block_size", 0):
+        raise cg.fail(f"{node['op_type']} with block_size (blocked quantization) is not supported")
+    x_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)
+    axis = int(node["attrs"].get("axis", 1)) % max(1, len(x_shape))
+    shapes = {}
+    for name in node["inputs"][1:]:
+        shape = tuple(cg.graph.tensors[name].shape) if name else ()
+        if len(shape) == 1 and shape[0] > 1:
+            shapes[name] = (shape[0],) + (1,) * (len(x_shape) - axis - 1)
+    return shapes
+
+
+@lowering("DequantizeLinear")
+def lower_dequantize(cg: BirCodeGen, node: dict) -> None:
+    shapes = _axis_shapes(cg, node)
+    has_zero = len(node["inputs"]) > 2 and bool(node["inputs"][2])
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        x, scale = srcs[0], srcs[1]
+        if has_zero:
+            cg.tensor_tensor(dst, x, srcs[2], AluOp.SUBTRACT)
+            cg.tensor_tensor(dst, dst, scale, AluOp.MULTIPLY)
+        else:
+            cg.tensor_tensor(dst, x, scale, AluOp.MULTIPLY)
+
+    emit_elementwise(cg, node, compute, shapes, direct=True)
+
+
+@lowering("QuantizeLinear")
+def lower_quantize(cg: BirCodeGen, node: dict) -> None:
+    out_dtype = cg.graph.tensors[node["outputs"][0]].dtype
+    if out_dtype not in _RANGES:
+        raise cg.fail(f"QuantizeLinear to {out_dtype} is not supported")
+    low, high = _RANGES[out_dtype]
+    shapes = _axis_shapes(cg, node)
+    has_zero = len(node["inputs"]) > 2 and bool(node["inputs"][2])
+    value_t, rem_t, flag_t, more_t = (scratch_tile(cg, t) for t in ("value", "rem", "flag", "more"))
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        value, rem = like(dst, value_t), like(dst, rem_t)
+        flag, more = like(dst, flag_t), like(dst, more_t)
+        cg.tensor_tensor(more, srcs[0], srcs[1], AluOp.DIVIDE)
+        # round half to even: floor, then +1 above a half or at an odd tie
+        _floor(cg, value, more, rem, flag)
+        cg.tensor_tensor(rem, more, value, AluOp.SUBTRACT)
+        cg.tensor_scalar(flag, value, AluOp.MOD, 2.0, AluOp.IS_EQUAL, 0.0)
+        cg.tensor_scalar(more, rem, AluOp.IS_EQUAL, 0.5)
+        cg.tensor_tensor(flag, more, flag, AluOp.SUBTRACT)
+        cg.tensor_scalar(flag, flag, AluOp.MAX, 0.0)
+        cg.tensor_scalar(more, rem, AluOp.IS_GT, 0.5)
+        cg.tensor_tensor(value, value, more, AluOp.ADD)
+        cg.tensor_tensor(value, value, flag, AluOp.ADD)
+        if has_zero:
+            cg.tensor_tensor(value, value, srcs[2], AluOp.ADD)
+        cg.tensor_scalar(dst, value, AluOp.MAX, float(low), AluOp.MIN, float(high))
+
+    emit_elementwise(cg, node, compute, shapes, direct=True)

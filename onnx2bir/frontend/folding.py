@@ -1,0 +1,293 @@
+"""Compile-time folding of an ONNX model: constants and shape arithmetic become values.
+
+In: a checked ModelProto whose runtime inputs have static shapes, and the weights the importer
+held aside (`importer.split_weights`). Out, from `fold_constants`: a copy in which every node
+whose inputs are known at compile time (constants, Shape and Size of static shapes, Gather on
+shapes, ConstantOfShape, Range, Concat of shapes, …) is evaluated and dropped, its value an
+initializer, or a weight held aside when large. Shape nodes fold from the inferred static
+shape; any other node is run, one at a time, by onnx's reference evaluator. A large
+ConstantOfShape is never materialised: its consumers fold against a zero-stride view of its one
+value, and the node stays for the code generator (a Memset) if anything reads it at run time.
+`normalize_pool_ceil_mode` rewrites ceil_mode pools so that onnx's shape inference agrees with
+PyTorch and onnxruntime; `static_shapes` reads every fully static shape of a model;
+`drop_dead_nodes` removes nodes whose outputs nothing reads. A failure of
+shape inference becomes a `UserError` with its first line.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnx2bir.errors import UserError
+from onnx2bir.frontend.vendor_shapes import add_vendor_shapes
+
+# Ops whose outputs vary between runs: never folded even with constant inputs.
+_NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
+_FOLD_MAX_ELEMENTS = 1 << 24
+# Initializers this large are held aside as numpy arrays while onnx checks and infers the rest
+# (importer.split_weights); a folded value this large joins them.
+WEIGHT_ELEMENTS = 4096
+
+
+def normalize_pool_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite ceil_mode=1 pools as ceil_mode=0 with extra high padding.
+
+    With ceil_mode, PyTorch and onnxruntime drop a last window that would start inside the
+    high padding; onnx's shape inference keeps it, so it disagrees with the shape PyTorch
+    exports declare. Padding the high side enough for the floor formula to give the same
+    count is exact for MaxPool (the pad is -inf) and for AveragePool without
+    count_include_pad (padding is not counted); other pools are left alone.
+    """
+    pools = [
+        n
+        for n in model.graph.node
+        if n.op_type in ("MaxPool", "AveragePool")
+        and any(a.name == "ceil_mode" and a.i == 1 for a in n.attribute)
+    ]
+    if not pools:
+        return model
+    shapes = static_shapes(onnx.shape_inference.infer_shapes(model, strict_mode=False))
+    for node in pools:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.input[0] not in shapes or attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            continue
+        if node.op_type == "AveragePool" and attrs.get("count_include_pad", 0):
+            continue
+        spatial = shapes[node.input[0]][2:]
+        rank = len(spatial)
+        kernel = attrs["kernel_shape"]
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        pads = list(attrs.get("pads") or [0] * (2 * rank))
+        out_dims = list(shapes[node.input[0]][:2])
+        for i in range(rank):
+            span = (kernel[i] - 1) * dilations[i] + 1
+            padded = spatial[i] + pads[i] + pads[i + rank]
+            out = -(-(padded - span) // strides[i]) + 1
+            if (out - 1) * strides[i] >= spatial[i] + pads[i]:
+                out -= 1  # the last window would start in the high padding
+            pads[i + rank] += max(0, (out - 1) * strides[i] + span - padded)
+            out_dims.append(out)
+        for value in model.graph.output:
+            if value.name == node.output[0]:
+                dims = value.type.tensor_type.shape.dim
+                del dims[:]
+                for size in out_dims:
+                    dims.add().dim_value = size
+        for attr in list(node.attribute):
+            if attr.name in ("ceil_mode", "pads"):
+                node.attribute.remove(attr)
+        node.attribute.extend(
+            [onnx.helper.make_attribute("pads", pads), onnx.helper.make_attribute("ceil_mode", 0)]
+        )
+    for value in list(model.graph.value_info):
+        if value.name in {n.output[0] for n in pools}:
+            model.graph.value_info.remove(value)
+    return model
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference, alternated with the vendor ops' shapes it cannot give
+    (`vendor_shapes.add_vendor_shapes`) until those stop changing."""
+    for _ in range(len(model.graph.node) + 1):
+        try:
+            model = onnx.shape_inference.infer_shapes(
+                model, check_type=True, strict_mode=True, data_prop=True
+            )
+        except Exception as exc:
+            text = str(exc).strip()
+            first_line = text.splitlines()[0] if text else type(exc).__name__
+            raise UserError(f"shape inference failed: {first_line}") from exc
+        if not add_vendor_shapes(model):
+            break
+    return model
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tensor_type.shape.dim
+        if all(dim.HasField("dim_value") for dim in dims):
+            shapes[value.name] = tuple(dim.dim_value for dim in dims)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+MAX_FOLD_ROUNDS = 8
+
+
+def fold_constants(
+    model: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
+) -> onnx.ModelProto:
+    """Fold, re-infer shapes, and fold again until nothing changes.
+
+    A Shape node whose input only gets a static shape once earlier values are folded (e.g. a
+    Split by folded sizes) folds in the next round.
+    """
+    weights = {} if weights is None else weights
+    for _ in range(MAX_FOLD_ROUNDS):
+        model, changed = _fold_once(model, weights)
+        if not changed:
+            break
+    return model
+
+
+def _fold_once(
+    model: onnx.ModelProto, weights: dict[str, np.ndarray]
+) -> tuple[onnx.ModelProto, bool]:
+    """Evaluate every node whose inputs are known at compile time; drop it from the graph.
+
+    Shape nodes fold from the inferred static shape; other nodes are run, one at a time, by
+    onnx's reference evaluator. Folded values become initializers. Returns the shape-inferred
+    model and whether anything folded.
+    """
+    model = _infer(model)
+    graph = model.graph
+    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
+    shapes = static_shapes(model)
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    constants.update(weights)
+    kept = []
+    fills: set[str] = set()
+    for node in graph.node:
+        fill = _large_fill(node, constants)
+        if fill is not None:
+            # Consumers fold against a zero-stride view; the node itself stays (a Memset on
+            # the machine) unless nothing at run time reads its output.
+            constants[node.output[0]] = fill
+            fills.add(node.output[0])
+            kept.append(node)
+            continue
+        values = _fold_node(node, constants, shapes, opsets)
+        if values is None:
+            kept.append(node)
+            continue
+        for name, value in zip(node.output, values, strict=False):
+            if name:
+                constants[name] = value
+    outputs = {out.name for out in graph.output}
+    readers = {name for node in kept if node.output[0] not in fills for name in node.input}
+    kept = [n for n in kept if n.output[0] not in fills or n.output[0] in readers | outputs]
+    if len(kept) == len(graph.node):
+        return model, False
+    used = {name for node in kept for name in node.input} | outputs
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    # IR < 4 ignores initializers that are not also graph inputs; folded values are not inputs.
+    folded.ir_version = max(folded.ir_version, 4)
+    del folded.graph.node[:]
+    folded.graph.node.extend(kept)
+    del folded.graph.initializer[:]
+    del folded.graph.value_info[:]
+    runtime = [value for value in folded.graph.input if value.name not in constants]
+    del folded.graph.input[:]
+    folded.graph.input.extend(runtime)
+    for name, value in constants.items():
+        if name not in used or name in fills:
+            continue
+        value = np.asarray(value)
+        if value.size >= WEIGHT_ELEMENTS:  # a large folded value joins the weights held aside
+            weights[name] = value
+            folded.graph.input.append(
+                onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
+                )
+            )
+        else:
+            folded.graph.initializer.append(numpy_helper.from_array(value, name))
+    return _infer(folded), True
+
+
+def _large_fill(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> np.ndarray | None:
+    """A ConstantOfShape of constant shape and at least WEIGHT_ELEMENTS elements, as a
+    read-only zero-stride view of its one value (never materialised); else None."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+        return None
+    if not node.input or node.input[0] not in constants:
+        return None
+    shape = tuple(int(d) for d in np.asarray(constants[node.input[0]]).reshape(-1))
+    if math.prod(shape) < WEIGHT_ELEMENTS:
+        return None
+    value = np.zeros(1, np.float32)
+    for attr in node.attribute:
+        if attr.name == "value":
+            value = numpy_helper.to_array(attr.t).reshape(-1)[:1]
+    return np.broadcast_to(value.reshape(()), shape)
+
+
+def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
+        return None
+    if node.op_type == "Shape" and node.input[0] in shapes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        shape = shapes[node.input[0]]
+        start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+        return [np.array(shape[start:end], dtype=np.int64)]
+    if node.op_type == "Size" and node.input[0] in shapes:
+        return [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+    if any(name and name not in constants for name in node.input):
+        return None
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    ):
+        return None
+    for name in node.output:
+        if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
+            return None
+    try:
+        evaluator = ReferenceEvaluator(node, opsets=opsets)
+        feeds = {name: constants[name] for name in node.input if name}
+        # log(0) = -inf and the like are values here, not problems worth a warning.
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [np.asarray(value) for value in evaluator.run(None, feeds)]
+    except Exception:
+        return None  # leave the node to the code generator, which reports it if unsupported
+
+
+def drop_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove nodes none of whose outputs is read by another node or is a graph output
+    (ONNX ops have no side effects); repeated, so a dead chain goes entirely."""
+    nodes = list(model.graph.node)
+    while True:
+        read = {name for node in nodes for name in _names_read(node)}
+        read |= {value.name for value in model.graph.output}
+        live = [node for node in nodes if any(name and name in read for name in node.output)]
+        if len(live) == len(nodes):
+            break
+        nodes = live
+    if len(nodes) == len(model.graph.node):
+        return model
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def _names_read(node: onnx.NodeProto) -> set[str]:
+    """The node's inputs and every name read inside its subgraphs (If, Loop, Scan bodies may
+    read outer values)."""
+    names = set(node.input)
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+            for inner in graph.node:
+                names |= _names_read(inner)
+            names |= {value.name for value in graph.output}
+    return names

@@ -1,0 +1,440 @@
+"""ONNX model → static `Graph`.
+
+In: a path or an `onnx.ModelProto`, optional fixed input shapes (`--input-shape`) and symbol
+values (`--dim`). Out: a `Graph` in which every tensor has a static shape and every value
+that can be computed at compile time (constants, shape arithmetic: Shape, Gather on shapes,
+ConstantOfShape, Range, Concat of shapes, …) is a constant in the tensor table.
+
+The work is done by onnx itself: the checker, shape inference with data propagation, and the
+reference evaluator run on one node at a time for folding (`onnx2bir.frontend.folding`, whose
+`fold_constants` and `normalize_pool_ceil_mode` are re-exported here). Every failure becomes a
+`UserError` with one line that names the file, node or tensor concerned.
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import external_data_helper, numpy_helper
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.errors import UserError
+from onnx2bir.frontend import (
+    contracts,
+)
+from onnx2bir.frontend import (
+    memory_contracts as contracts_memory,
+)
+from onnx2bir.frontend import (
+    node_contracts as contracts_nodes,
+)
+from onnx2bir.frontend.folding import (
+    WEIGHT_ELEMENTS,
+    drop_dead_nodes,
+    fold_constants,
+    normalize_pool_ceil_mode,
+    static_shapes,
+)
+from onnx2bir.frontend.symbols import propagate_symbols, unset_message
+from onnx2bir.graph import Graph, TensorInfo
+
+
+def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """Read a model (and its external data, which must live inside the model's folder)."""
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        return model
+    path = Path(source)
+    if not str(source).strip():
+        raise UserError("the model path is empty")
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{path}: is a folder, not an ONNX model file")
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block or never end
+        raise UserError(f"{path}: not a regular file")
+    if info.st_size == 0:
+        raise UserError(f"{path}: the file is empty")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises several types for garbage or truncation
+        raise UserError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from exc
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
+    contracts.check_text(model, str(path))
+    _load_external_data(model, path.parent, path)
+    return model
+
+
+def split_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Move large initializers out of `model` (in place) into arrays; they become typed graph
+    inputs of the remaining skeleton.
+
+    The checker and shape inference serialise the whole model, several times; without the
+    weights they run in milliseconds instead of seconds on a large CNN, and they only need a
+    weight's type and shape. Weights stay constants for everything after the import.
+    """
+    weights: dict[str, np.ndarray] = {}
+    kept = []
+    listed = {value.name for value in model.graph.input}
+    for init in model.graph.initializer:
+        if np.prod(init.dims, dtype=np.int64) < WEIGHT_ELEMENTS:
+            kept.append(init)
+            continue
+        try:
+            weights[init.name] = numpy_helper.to_array(init)
+        except Exception as exc:
+            raise UserError(f"initializer {init.name!r} cannot be read: {exc}") from exc
+        if init.name not in listed:
+            model.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    if weights:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+    return weights
+
+
+def check_model(model: onnx.ModelProto, full: bool = False) -> None:
+    """The file-level contracts (`onnx2bir.frontend.contracts`), then onnx's checker; `full` adds
+    strict shape inference, so contradictions between shapes and types are refused (run once
+    the input shapes are fixed and ceil-mode pools agree with onnx's shape formula)."""
+    contracts.check_versions(model)
+    contracts.check_graph_outputs(model)
+    contracts.check_ops(model)
+    _fill_output_shapes(model)
+    try:
+        onnx.checker.check_model(model, full_check=full)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise UserError(f"the model fails the ONNX checker: {_inference_message(exc)}") from exc
+
+
+def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """Read and check a model; external data must live inside the model's folder."""
+    model = read_model(source)
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    split_weights(skeleton)
+    check_model(skeleton)
+    return model
+
+
+def _fill_output_shapes(model: onnx.ModelProto) -> None:
+    """Give graph outputs declared without a shape the shape onnx infers for them.
+
+    onnxruntime runs such models, but onnx's checker rejects a graph output with no shape.
+    """
+    missing = [
+        out
+        for out in model.graph.output
+        if out.type.HasField("tensor_type") and not out.type.tensor_type.HasField("shape")
+    ]
+    if not missing:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        inferred = model
+    shapes = {value.name: value for value in [*inferred.graph.value_info, *inferred.graph.output]}
+    for out in missing:
+        known = shapes.get(out.name)
+        if known is not None and known.type.tensor_type.HasField("shape"):
+            out.type.tensor_type.shape.CopyFrom(known.type.tensor_type.shape)
+            continue
+        try:  # no shape: strict inference says which node contradicts itself
+            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        except Exception as exc:
+            raise UserError(f"shape inference failed: {_inference_message(exc)}") from None
+
+
+def _inference_message(exc: Exception) -> str:
+    """onnx's inference error in one line: the node and the reason, without the prefixes."""
+    lines = str(exc).strip().splitlines()  # the checker adds context lines after the first
+    text = " ".join(lines[0].split()) if lines else type(exc).__name__
+    return text.replace("[ShapeInferenceError] Inference error(s): ", "")
+
+
+def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
+    root = base_dir.resolve()
+    for tensor in external_data_helper._get_all_tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        contracts.check_external_fields(tensor, path)
+        info = external_data_helper.ExternalDataInfo(tensor)
+        target = (base_dir / info.location).resolve()
+        if not target.is_relative_to(root):
+            raise UserError(
+                f"{path}: tensor {tensor.name!r} points to external data {info.location!r} "
+                f"outside the model's folder; refusing to read it"
+            )
+        if not target.is_file():
+            raise UserError(
+                f"{path}: external data file {info.location!r} of tensor {tensor.name!r} is missing"
+            )
+        contracts.check_external_data(tensor, target, path)
+    try:
+        external_data_helper.load_external_data_for_model(model, str(base_dir))
+    except Exception as exc:
+        raise UserError(f"{path}: could not read external data ({exc})") from exc
+
+
+@dataclass
+class Imported:
+    """The import's results: the folded ONNX skeleton (large weights as typed inputs), the
+    weights held aside, and the graph built from them."""
+
+    folded: onnx.ModelProto
+    weights: dict[str, np.ndarray]
+    graph: Graph
+
+
+def import_parts(
+    source: str | Path | onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    dims: dict[str, int] | None = None,
+) -> Imported:
+    """Load, check, fix symbolic dimensions, fold compile-time values, build the Graph; keep
+    the folded skeleton and the weights for tools that run onnxruntime on the same values."""
+    model = read_model(source)
+    initializers = {init.name for init in model.graph.initializer}
+    weights = split_weights(model)
+    check_model(model)
+    model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
+    model = normalize_pool_ceil_mode(model)
+    check_model(model, full=True)
+    model = fold_constants(model, weights)  # large folded values join `weights`
+    check_folded(model, weights)
+    model = drop_dead_nodes(model)
+    graph = build_graph(model, _model_name(source, model), weights)
+    graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
+    return Imported(model, weights, graph)
+
+
+def check_folded(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
+    """The contracts that need static shapes: node attributes and constant indices
+    (`onnx2bir.frontend.node_contracts`), every tensor's bytes (`onnx2bir.frontend.memory_contracts`)."""
+    shapes = static_shapes(model)
+    shapes.update({name: tuple(value.shape) for name, value in weights.items()})
+    contracts_nodes.check_nodes(model, shapes, weights)
+    contracts_memory.check_tensor_sizes(contracts_memory.tensor_bytes(model, shapes, weights))
+
+
+def import_model(
+    source: str | Path | onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    dims: dict[str, int] | None = None,
+) -> Graph:
+    """The Graph of a model (see `import_parts`)."""
+    return import_parts(source, input_shapes, dims).graph
+
+
+def _model_name(source, model: onnx.ModelProto) -> str:
+    if isinstance(source, (str, Path)):
+        return Path(source).name.removesuffix(".onnx")
+    return model.graph.name or "model"
+
+
+def runtime_inputs(model: onnx.ModelProto, weights=()) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are fed at run time (not initializers, not weights held aside)."""
+    constants = {init.name for init in model.graph.initializer} | set(weights)
+    return [value for value in model.graph.input if value.name not in constants]
+
+
+def _declared_static(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    """The input's declared shape when every dim is a number, else None."""
+    dims = value.type.tensor_type.shape.dim
+    if all(dim.HasField("dim_value") for dim in dims):
+        return tuple(dim.dim_value for dim in dims)
+    return None
+
+
+def fix_input_shapes(
+    model: onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]],
+    dims: dict[str, int],
+    weights=(),
+) -> onnx.ModelProto:
+    """Return a copy of `model` whose runtime inputs all have static shapes."""
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    inputs = runtime_inputs(model_copy, weights)
+    names = [value.name for value in inputs]
+    unknown = sorted(set(input_shapes) - set(names))
+    if unknown:
+        raise UserError(
+            f"--input-shape names {', '.join(unknown)}, but the model's inputs are: "
+            f"{', '.join(names)}"
+        )
+    symbols = {
+        dim.dim_param
+        for value in inputs
+        for dim in value.type.tensor_type.shape.dim
+        if dim.HasField("dim_param")
+    }
+    strays = sorted(set(dims) - symbols)
+    if strays:
+        raise UserError(
+            f"--dim {', '.join(strays)}: the model's inputs have no symbolic dimension of that "
+            f"name (their symbols: {', '.join(sorted(symbols)) or 'none'})"
+        )
+    dims = propagate_symbols(inputs, input_shapes, dims)
+    if any(
+        _declared_static(value) not in (None, tuple(input_shapes[value.name]))
+        for value in inputs
+        if value.name in input_shapes
+    ):
+        # Shapes recorded for the old input shapes would contradict the new ones: let shape
+        # inference recompute them (graph outputs keep their rank, not their sizes).
+        del model_copy.graph.value_info[:]
+        for out in model_copy.graph.output:
+            for index, dim in enumerate(out.type.tensor_type.shape.dim):
+                dim.dim_param = f"{out.name}_d{index}"
+    unset: dict[str, list[str]] = {}  # symbol (or "" for an unnamed dim) → where it is used
+    for value in inputs:
+        shape = value.type.tensor_type.shape
+        if value.name in input_shapes:
+            wanted = input_shapes[value.name]
+            del shape.dim[:]
+            for size in wanted:
+                shape.dim.add().dim_value = size
+            continue
+        for index, dim in enumerate(shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            symbol = dim.dim_param if dim.HasField("dim_param") else ""
+            if symbol and symbol in dims:
+                dim.dim_value = dims[symbol]
+                continue
+            key = symbol or f"{value.name}:{index}"
+            unset.setdefault(key, []).append(f"input '{value.name}' dim {index}")
+    if unset:
+        raise UserError(unset_message(unset))
+    return model_copy
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 1
+
+
+def build_graph(
+    model: onnx.ModelProto, name: str, weights: dict[str, np.ndarray] | None = None
+) -> Graph:
+    """Turn a folded, fully shaped model (and the weights held aside) into a Graph."""
+    onnx_graph = model.graph
+    shapes = static_shapes(model)
+    dtypes = _dtypes(model)
+    weights = weights or {}
+    tensors: dict[str, TensorInfo] = {
+        tensor: TensorInfo(tensor, value.shape, _dtype(tensor, value.dtype), value)
+        for tensor, value in weights.items()
+    }
+    for init in onnx_graph.initializer:
+        value = numpy_helper.to_array(init)
+        tensors[init.name] = TensorInfo(
+            init.name, value.shape, _dtype(init.name, value.dtype), value
+        )
+    graph = Graph(
+        name=name,
+        nx=nx.MultiDiGraph(),
+        tensors=tensors,
+        inputs=[value.name for value in runtime_inputs(model, weights)],
+        outputs=[value.name for value in onnx_graph.output],
+        opset=_opset(model),
+    )
+    used_names: set[str] = set()
+    consumed = {name for node in onnx_graph.node for name in node.input}
+    consumed.update(_subgraph_reads(onnx_graph))  # a Loop body reads enclosing tensors by name
+    consumed.update(graph.outputs)
+    for index, node in enumerate(onnx_graph.node):
+        # An output nobody reads (Dropout's mask, say) is dropped rather than shaped.
+        outputs = [tensor if tensor in consumed else "" for tensor in node.output]
+        for tensor in outputs:
+            if not tensor or tensor in tensors:
+                continue
+            if tensor not in shapes:
+                raise UserError(
+                    f"could not infer a static shape for tensor {tensor!r}, output of node "
+                    f"{node.name or index!r} ({node.op_type})"
+                )
+            tensors[tensor] = TensorInfo(tensor, shapes[tensor], _dtype(tensor, dtypes[tensor]))
+        graph.add_node(
+            _unique_name(node, index, used_names),
+            node.op_type,
+            list(node.input),
+            outputs,
+            {a.name: _attr_value(a) for a in node.attribute},
+            node.domain,
+        )
+    for tensor in graph.inputs:
+        tensors[tensor] = TensorInfo(tensor, shapes[tensor], _dtype(tensor, dtypes[tensor]))
+    for tensor in graph.outputs:
+        if tensor not in tensors:
+            raise UserError(f"graph output {tensor!r} is produced by no node")
+    graph.imported = frozenset(tensors)
+    return graph
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name an input of a node inside a subgraph attribute (at any depth)."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            bodies = list(attr.graphs)
+            if attr.type == onnx.AttributeProto.GRAPH:
+                bodies.append(attr.g)
+            for body in bodies:
+                names.update(name for inner in body.node for name in inner.input)
+                names.update(_subgraph_reads(body))
+    return names
+
+
+def _dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    result = {}
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        elem_type = value.type.tensor_type.elem_type
+        if elem_type:
+            result[value.name] = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    return result
+
+
+def _dtype(tensor: str, dtype: np.dtype) -> Dtype:
+    try:
+        return Dtype.from_numpy(dtype)
+    except ValueError as exc:
+        raise UserError(
+            f"tensor {tensor!r} has dtype {dtype}, which onnx2bir does not support"
+        ) from exc
+
+
+def _unique_name(node: onnx.NodeProto, index: int, used: set[str]) -> str:
+    base = node.name or f"{node.op_type}_{index}"
+    name, suffix = base, 1
+    while name in used:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    used.add(name)
+    return name
+
+
+def _attr_value(attr: onnx.AttributeProto):
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [v.decode() if isinstance(v, bytes) else v for v in value]
+    return value

@@ -1,0 +1,1 @@
+"""The native attention kernel: its arguments, its SBUF plan and its tracer."""

@@ -1,0 +1,1 @@
+"""The convolution kernels the conv selection names, and what they share."""

@@ -1,0 +1,114 @@
+"""What every conv kernel tracer reads from its NativeKernel node.
+
+The selector (`onnx2bir.patterns.conv.selection`) writes `func_name` and the JSON of `get_kernel_attr`;
+`conv_attrs_with_out_shape` reads it back and adds the output shape, the counterpart of the
+reference codegen's `_get_conv_attrs_with_out_shape`. `ConvKernelArgs` then gives the
+geometry in canonical terms (batch, channels, spatial sizes), whatever layout the kernel's
+tensors are stored in, plus the element strides of each canonical axis in that layout.
+
+Inputs of the node: x and w already in the kernel's layouts, then an optional bias [C_out];
+the output is in the kernel's result layout. Spatial dims are always two (1-D convs carry a
+unit height).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.tiling import contiguous_strides
+from onnx2bir.patterns.conv.op import conv_geometry
+
+
+def conv_attrs_with_out_shape(cg: BirCodeGen, node: dict) -> dict:
+    attrs = json.loads(node["attrs"]["attrs"])
+    attrs["out_shape"] = list(cg.graph.tensors[node["outputs"][0]].shape)
+    return attrs
+
+
+def _canonical(shape: list[int], perm: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(canonical sizes, element stride of each canonical axis in the stored layout)."""
+    strides = contiguous_strides(tuple(shape))
+    return tuple(shape[a] for a in perm), tuple(strides[a] for a in perm)
+
+
+@dataclass(frozen=True)
+class ConvKernelArgs:
+    x: str  # DRAM location names
+    w: str
+    bias: str | None
+    y: str
+    batch: int
+    c_in: int
+    c_out: int
+    groups: int
+    in_h: int
+    in_w: int
+    k_h: int
+    k_w: int
+    out_h: int
+    out_w: int
+    stride: tuple[int, int]
+    # By role, decoded from the attributes (`conv_geometry`): a backward-form op carries the
+    # input dilation in its rhs_dilation attribute and the kernel dilation in lhs_dilation.
+    rhs_dilation: tuple[int, int]  # kernel tap spacing
+    lhs_dilation: tuple[int, int]  # input dilation (a transposed conv's stride)
+    padding: tuple[tuple[int, int], tuple[int, int]]
+    rhs_reversal: bool  # transposed conv: tap (i, j) reads weight (kH-1-i, kW-1-j)
+    x_strides: tuple[int, ...]  # element strides of canonical (b, f, 0, 1) in x's layout
+    w_strides: tuple[int, ...]  # of canonical (o, i, 0, 1) in w's layout
+    y_strides: tuple[int, ...]  # of canonical (b, f, 0, 1) in y's layout
+
+    @property
+    def c_in_group(self) -> int:
+        return self.c_in // self.groups
+
+    @property
+    def c_out_group(self) -> int:
+        return self.c_out // self.groups
+
+    @property
+    def taps(self) -> int:
+        return self.k_h * self.k_w
+
+
+def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
+    attrs = conv_attrs_with_out_shape(cg, node)
+    x_name, w_name = node["inputs"][:2]
+    bias = node["inputs"][2] if len(node["inputs"]) > 2 and node["inputs"][2] else None
+    (batch, c_in, in_h, in_w), x_strides = _canonical(attrs["input_shape"], attrs["in_perm"])
+    (c_out, _, k_h, k_w), w_strides = _canonical(attrs["kernel_shape"], attrs["kern_perm"])
+    (_, _, out_h, out_w), y_strides = _canonical(attrs["out_shape"], attrs["out_perm"])
+    padding = tuple(tuple(pair) for pair in attrs["padding"])
+    geometry = conv_geometry(
+        attrs["lhs_dilation"],
+        attrs["rhs_dilation"],
+        attrs["feature_group_count"],
+        attrs["batch_group_count"],
+        bool(attrs.get("rhs_reversal", False)),
+    )
+    return ConvKernelArgs(
+        x=cg.dram(x_name).name,
+        w=cg.dram(w_name).name,
+        bias=cg.dram(bias).name if bias else None,
+        y=cg.dram(node["outputs"][0]).name,
+        batch=batch,
+        c_in=c_in,
+        c_out=c_out,
+        groups=geometry.groups,
+        in_h=in_h,
+        in_w=in_w,
+        k_h=k_h,
+        k_w=k_w,
+        out_h=out_h,
+        out_w=out_w,
+        stride=tuple(attrs["stride"]),
+        rhs_dilation=tuple(geometry.kernel_dilation),
+        lhs_dilation=tuple(geometry.input_dilation),
+        padding=padding,
+        rhs_reversal=bool(attrs.get("rhs_reversal", False)),
+        x_strides=x_strides,
+        w_strides=w_strides,
+        y_strides=y_strides,
+    )

@@ -1,0 +1,251 @@
+"""Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh: dense conv with input rows replicated on partitions.
+
+In: x in layout fb01 [C_in, N, H, W], w in io01 [C_in, C_out, kH, kW], optional bias [C_out].
+Out: y in layout 01bf [H_out, W_out, N, C_out]; the selector bridges both ways.
+
+"Pcinh" is the partition dim folded from C_in x h: partition p = (r, c) holds input channel c
+as seen by kernel row g + r, so one matmul contracts over R kernel rows and all C_in channels
+at once, and only the kW column taps remain to accumulate:
+
+    psum[C_out, pixels] += Σ_kw  W_rep[(r, c), kw, C_out]ᵀ · X_rep[(r, c), rows, cols·sw + kw·dw]
+
+with X_rep[(r, c), oh, ·] = X_padded[c, oh·sh + (g + r)·dh, ·], built by one DMA per kernel
+row r. R = min(kH, 128 // C_in) rows fit at once (all of them when the selector's rep_nhwc
+row matched: C_in·kH ≤ 128); otherwise the kernel rows are taken in groups of R (the
+K-replication row, priority 9) and wide inputs (C_in > 128) in channel tiles of 128, all
+accumulating into the same PSUM tile. Against the generic path this divides the matmul count
+by R. Weights stay resident in SBUF for a C_out tile; the bias rides on the PSUM eviction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.ir import MemoryLocation
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.casting import pe_operand_dtype
+from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.spatial import WindowGeometry, padded_input
+from onnx2bir.codegen.tiling import (
+    Affine,
+    Tile,
+    buffer_count,
+    copy_stride,
+    rotating_level,
+    tile_count,
+    tile_index,
+    tiles,
+)
+from onnx2bir.kernels import kernel
+from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
+from onnx2bir.patterns.conv.selection import REP_NHWC
+
+
+def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:
+    (pad_top, _), (pad_left, _) = args.padding
+    return WindowGeometry(
+        args.in_h,
+        args.in_w,
+        args.out_h,
+        args.out_w,
+        args.k_h,
+        args.k_w,
+        args.stride[0],
+        args.stride[1],
+        args.rhs_dilation[0],
+        args.rhs_dilation[1],
+        pad_top,
+        pad_left,
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The kernel's tiling: row groups, channel tiles, output tile, and its SBUF/PSUM tiles."""
+
+    args: ConvKernelArgs
+    geo: WindowGeometry
+    src: str  # the padded input, planes in the input's own (c, n) order
+    width: int  # padded row length
+    padded_plane: int
+    channel_planes: int  # planes between two channels / two images of the input
+    batch_planes: int
+    c_tile: int
+    c_tiles: int
+    row_groups: tuple[tuple[int, int], ...]  # (first kernel row, rows) stacked per matmul
+    rows: int
+    cols: int
+    w_slot: int  # weight elements per (row group, channel tile)
+    weights: MemoryLocation
+    band: MemoryLocation  # `buffers` copies of band, out and acc (docs/buffers.md#rotation)
+    bias: MemoryLocation
+    out: MemoryLocation
+    acc: MemoryLocation
+    buffers: tuple[int, int, int]  # copies rotated by the n, oh and ow loops (one is > 1)
+    band_stride: int  # elements between two copies of the band
+
+    def slot(self, group: int, k: Tile) -> Affine:
+        return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
+
+
+@kernel(REP_NHWC)
+def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
+    args = conv_kernel_args(cg, node)
+    if args.groups != 1 or any(d != 1 for d in args.lhs_dilation) or args.rhs_reversal:
+        raise cg.fail("rep_nhwc takes dense forward convolutions only")
+    if args.x_strides[2:] != (args.in_w, 1):
+        raise cg.fail("rep_nhwc expects rows and columns innermost in its input")
+    plan = _plan(cg, node, args)
+    for m in tiles(cg, args.c_out, min(args.c_out, NUM_PARTITIONS), "m"):
+        _load_weights(cg, plan, m)
+        if args.bias:
+            cg.dma(
+                cg.ap(plan.bias, partitions=m.size),
+                cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
+            )
+        b_n, b_oh, b_ow = plan.buffers
+        for n in tiles(cg, args.batch, 1, "n", buffers=b_n):
+            for row in tiles(cg, args.out_h, plan.rows, "oh", buffers=b_oh):
+                for col in tiles(cg, args.out_w, plan.cols, "ow", buffers=b_ow):
+                    slot = n.slot + row.slot + col.slot  # at most one of them rotates
+                    _output_tile(cg, plan, m, n, row, col, slot)
+
+
+def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
+    geo = kernel_geometry(args)
+    plane = args.in_h * args.in_w
+    src, height, width = padded_input(cg, node["inputs"][0], args.batch * args.c_in, geo, 0.0)
+    c_tile = min(args.c_in, NUM_PARTITIONS)
+    c_tiles = -(-args.c_in // c_tile)
+    per_group = max(1, min(args.k_h, NUM_PARTITIONS // c_tile))
+    groups = tuple((g, min(per_group, args.k_h - g)) for g in range(0, args.k_h, per_group))
+    cols = min(args.out_w, MATMUL_MAX_MOVING_FREE)
+    rows = max(1, min(args.out_h, MATMUL_MAX_MOVING_FREE // cols))
+    w_slot = args.k_w * min(args.c_out, NUM_PARTITIONS)
+    operand = pe_operand_dtype(cg)
+    # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
+    # Both PE operands in the autocast dtype: the weight and band DMAs are the casts.
+    weights = cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, operand)
+    bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
+    # The output-tile loop rotates band, out and acc (docs/buffers.md#lowerings).
+    band_stride = copy_stride(rows * geo.cols_needed(cols), operand)
+    counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
+    level = rotating_level(counts)
+    copies = 1
+    if level is not None:
+        copy_bytes = band_stride * operand.itemsize + MATMUL_MAX_MOVING_FREE * 4
+        copies = buffer_count(cg, counts[level], copy_bytes, psum_banks=1)
+    buffers = tuple(copies if i == level else 1 for i in range(3))
+    return _Plan(
+        args,
+        geo,
+        src,
+        width,
+        height * width,
+        args.x_strides[1] // plane,
+        args.x_strides[0] // plane,
+        c_tile,
+        c_tiles,
+        groups,
+        rows,
+        cols,
+        w_slot,
+        weights=weights,
+        band=cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, operand),
+        bias=bias,
+        out=cg.sb_tile("out", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32),
+        acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE),
+        buffers=buffers,
+        band_stride=band_stride,
+    )
+
+
+def _load_weights(cg: BirCodeGen, plan: _Plan, m: Tile) -> None:
+    """Partition (r, c) of a group slot holds W[m, c, g0 + r, :] for every kw."""
+    args = plan.args
+    w_o, w_i, w_h, w_w = args.w_strides  # canonical (o, i, 0, 1)
+    for gi, (g0, g_rows) in enumerate(plan.row_groups):
+        for k in tiles(cg, args.c_in, plan.c_tile, "kc"):
+            for r in range(g_rows):
+                cg.dma(
+                    cg.ap(
+                        plan.weights,
+                        [(m.size, args.k_w), (1, m.size)],
+                        plan.slot(gi, k),
+                        partitions=k.size,
+                        partition_start=r * k.size,
+                    ),
+                    cg.dram_ap(
+                        args.w,
+                        k.start * w_i + m.start * w_o + (g0 + r) * w_h,
+                        [(w_i, k.size), (w_w, args.k_w), (w_o, m.size)],
+                    ),
+                )
+
+
+def _output_tile(
+    cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: Tile, slot: Affine
+) -> None:
+    """Replicate the band once per kernel row, kW matmuls per group, evict, store; band, out
+    and acc are the copies `slot` picks."""
+    args, geo = plan.args, plan.geo
+    band_cols = geo.cols_needed(col.size)
+    pixels = row.size * col.size
+    band_at = slot * plan.band_stride
+    out_at = slot * MATMUL_MAX_MOVING_FREE
+    psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
+    for gi, (g0, g_rows) in enumerate(plan.row_groups):
+        for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
+            first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
+            for r in range(g_rows):
+                first_row = row.start * geo.stride_h + (g0 + r) * geo.dilation_h
+                cg.dma(
+                    cg.ap(
+                        plan.band,
+                        [(1, row.size * band_cols)],
+                        band_at,
+                        partitions=k.size,
+                        partition_start=r * k.size,
+                    ),
+                    cg.dram_ap(
+                        plan.src,
+                        first_plane * plan.padded_plane
+                        + first_row * plan.width
+                        + col.start * geo.stride_w,
+                        [
+                            (plan.channel_planes * plan.padded_plane, k.size),
+                            (geo.stride_h * plan.width, row.size),
+                            (1, band_cols),
+                        ],
+                    ),
+                )
+            for kw in range(args.k_w):
+                cg.matmul(
+                    psum,
+                    cg.ap(
+                        plan.weights,
+                        [(1, m.size)],
+                        plan.slot(gi, k) + kw * m.size,
+                        partitions=g_rows * k.size,
+                    ),
+                    cg.ap(
+                        plan.band,
+                        [(band_cols, row.size), (geo.stride_w, col.size)],
+                        band_at + kw * geo.dilation_w,
+                        partitions=g_rows * k.size,
+                    ),
+                    accumulate=not (gi == 0 and k.first and kw == 0),
+                )
+    result = cg.ap(plan.out, [(1, pixels)], out_at, partitions=m.size)
+    bias = cg.ap(plan.bias, partitions=m.size) if args.bias else None
+    cg.activation(result, psum, ActFunc.COPY, bias=bias)
+    y_b, y_f, y_h, y_w = args.y_strides
+    cg.dma(
+        cg.dram_ap(
+            args.y,
+            n.start * y_b + m.start * y_f + row.start * y_h + col.start * y_w,
+            [(y_f, m.size), (y_h, row.size), (y_w, col.size)],
+        ),
+        result,
+    )

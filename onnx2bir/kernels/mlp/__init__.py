@@ -1,0 +1,1 @@
+"""The fused MLP kernel behind the AwsNeuronMLPNKI CustomCall."""

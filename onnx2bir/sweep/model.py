@@ -1,0 +1,250 @@
+"""One model of a sweep: validate or report it, in a child process, into a record.
+
+`run_one` never raises: whatever happens becomes the record's category and one-line reason
+(docs/sweep.md). `run_guarded` runs it in a forked child so that a crash, an out-of-memory kill
+or a hang (past the timeout) costs only that model. `memory_estimate` is what a Ray task
+asks for.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+from onnx2bir.errors import MachineError, UserError
+
+DEFAULT_TIMEOUT = 1800.0
+META_PREFIX = "onnx2bir.sweep.run."
+_MB = 1 << 20
+
+
+def model_name(path: Path) -> str:
+    return path.name.removesuffix(".onnx").removesuffix(".export-error")
+
+
+def memory_estimate(path: Path) -> int:
+    """Bytes a validation of the model needs, roughly: the weights are held by onnxruntime, the
+    import and the machine's DRAM (about 5 copies), plus 400 MB for the interpreter and
+    onnxruntime themselves."""
+    size = path.stat().st_size if path.exists() else 0
+    return 400 * _MB + 5 * size
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return {}
+    return {
+        p.key.removeprefix(META_PREFIX): p.value
+        for p in model.metadata_props
+        if p.key.startswith(META_PREFIX)
+    }
+
+
+def _summary_of(doc: dict) -> dict:
+    convs = doc.get("convs") or []
+    ops = doc.get("ops") or {}
+    return {
+        "ops": sum(ops.values()),
+        "op_types": len(ops),
+        "convs": {"matched": sum(1 for c in convs if c.get("kernel")), "total": len(convs)},
+        "attention": len(doc.get("attention") or []),
+        "mlp": len(doc.get("mlp") or []),
+    }
+
+
+def run_one(path: str, report_only: bool = False) -> dict:
+    """Validate (or report) one model; never raises: the record says what happened."""
+    job_path = Path(path)
+    record = blank_record(job_path)
+    record["category"] = None
+    start = time.perf_counter()
+    if job_path.suffix == ".export-error":
+        record.update(category="export", reason=one_line(job_path.read_text() or "no reason"))
+        return record
+    record.update({k: v for k, v in _metadata(job_path).items() if k in ("source", "family")})
+    try:
+        _run(job_path, report_only, record)
+    except MachineError as exc:
+        record.update(category="crash", reason=one_line(f"machine rejected: {exc}"))
+    except UserError as exc:
+        message = str(exc)
+        category = "unsupported op" if message.startswith("unsupported ops") else "codegen refusal"
+        record.update(category=category, reason=one_line(message))
+    except Exception as exc:  # an onnx2bir bug: recorded, the sweep goes on
+        record.update(category="crash", reason=one_line(f"{type(exc).__name__}: {exc}"))
+    record["times"]["total"] = round(time.perf_counter() - start, 3)
+    if record["category"] is None:
+        record.update(passed=True, verdict="pass")
+    return record
+
+
+def _run(path: Path, report_only: bool, record: dict) -> None:
+    from onnx2bir.compiler import compile_model
+    from onnx2bir.options import CompileOptions
+    from onnx2bir.reporting import document as report
+    from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
+    from onnx2bir.validation.run import run_validate
+
+    options = CompileOptions()
+    if report_only:
+        compilation = compile_model(path, options, keep_going=True)
+        record.update(_summary_of(report.build_report(str(path), compilation)))
+        record["times"]["compile"] = round(sum(compilation.timings.values()), 3)
+        if compilation.codegen_error:
+            raise UserError(compilation.codegen_error)
+        return
+    seen: dict = {}
+
+    def on_compiled(compilation) -> None:
+        seen["compilation"] = compilation
+        record.update(_summary_of(report.build_report(str(path), compilation)))
+
+    try:
+        doc, _, _ = run_validate(
+            str(path),
+            options,
+            TolerancePolicy(),
+            on_compiled=on_compiled,
+            progress=False,
+            check_races=True,
+        )
+    except UserError:
+        if "compilation" not in seen:  # refused before code generation: report what it found
+            compilation = compile_model(path, options, keep_going=True)
+            record.update(_summary_of(report.build_report(str(path), compilation)))
+        raise
+    timings = doc["timings"]
+    record["times"].update(
+        compile=round(sum(timings.get(k, 0.0) for k in ("import", "passes", "codegen")), 3),
+        simulate=timings.get("simulate"),
+        onnxruntime=timings.get("onnxruntime"),
+    )
+    errors = [o["max_abs_err"] for o in doc["outputs"] if o["max_abs_err"] is not None]
+    record["max_abs_err"] = max(errors) if errors else None
+    record.update(_drift_summary(doc["outputs"]))
+    failed = [o for o in doc["outputs"] if not o["passed"]]
+    checkpoints = [c for c in doc.get("checkpoints", []) if not c["passed"]]
+    if doc.get("races"):
+        record.update(category="race", reason=one_line(doc["races"][0]["message"]))
+    elif checkpoints:
+        worst = checkpoints[0]
+        record.update(
+            category="mismatch",
+            reason=one_line(
+                f"intermediate {worst['name']} (read by {', '.join(worst['readers'][:2])}): "
+                f"{worst['mismatches']} of {worst['size']} elements outside atol "
+                f"{worst['atol']:.3g} + rtol {worst['rtol']:.3g}, max abs err "
+                f"{worst['max_abs_err']:.3g}"
+            ),
+        )
+    elif any(o.get("verifiable") is False for o in failed):
+        worst = next(o for o in failed if o.get("verifiable") is False)
+        record.update(
+            category="unverifiable",
+            reason=one_line(f"output {worst['name']}: {worst['unverifiable_reason']}"),
+        )
+    elif failed:
+        worst = failed[0]
+        record.update(
+            category="mismatch",
+            reason=one_line(
+                f"output {worst['name']}: {worst.get('mismatches')} of {worst.get('size')} "
+                f"elements outside atol {worst['atol']:.3g} + rtol {worst['rtol']:.3g}, "
+                f"max abs err {worst['max_abs_err']:.3g}"
+                + (f" ({len(failed)} outputs fail)" if len(failed) > 1 else "")
+            ),
+        )
+
+
+def _drift_summary(outputs: list[dict]) -> dict:
+    """The worst drift over a model's float outputs: what its casts cost against fp32."""
+    drifts = [o["drift"] for o in outputs if o.get("drift")]
+    if not drifts:
+        return {"drift_max_abs_err": None, "drift_cosine": None, "drift_r": None}
+    ratios = [d["r"] for d in drifts if d["r"] is not None]
+    return {
+        "drift_max_abs_err": max(d["max_abs_err"] for d in drifts),
+        "drift_cosine": min(d["cosine"] for d in drifts),
+        "drift_r": max(ratios) if ratios else None,
+    }
+
+
+def _timeout_record(path: Path, seconds: float) -> dict:
+    record = blank_record(path)
+    record.update(category="timeout", reason=f"stopped after {seconds:g} s")
+    record["times"] = {"total": round(seconds, 3)}
+    return record
+
+
+def blank_record(path: Path) -> dict:
+    """A record of a model that did not run (category crash until something better is known)."""
+    return {
+        "model": model_name(path),
+        "path": str(path),
+        "source": None,
+        "family": None,
+        "passed": False,
+        "verdict": "fail",
+        "category": "crash",
+        "reason": "",
+        "ops": None,
+        "op_types": None,
+        "convs": None,
+        "attention": None,
+        "mlp": None,
+        "max_abs_err": None,
+        "drift_max_abs_err": None,
+        "drift_cosine": None,
+        "drift_r": None,
+        "times": {},
+    }
+
+
+def _child(path: str, report_only: bool, conn) -> None:
+    try:
+        conn.send(run_one(path, report_only))
+    finally:
+        conn.close()
+
+
+def run_guarded(path: str, report_only: bool = False, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """`run_one` in a child process: a crash or a hang of the model costs only its record."""
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(path, report_only, send), daemon=True)
+    process.start()
+    send.close()
+    try:
+        if not receive.poll(timeout):
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+                return _timeout_record(Path(path), timeout)
+        try:
+            return receive.recv()
+        except EOFError:
+            record = blank_record(Path(path))
+            record["reason"] = _died(process)
+            return record
+    finally:
+        receive.close()
+        process.join(5)
+
+
+def _died(process) -> str:
+    process.join(5)
+    code = process.exitcode
+    if code is not None and code < 0:
+        return f"the worker died of signal {-code} (out of memory?)"
+    return f"the worker exited with status {code} without a result"

@@ -1,0 +1,347 @@
+"""`onnx2bir validate`'s document for a person: the verdict first, the oracle and the
+checkpoints, one table per output with its drift, then the localisation.
+
+In: the document `onnx2bir.validation.run.run_validate` (or `check_program`) builds. Out:
+text. `to_json_text` writes the same document as strict JSON (non-finite floats as null).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+
+from onnx2bir.runtime.oracle.compare import json_safe
+
+MAX_NODE_ROWS = 60
+
+
+def to_json_text(doc: dict) -> str:
+    """The document as strict JSON: non-finite floats become null."""
+    return json.dumps(json_safe(doc), indent=1)
+
+
+def _g(value, spec: str = ".3e") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    return format(value, spec)
+
+
+def _shape(entry: dict) -> str:
+    return f"{entry.get('dtype', '')}[{', '.join(str(d) for d in entry['shape'])}]"
+
+
+def _nonfinite_text(nonfinite: dict) -> str:
+    parts = []
+    for side, counts in nonfinite.items():
+        total = counts["nan"] + counts["posinf"] + counts["neginf"]
+        if total:
+            where = ", ".join(str(i) for i in counts["first"])
+            parts.append(
+                f"{side}: {counts['nan']} NaN, {counts['posinf']} +inf, "
+                f"{counts['neginf']} -inf (first at {where})"
+            )
+    return "; ".join(parts) or "none"
+
+
+def format_output(entry: dict) -> list[str]:
+    verdict = "ok" if entry["passed"] else f"FAIL ({entry['mismatches']} of {entry['size']})"
+    if entry.get("verifiable") is False:
+        verdict = "UNVERIFIABLE"
+    elif not entry["passed"] and not entry["mismatches"] and entry.get("failed_upstream"):
+        verdict = f"FAIL (computed from {', '.join(entry['failed_upstream'][:3])})"
+    elif not entry["passed"] and not entry["mismatches"] and entry.get("drift_failures"):
+        verdict = "FAIL (--max-drift)"
+    lines = [
+        f"  {entry['name']}  {_shape(entry)}  {verdict}   atol {_g(entry['atol'], 'g')} + "
+        f"rtol {_g(entry['rtol'], 'g')}·|ref|  ({entry['tolerance_source']})"
+    ]
+    if entry.get("unverifiable_reason"):
+        lines.append(
+            f"    its bound cannot tell a right answer from zeros: {entry['unverifiable_reason']}"
+            " (tighten it with --tolerance/--atol/--rtol)"
+        )
+    lines += _drift_text(entry)
+    if entry.get("shape_error"):
+        return lines + [f"    {entry['shape_error']}"]
+    abs_err, rel_err = entry["abs_err"], entry["rel_err"]
+    note = (
+        ""
+        if entry["finite_pairs"] == entry["size"]
+        else f"   (over the {entry['finite_pairs']} elements finite on both sides)"
+    )
+    lines.append(
+        f"    {'error':<8} {'|m - o|':>11} {'/ |o|':>11}{note}   (m machine, o the oracle)"
+    )
+    for key in ("max", "mean", "median", "p99"):
+        lines.append(f"    {key:<8} {_g(abs_err.get(key)):>11} {_g(rel_err.get(key)):>11}")
+    worst = entry.get("worst")
+    if worst:
+        allowance = entry["atol"] + entry["rtol"] * abs(worst["onnxruntime"])
+        share = (
+            f", {100 * worst['abs_err'] / allowance:.0f}% of its allowance"
+            if allowance > 0 and np.isfinite(worst["abs_err"])
+            else ""
+        )
+        lines.append(
+            f"    {'closest to' if entry['passed'] else 'furthest over'} its tolerance: element "
+            f"{worst['index']}, machine "
+            f"{_g(worst['machine'], '.9g')}  oracle {_g(worst['onnxruntime'], '.9g')}"
+            f"  (abs err {_g(worst['abs_err'])}{share}; the largest abs err is in the table)"
+        )
+    ulp = "" if entry.get("max_ulp") is None else f"  max {entry['max_ulp']} ULP"
+    lines.append(
+        f"    cosine {_g(entry['cosine'], '.6f')}  SNR {_g(entry['snr_db'], '.1f')} dB"
+        f"{ulp}  mismatches {entry['mismatches']}/{entry['size']}"
+    )
+    lines.append(f"    NaN/inf: {_nonfinite_text(entry['nonfinite'])}")
+    if entry["nonfinite_mismatches"]:
+        lines.append(
+            f"    no tolerance passes it: {entry['nonfinite_mismatches']} NaN/inf values "
+            "differ from onnxruntime"
+        )
+    else:
+        rtol_text = (
+            "no rtol (onnxruntime is 0 where the error exceeds atol)"
+            if not np.isfinite(entry["min_rtol"])
+            else f"rtol >= {_g(entry['min_rtol'], '.3g')}"
+        )
+        if entry["passed"]:
+            lines.append(
+                f"    margin: it would still pass down to atol {_g(entry['min_atol'], '.3g')} "
+                f"(at rtol {_g(entry['rtol'], 'g')}) or rtol "
+                f"{_g(entry['min_rtol'], '.3g')} (at atol {_g(entry['atol'], 'g')}); "
+                "0 means that term is not needed"
+            )
+        else:
+            lines.append(
+                f"    would pass with atol >= {_g(entry['min_atol'], '.3g')} (at rtol "
+                f"{_g(entry['rtol'], 'g')}) or {rtol_text} (at atol {_g(entry['atol'], 'g')})"
+            )
+    return lines
+
+
+def format_text(doc: dict, stats: bool = False) -> str:
+    """The document for a person; `stats` adds the passes' statistic counters."""
+    outputs = doc["outputs"]
+    good = sum(1 for entry in outputs if entry["passed"])
+    orc = doc["oracle"]
+    checked = [c for c in doc.get("checkpoints") or [] if c["verifiable"]]
+    bad = sum(1 for c in checked if not c["passed"])
+    lines = [
+        f"{'PASS' if doc['passed'] else 'FAIL'}  {doc['model']}: {good}/{len(outputs)} "
+        f"outputs match {orc['name']} {orc['version']} ({orc['graph_optimization_level']})"
+        + (", rounding where the program rounds" if doc.get("casts") else "")
+        + (f"; {bad} of {len(checked)} checked intermediates do not" if bad else "")
+    ]
+    lines += [f"  note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
+    seed = "" if doc["seed"] is None else f", seed {doc['seed']}"
+    for entry in doc["inputs"]:
+        lines.append(
+            f"  input {entry['name']} {entry['dtype']}{entry['shape']}: {entry['source']}{seed}"
+        )
+    if "autocast" in doc:
+        lines.append(
+            f"  autocast: {doc['autocast']} (attention kernel: "
+            f"{doc['compile_options']['native_kernel_cast_type']})"
+        )
+    if "emulation" in doc:
+        lines += _emulation_text(doc)
+    lines.append(f"  rule: {doc['tolerance']['rule']}")
+    lines.append(f"  schedule: {doc.get('schedule', 'program')}; races: {_races_text(doc)}")
+    for race in doc.get("races") or []:
+        lines.append(f"  {race['message']}")
+    for difference in doc.get("schedule_differences") or []:
+        lines.append(f"  schedule {doc['schedule']} changed an output: {difference}")
+    lines += _checkpoint_text(doc.get("checkpoints") or [])
+    for entry in outputs:
+        lines += [""] + format_output(entry)
+    if "localize" in doc:
+        lines += [""] + format_localize(doc["localize"])
+    if stats:
+        lines += ["", "  pass statistics:"] + [
+            f"    {stat['pass']}.{stat['name']} = {stat['value']}  ({stat['description']})"
+            for stat in doc.get("pass_statistics", [])
+        ]
+    lines += ["", "  timings: " + ", ".join(_timing(k, v) for k, v in doc["timings"].items())]
+    return "\n".join(lines)
+
+
+def _emulation_text(doc: dict) -> list[str]:
+    emulation = doc["emulation"]
+    if not emulation["casts"] and not emulation["unemulated"]:
+        return ["  oracle: the program rounds nothing; onnxruntime as the model is"]
+    inexact = f" ({emulation['inexact_casts']} approximately)" if emulation["inexact_casts"] else ""
+    lines = [
+        f"  oracle: onnxruntime rounding at the program's {emulation['casts']} cast points"
+        f"{inexact}; {emulation['probes_read']} intermediates read from the machine, "
+        f"{emulation['resynchronised']} checked and fed on (docs/validation.md#verdict)"
+    ]
+    for entry in emulation["unemulated"]:
+        lines.append(f"  not emulated: {entry['node']}: {entry['reason']}")
+    if emulation["statistical"]:
+        names = ", ".join(emulation["statistical"][:6])
+        more = len(emulation["statistical"]) - 6
+        lines.append(
+            f"  statistical bound (the oracle is approximate there): {names}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    return lines
+
+
+def _checkpoint_text(checkpoints: list[dict]) -> list[str]:
+    if not checkpoints:
+        return []
+    failing = [c for c in checkpoints if not c["passed"]]
+    judged = sum(1 for c in checkpoints if c["verifiable"])
+    lines = [
+        f"  checkpoints: {judged - len(failing)} of {judged} intermediates within their bound"
+        + (
+            f" ({len(checkpoints) - judged} too small to judge)"
+            if judged < len(checkpoints)
+            else ""
+        )
+    ]
+    for c in failing[:MAX_NODE_ROWS]:
+        readers = ", ".join(c["readers"][:3]) or "-"
+        lines.append(
+            f"    FAIL {c['name']} (read by {readers}, stored {c['stored']}): "
+            f"{c['mismatches']} of {c['size']} elements over atol {_g(c['atol'], 'g')} + rtol "
+            f"{_g(c['rtol'], 'g')}·|ref|, max abs err {_g(c['max_abs_err'])}"
+        )
+    return lines
+
+
+def _drift_text(entry: dict) -> list[str]:
+    record = entry.get("drift")
+    if record is None:
+        return []
+    r = "-" if record["r"] is None else f"{record['r']:.3f}"
+    lines = [
+        f"    drift vs {record['against']} (what the casts cost): cosine "
+        f"{_g(record['cosine'], '.6f')}  SNR {_g(record['snr_db'], '.1f')} dB  max abs "
+        f"{_g(record['max_abs_err'])}  R {r}"
+    ]
+    for failure in entry.get("drift_failures") or []:
+        lines.append(f"    FAIL --max-drift: {failure}")
+    return lines
+
+
+def _timing(key: str, seconds: float) -> str:
+    label = "onnxruntime (session creation + run)" if key == "onnxruntime" else key
+    return f"{label} {seconds:.3f}s"
+
+
+def _races_text(doc: dict) -> str:
+    races = doc.get("races")
+    if races is None:
+        return "not checked (--check-races)"
+    return f"{len(races)} found" if races else "none found"
+
+
+def _kernel_text(record: dict) -> str:
+    if record.get("kernel"):
+        return record["kernel"]
+    if record.get("fallback_reason"):
+        return f"GENERIC ({record['fallback_reason'].split(';')[0]}; ...)"
+    return record.get("lowering", "")
+
+
+def format_localize(loc: dict) -> list[str]:
+    statuses = Counter(n["status"] for n in loc["nodes"])
+    skipped = []
+    if statuses.get("fused"):
+        skipped.append(
+            f"{statuses['fused']} fused into a raised kernel block (their tensors never exist "
+            "on the machine; the block's output is compared)"
+        )
+    if statuses.get("not compared"):
+        skipped.append(
+            f"{statuses['not compared']} not compared (constants computed at compile time, or "
+            "values the program keeps on chip and never writes to DRAM)"
+        )
+    lines = [
+        f"localize: {loc['nodes_compared']} of {loc['nodes_total']} nodes compared "
+        f"({loc['tensors_compared']} tensors, {loc['oracle_batches']} onnxruntime run(s))"
+    ] + [f"  skipped: {text}" for text in skipped]
+    first = loc["first_failing"]
+    if first is None:
+        lines.append("  first node over tolerance: none - every intermediate is within tolerance")
+    else:
+        lines.append(
+            f"  first node over tolerance: {first['node']} ({first['op_type']}, "
+            f"{_kernel_text(first)})"
+        )
+        lines.append(
+            f"    in the model: max abs {_g(first['max_abs_err'])}, max rel "
+            f"{_g(first['max_rel_err'])}, {first['mismatches']} elements over atol "
+            f"{_g(first['atol'], 'g')} + rtol {_g(first['rtol'], 'g')}·|ref|"
+        )
+        local = first["local"]
+        if local.get("error"):
+            lines.append(f"    alone: not run ({local['error']})")
+        else:
+            lines.append(
+                f"    alone on onnxruntime's inputs: max abs {_g(local['max_abs_err'])},"
+                f" {'within' if local['passed'] else 'OVER'} tolerance"
+            )
+        lines.append(f"    inputs arrive with max abs error {_g(first['input_max_abs_err'])}")
+        lines.append(f"    verdict: {first['verdict']} - {first['explanation']}")
+    for side in ("machine", "onnxruntime"):
+        nan = loc[f"first_nonfinite_{side}"]
+        where = "the machine" if side == "machine" else side
+        if nan is None:
+            lines.append(f"  first NaN/inf on {where}: none")
+        else:
+            origin = (
+                "its inputs are finite" if nan["inputs_finite"] else "its inputs already are not"
+            )
+            lines.append(
+                f"  first NaN/inf on {where}: {nan['node']} ({nan['op_type']}, "
+                f"{nan['count']} values; {origin})"
+            )
+    nodes = loc["nodes"]
+    rows = (
+        nodes
+        if len(nodes) <= MAX_NODE_ROWS
+        else [n for n in nodes if n["status"] == "FAIL"][:MAX_NODE_ROWS]
+    )
+    if rows:
+        width = max(len(n["node"]) for n in rows)
+        lines += [
+            "",
+            "  max abs/rel err: this node's output vs onnxruntime; inputs' err: the largest "
+            "abs error already in its inputs (carried in from earlier nodes); PE dtype: the "
+            "matmul operand dtype under the autocast",
+            f"  {'node':<{width}}  {'op type':<12} {'max abs err':>11} {'max rel err':>11} "
+            f"{'inputs err':>11}  {'status':<6} {'PE dtype':<9} lowering (kernel or generic op)",
+        ]
+        for n in rows:
+            lines.append(
+                f"  {n['node']:<{width}}  {n['op_type']:<12} "
+                f"{_g(n.get('max_abs_err'), '10.3e') if 'max_abs_err' in n else '-':>11} "
+                f"{_g(n.get('max_rel_err'), '10.3e') if 'max_rel_err' in n else '-':>11} "
+                f"{_g(n['input_max_abs_err'], '10.3e'):>11}  {n['status']:<6} "
+                f"{n.get('pe_dtype') or '-':<9} {n['lowering']}"
+            )
+        if len(rows) < len(nodes):
+            lines.append(f"  ({len(nodes) - len(rows)} more nodes in --json)")
+    else:
+        lines.append(
+            f"  (no node over tolerance; the table of all {len(nodes)} nodes is in --json)"
+        )
+    if loc["convs"]:
+        width = max(len(c["node"]) for c in loc["convs"])
+        lines += [
+            "",
+            "  convolutions: status, PE operand dtype, max abs error, kernel (or GENERIC and why)",
+        ]
+        for c in loc["convs"]:
+            lines.append(
+                f"  {c['node']:<{width}}  {c['status'] or '-':<6} {c.get('pe_dtype') or '-':<9} "
+                f"max abs {_g(c['max_abs_err'])}  {_kernel_text(c)}"
+            )
+    return lines

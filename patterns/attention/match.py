@@ -1,0 +1,304 @@
+"""The attention pattern table and its check (docs/attention.md#attention-raise): find matmul →
+softmax → matmul blocks and read what each one computes.
+
+In: a Graph. Out: `find_blocks` — per Softmax, the `AttentionBlock` it anchors (q, kᵀ, v and
+the output; the score steps and post steps in the JSON form the raised CustomCall carries, and
+the extra inputs they read; sequence lengths, head dim, dtype; variant notes for the report),
+or the first reason the match is not an attention block. The gates and the raise are in
+`attention`.
+
+Pattern. Anchored on Softmax: `QK = MatMul(q, kᵀ)`, then up to four score steps, each a Mul or
+Div by a scalar (the scale), an Add of any tensor (mask, position bias), a Where with a scalar
+fill (masked_fill) or a Cast, then Softmax, an optional tail (Cast, Dropout/Identity, or the
+NaN guard `Where(IsNaN(P), 0, P)`), then `MatMul(P, v)`. The variants are concrete graphs
+matched by subgraph monomorphism, longest first (most specific first); they are written as
+the ops they match (`_attention`, with `patterns/pattern_builder.py`), one variant per
+choice. Q/K/V paths — where a scale may also sit (on Q, or √scale on both Q and Kᵀ), how
+Kᵀ and the heads are formed, packed QKV, grouped-query K/V — are classified for the report
+but stay in the graph: the kernel takes q, kᵀ and v exactly as the QK and PV matmuls did, so
+no reshape is absorbed on a guess about its target.
+
+A match counts only if it is valid by the matcher's rules (`patterns/matcher.py`: anchored,
+self-contained, acyclic after fusing, non-overlapping — the first block in topological order
+wins a contested node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.graph import Graph
+from onnx2bir.patterns.builder import PatternOps, expand
+from onnx2bir.patterns.matcher import find_matches, validity_problem
+from onnx2bir.patterns.queries import (
+    cone_ops,
+    cone_reaches_input,
+    const_value,
+    other_input,
+    scalar_const,
+    walk_up,
+)
+
+MAX_SCORE_STEPS = 4
+_SCORE_OPS = ("Mul", "Div", "Add", "Where", "Cast")
+
+
+TAILS = ("none", "cast", "identity", "nan_guard")
+
+
+def _attention(op: PatternOps) -> str:
+    """MatMul → 0..4 score steps → Softmax → optional tail → MatMul, written as its ops."""
+    s = op.MatMul(None, None, key="qk")
+    steps = MAX_SCORE_STEPS - op.choose(MAX_SCORE_STEPS + 1)  # the longest first
+    for index in range(steps):
+        s = op.any_of(*_SCORE_OPS)(s, key=f"step{index}", commutative=True)
+    p = op.Softmax(s, key="softmax")
+    tail = TAILS[op.choose(len(TAILS))]
+    if tail == "cast":
+        p = op.Cast(p, key="tail_cast")
+    elif tail == "identity":
+        p = op.any_of("Dropout", "Identity")(p, key="tail_identity")
+    elif tail == "nan_guard":
+        p = op.Where(op.IsNaN(p, key="isnan"), None, p, key="guard")
+    op.MatMul(p, None, key="pv")
+    op.tag(f"{steps} steps")
+    op.tag(tail)
+    return "softmax"
+
+
+PATTERNS = expand("attention.mm_softmax_mm", _attention)
+
+
+@dataclass
+class AttentionBlock:
+    """One matched block: its nodes and what the check learnt about it."""
+
+    match: dict[str, str]
+    pattern: str
+    q: str = ""
+    kt: str = ""
+    v: str = ""
+    output: str = ""
+    steps: list[dict] = field(default_factory=list)
+    extras: list[str] = field(default_factory=list)
+    post_steps: list[dict] = field(default_factory=list)
+    variant: list[str] = field(default_factory=list)
+    causal_const: bool = False
+    seq_q: int = 0
+    seq_k: int = 0
+    head_dim: int = 0
+    dtype: Dtype = Dtype.FP32
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.match.values())
+
+
+def check_block(
+    graph: Graph, match: dict[str, str], pattern: str
+) -> tuple[AttentionBlock | None, str | None]:
+    """Read the matched block; None and a reason when it is not an attention block."""
+    block = AttentionBlock(match, pattern)
+    qk, softmax, pv = graph.node(match["qk"]), graph.node(match["softmax"]), graph.node(match["pv"])
+    block.q, block.kt = qk["inputs"][:2]
+    block.v, block.output = pv["inputs"][1], pv["outputs"][0]
+    if const_value(graph, block.q) is not None or const_value(graph, block.kt) is not None:
+        return None, "QK matmul has a constant operand (a projection, not attention)"
+    shapes = [tuple(graph.tensors[t].shape) for t in (block.q, block.kt, block.v)]
+    if any(len(s) < 2 for s in shapes):
+        return None, "q, kᵀ or v has rank < 2"
+    (block.seq_q, block.head_dim), (_, block.seq_k) = shapes[0][-2:], shapes[1][-2:]
+    block.dtype = graph.tensors[block.q].dtype
+    rank = len(graph.tensors[softmax["outputs"][0]].shape)
+    axis = softmax["attrs"].get("axis", -1 if graph.opset >= 13 else 1) % rank
+    if axis != rank - 1:
+        return None, f"softmax over axis {axis}, not the key axis {rank - 1}"
+    current = qk["outputs"][0]
+    step_keys = sorted((k for k in match if k.startswith("step")), key=lambda k: int(k[4:]))
+    for key in step_keys:
+        reason = _read_step(graph, match[key], current, block)
+        if reason:
+            return None, f"{graph.node(match[key])['op_type']} {match[key]!r}: {reason}"
+        current = graph.node(match[key])["outputs"][0]
+    if "guard" in match:
+        guard = graph.node(match["guard"])
+        if scalar_const(graph, guard["inputs"][1]) != 0.0:
+            return None, "Where after softmax is not the NaN guard (fill is not 0)"
+        block.post_steps.append({"op": "nan_to_zero"})
+        block.variant.append("NaN guard after softmax")
+    if "tail_cast" in match:
+        block.variant.append("Cast after softmax")
+    nodes = set(match.values())
+    problem = validity_problem(graph, nodes, {block.output})
+    if problem:
+        return None, problem
+    _classify_paths(graph, block)
+    return block, None
+
+
+def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> str | None:
+    data = graph.node(node)
+    op = data["op_type"]
+    found = other_input(graph, node, current)
+    if op == "Cast":
+        if graph.tensors[data["outputs"][0]].dtype.is_float:
+            block.variant.append("Cast around softmax")
+            return None
+        return "casts scores to a non-float type"
+    if found is None:
+        return "reads the scores twice"
+    index, other = found
+    if op in ("Mul", "Div"):
+        value = scalar_const(graph, other)
+        if value is None:
+            return "does not scale by a scalar constant"
+        if op == "Div" and index == 0:
+            return "divides a constant by the scores"
+        block.steps.append({"op": "scale" if op == "Mul" else "divide", "value": value})
+        block.variant.append(f"scale {op}({value:.6g}) after QK")
+        return None
+    if op == "Add":
+        block.extras.append(other)
+        block.steps.append({"op": "add", "input": len(block.extras) - 1})
+        mask = const_value(graph, other)
+        if mask is not None and _is_causal_mask(mask, block.seq_q, block.seq_k):
+            block.causal_const = True
+            block.variant.append("causal mask (constant)")
+        else:
+            kind = "causal " if {"Trilu", "LessOrEqual", "Less"} & cone_ops(graph, other) else ""
+            source = "runtime" if cone_reaches_input(graph, other) else "constant"
+            block.variant.append(f"additive {kind}mask/bias ({source})")
+        return None
+    if op == "Where":
+        inputs = data["inputs"]
+        scores_at = inputs.index(current)
+        fill_at = 3 - scores_at if scores_at in (1, 2) else None
+        fill = scalar_const(graph, inputs[fill_at]) if fill_at else None
+        if fill is None:
+            return "Where without a scalar fill value"
+        block.extras.append(inputs[0])
+        block.steps.append(
+            {
+                "op": "masked_fill",
+                "input": len(block.extras) - 1,
+                "value": fill,
+                "fill_on_true": fill_at == 1,
+            }
+        )
+        cond = const_value(graph, inputs[0])
+        masked = (
+            None if cond is None else (cond.astype(bool) if fill_at == 1 else ~cond.astype(bool))
+        )
+        if (
+            masked is not None
+            and fill <= -1e4
+            and _is_causal_mask(np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k)
+        ):
+            block.causal_const = True
+            block.variant.append(f"causal masked_fill Where({fill:g}) (constant)")
+        else:
+            causal = "causal " if "Trilu" in cone_ops(graph, inputs[0]) else ""
+            block.variant.append(f"{causal}masked_fill Where({fill:g})")
+        return None
+    return f"unexpected op {op}"
+
+
+def _is_causal_step(graph: Graph, step: dict, tensor: str, block: AttentionBlock) -> bool:
+    """Whether an add or masked_fill step applies exactly a constant causal triangle."""
+    value = const_value(graph, tensor)
+    if value is None:
+        return False
+    if step["op"] == "add":
+        return _is_causal_mask(value, block.seq_q, block.seq_k)
+    masked = value.astype(bool) if step["fill_on_true"] else ~value.astype(bool)
+    return step["value"] <= -1e4 and _is_causal_mask(
+        np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k
+    )
+
+
+def _is_causal_mask(mask: np.ndarray, seq_q: int, seq_k: int) -> bool:
+    """A constant mask that is 0 on and below the diagonal and very negative above it."""
+    if mask.shape[-2:] != (seq_q, seq_k) or not np.issubdtype(mask.dtype, np.floating):
+        return False
+    rows = np.arange(seq_q)[:, None] + (seq_k - seq_q)
+    above = np.arange(seq_k)[None, :] > rows
+    flat = mask.reshape(-1, seq_q, seq_k)
+    return bool(np.all(flat[:, ~above] == 0) and np.all(flat[:, above] <= -1e4))
+
+
+def _classify_paths(graph: Graph, block: AttentionBlock) -> None:
+    path_ops = {
+        "Transpose",
+        "Reshape",
+        "Mul",
+        "Div",
+        "Expand",
+        "Unsqueeze",
+        "Squeeze",
+        "Split",
+        "Slice",
+        "Gather",
+        "Add",
+        "Cast",
+    }
+    paths = {
+        name: walk_up(graph, tensor, path_ops, limit=8)
+        for name, tensor in (("q", block.q), ("k", block.kt), ("v", block.v))
+    }
+    scaled = [
+        name
+        for name in ("q", "k")
+        if any(
+            d["op_type"] in ("Mul", "Div") and scalar_const(graph, d["inputs"][1]) is not None
+            for _, d in paths[name][:3]
+        )
+    ]
+    if scaled == ["q", "k"]:
+        block.variant.append("scale split as √scale on Q and Kᵀ")
+    elif scaled == ["q"]:
+        block.variant.append("scale folded into Q")
+    if not any(s["op"] in ("scale", "divide") for s in block.steps) and not scaled:
+        block.variant.append("no scale")
+    k_ops = [d["op_type"] for _, d in paths["k"]]
+    if k_ops[:1] == ["Transpose"]:
+        block.variant.append(f"Kᵀ by Transpose{tuple(paths['k'][0][1]['attrs'].get('perm', []))}")
+    elif k_ops[:3] == ["Reshape", "Transpose", "Reshape"] or k_ops[:2] == ["Mul", "Reshape"]:
+        block.variant.append("Kᵀ by a Reshape/Transpose chain")
+    if [d["op_type"] for _, d in paths["q"][:2]] == ["Transpose", "Reshape"]:
+        block.variant.append("heads split by Reshape/Transpose")
+    for source_op in ("Split", "Slice", "Gather"):
+        if all(source_op in [d["op_type"] for _, d in paths[n]] for n in ("q", "k", "v")):
+            block.variant.append(f"packed QKV ({source_op})")
+            break
+    if any(d["op_type"] == "Expand" for n in ("k", "v") for _, d in paths[n]):
+        block.variant.append("grouped-query K/V (Expand)")
+
+
+def find_blocks(graph: Graph) -> list[tuple[AttentionBlock | None, dict, str | None]]:
+    """Every attention block, first in topological order wins a contested node."""
+    claimed: set[str] = set()
+    found = []
+    for node in graph.topological_order():
+        if graph.node(node)["op_type"] != "Softmax" or node in claimed:
+            continue
+        first_reason = None
+        for pattern in PATTERNS:
+            for match in find_matches(graph, pattern, node, radius=MAX_SCORE_STEPS + 4):
+                if claimed & set(match.values()):
+                    continue
+                block, reason = check_block(graph, match, pattern.name)
+                if block is not None:
+                    claimed.update(match.values())
+                    found.append((block, match, None))
+                    break
+                first_reason = first_reason or reason
+            else:
+                continue
+            break
+        else:
+            if first_reason:
+                found.append((None, {"softmax": node}, first_reason))
+    return found

@@ -1,0 +1,1 @@
+"""The MLP raise (LowerToNKIKernelCC): dot → elementwise chain → dot to AwsNeuronMLPNKI."""

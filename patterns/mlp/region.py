@@ -1,0 +1,405 @@
+"""The MLP raise's structural match (docs/mlp.md): rooted at the second dot, the elementwise
+region between it and the projections that feed it, read as a small program.
+
+In: a Graph and a MatMul/Gemm node `dot2`. Out: `match_region` — None when the node is not
+the end of an MLP (no projection reaches its input through elementwise ops), else a
+`Region`: the projections (one, or two for a gated form; each a MatMul/Gemm with an optional
+bias Add), the region's nodes, and the `Program` the kernel runs on the projections' outputs,
+or the reason the region cannot be raised. The region must be closed: every path up from
+dot2 through elementwise ops ends at a projection (or a constant); a path that reaches a
+norm, a reduction or a graph input means dot2 is not the end of an MLP.
+
+Elementwise ops the program spells: the ScalarE functions (Relu, Sigmoid, Tanh, Exp, Log,
+Sqrt, Reciprocal, Abs, Sign, Erf, Softplus, Gelu by its `approximate`), Neg, HardSigmoid,
+HardSwish, Mish, LeakyRelu, Clip with constant bounds, Add/Sub/Mul/Div/Max/Min of two region
+values or of a region value and a scalar constant, Pow by a scalar, and Identity, float Cast
+and a Reshape that keeps the last dim (transparent). Anything else inside the region, a
+non-scalar constant, or a region value used outside it refuses the block with the reason.
+
+`classify` names a program by evaluating it (numpy, on a probe range) against the activations
+the kernel has lookup-table paths for — relu, gelu, gelu_tanh, silu, quick_gelu, and the gated
+swiglu — so every multiplication order an exporter writes gets the same name; any other
+program keeps the generic name and the kernel runs it step by step (GeGLU, ReGLU, HardSwish,
+Mish, …).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from onnx2bir.graph import Graph
+from onnx2bir.patterns.queries import const_value, scalar_const
+
+DOTS = ("MatMul", "Gemm")
+MAX_REGION = 40
+UNARY = {
+    "Relu": "relu",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "Exp": "exp",
+    "Log": "log",
+    "Sqrt": "sqrt",
+    "Reciprocal": "reciprocal",
+    "Abs": "abs",
+    "Sign": "sign",
+    "Erf": "erf",
+    "Softplus": "softplus",
+}
+BINARY = {
+    "Add": "add",
+    "Sub": "subtract",
+    "Mul": "multiply",
+    "Div": "divide",
+    "Max": "max",
+    "Min": "min",
+    "Pow": "pow",
+}
+TRANSPARENT = ("Identity", "Cast", "Reshape")
+# Elementwise by ONNX but without a kernel step: the walk goes through them to find the
+# projections, so the refusal can name the op.
+OTHER_ELEMENTWISE = frozenset(
+    {
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sin",
+        "Cos",
+        "Elu",
+        "Selu",
+        "Celu",
+        "ThresholdedRelu",
+        "PRelu",
+        "Shrink",
+        "Where",
+        "Mod",
+        "Atan",
+        "Asinh",
+        "Sinh",
+        "Cosh",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """dst = func(a) ("act"), a ⊙ value ("scalar", value ⊙ a when reverse), a ⊙ b ("tensor")."""
+
+    kind: str
+    dst: int
+    a: int
+    func: str
+    b: int = -1
+    value: float = 0.0
+    reverse: bool = False
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True)
+class Program:
+    """Registers 0 (and 1, gated) hold the projections; each step writes a new register."""
+
+    sources: int
+    steps: tuple[Step, ...]
+    out: int
+
+    @property
+    def registers(self) -> int:
+        return self.sources + len(self.steps)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"sources": self.sources, "out": self.out, "steps": [s.to_json() for s in self.steps]}
+        )
+
+    def evaluate(self, *sources: np.ndarray) -> np.ndarray:
+        regs = [np.asarray(s, np.float64) for s in sources]
+        for step in self.steps:
+            a = regs[step.a]
+            if step.kind == "act":
+                regs.append(_ACT[step.func](a))
+            else:
+                b = regs[step.b] if step.kind == "tensor" else step.value
+                x, y = (b, a) if step.reverse else (a, b)
+                with np.errstate(all="ignore"):
+                    regs.append(_ALU[step.func](x, y))
+        return regs[self.out]
+
+
+_erf = np.vectorize(math.erf)
+_ACT = {
+    "copy": lambda x: x,
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "tanh": np.tanh,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "reciprocal": lambda x: 1 / x,
+    "abs": np.abs,
+    "sign": np.sign,
+    "erf": _erf,
+    "softplus": lambda x: np.logaddexp(0, x),
+    "gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+}
+_ALU = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "max": np.maximum,
+    "min": np.minimum,
+    "pow": np.power,
+}
+NAMED = {
+    "relu": (1, _ACT["relu"]),
+    "gelu": (1, _ACT["gelu"]),
+    "gelu_tanh": (1, _ACT["gelu_tanh"]),
+    "silu": (1, _ACT["silu"]),
+    "quick_gelu": (1, lambda x: x / (1 + np.exp(-1.702 * x))),
+    "swiglu": (2, lambda g, u: _ACT["silu"](g) * u),
+    # no lookup table in the kernel (it runs the program), named for the report
+    "hardswish": (1, lambda x: x * np.clip(x / 6 + 0.5, 0, 1)),
+    "mish": (1, lambda x: x * np.tanh(np.logaddexp(0, x))),
+}
+GATED_NAMES = {"relu": "reglu", "gelu": "geglu", "gelu_tanh": "geglu_tanh", "silu": "swiglu"}
+_PROBE = np.linspace(-6.0, 6.0, 241)
+_PROBE_UP = np.cos(3.0 * _PROBE) + 0.5
+
+
+def classify(program: Program) -> tuple[str, bool]:
+    """(name, swap): a named activation the program computes (swap: its sources reversed),
+    else a generic name ("glu:<steps>" or "elementwise:<steps>") listing its step functions."""
+    for swap in (False, True) if program.sources == 2 else (False,):
+        args = (_PROBE, _PROBE_UP)[: program.sources]
+        got = program.evaluate(*(args[::-1] if swap else args))
+        if not np.all(np.isfinite(got)):
+            continue
+        for name, (arity, fn) in NAMED.items():
+            if arity == program.sources and np.allclose(got, fn(*args), rtol=1e-5, atol=1e-5):
+                return name, swap
+        if program.sources == 2:
+            for act, name in GATED_NAMES.items():
+                if np.allclose(got, _ACT[act](_PROBE) * _PROBE_UP, rtol=1e-5, atol=1e-5):
+                    return name, swap
+    funcs = "+".join(s.func for s in program.steps) or "identity"
+    return ("glu:" if program.sources == 2 else "elementwise:") + funcs, False
+
+
+# --- the walk --------------------------------------------------------------------------------
+@dataclass
+class Source:
+    """A projection feeding the region: dot(x, w) [+ bias]."""
+
+    dot: str
+    output: str  # the value the region reads (after the bias Add, if any)
+    bias_add: str = ""  # the absorbed bias Add node
+    bias: str = ""  # the bias vector (Gemm's C or the Add's other input)
+
+
+@dataclass
+class Region:
+    dot2: str
+    sources: list[Source] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)  # elementwise nodes, topological order
+    program: Program | None = None
+    problem: str | None = None
+
+
+def _float_rank_shape(graph: Graph, tensor: str) -> tuple[int, ...]:
+    return tuple(graph.tensors[tensor].shape)
+
+
+def _source(graph: Graph, tensor: str, width: int) -> Source | None:
+    """The projection producing `tensor`, through an optional bias Add of a [width] vector."""
+    node = graph.producer(tensor)
+    if node is None:
+        return None
+    data = graph.node(node)
+    if data["op_type"] in DOTS:
+        return Source(node, tensor)
+    if data["op_type"] != "Add":
+        return None
+    for index, value in enumerate(data["inputs"]):
+        dot = graph.producer(value)
+        other = data["inputs"][1 - index]
+        if (
+            dot is not None
+            and graph.node(dot)["op_type"] in DOTS
+            and _float_rank_shape(graph, other) == (width,)
+        ):
+            return Source(dot, tensor, node, other)
+    return None
+
+
+def match_region(graph: Graph, dot2: str) -> Region | None:
+    data = graph.node(dot2)
+    start = data["inputs"][0]
+    shape = _float_rank_shape(graph, start)
+    if not shape:
+        return None
+    width = shape[-1]
+    region = Region(dot2)
+    registers: dict[str, int] = {}
+    nodes: list[str] = []
+    blockers: list[str] = []
+    stack, seen = [start], set()
+    while stack:
+        tensor = stack.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        source = _source(graph, tensor, width)
+        if source is not None:
+            region.sources.append(source)
+            continue
+        node = graph.producer(tensor)
+        if node is None:
+            return None  # a graph input reaches dot2 other than through a projection
+        op = graph.node(node)["op_type"]
+        if op in DOTS:
+            continue
+        if not _elementwise(graph, node, width):
+            if op not in OTHER_ELEMENTWISE:
+                return None  # the chain is open (a norm, a reduction, ...): not an MLP
+            blockers.append(f"{op} {node!r} is elementwise but has no MLP kernel step")
+            stack.extend(
+                t for t in graph.node(node)["inputs"] if t and const_value(graph, t) is None
+            )
+            continue
+        nodes.append(node)
+        if len(nodes) > MAX_REGION:
+            return None
+        for value in graph.node(node)["inputs"]:
+            if value and scalar_const(graph, value) is None and const_value(graph, value) is None:
+                stack.append(value)
+            elif value and scalar_const(graph, value) is None and op not in TRANSPARENT:
+                shape_ = _float_rank_shape(graph, value)
+                blockers.append(f"{op} {node!r} reads a non-scalar constant {shape_}")
+    if not region.sources or not (nodes or blockers):
+        return None  # dot2 is not fed by projection → elementwise chain → it: not an MLP
+    # The region's own dependency order (every path between two of its nodes runs inside
+    # it: its sources are projections of the block's input), ties kept in graph order.
+    members = set(nodes)
+    rank = {n: i for i, n in enumerate(graph.nx.nodes) if n in members}
+    order = list(
+        nx.lexicographical_topological_sort(graph.nx.subgraph(members), key=rank.__getitem__)
+    )
+    region.nodes = order
+    if blockers:
+        region.problem = blockers[0]
+        return region
+    if len(region.sources) > 2:
+        region.problem = f"{len(region.sources)} projections feed the chain (at most 2: gated)"
+        return region
+    region.sources.sort(key=lambda s: order.index(_first_user(graph, s.output, order)))
+    for index, source in enumerate(region.sources):
+        registers[source.output] = index
+    try:
+        region.program = _program(graph, order, registers, data["inputs"][0])
+    except ValueError as exc:
+        region.problem = str(exc)
+    return region
+
+
+def _first_user(graph: Graph, tensor: str, order: list[str]) -> str:
+    users = [user for user, _ in graph.consumers(tensor) if user in order]
+    return min(users, key=order.index) if users else order[0]
+
+
+def _elementwise(graph: Graph, node: str, width: int) -> bool:
+    data = graph.node(node)
+    op = data["op_type"]
+    if data["domain"] not in ("", "ai.onnx"):
+        return False
+    if op == "Reshape" or op == "Identity":
+        return _float_rank_shape(graph, data["outputs"][0])[-1:] == (width,)
+    if op == "Cast":
+        return graph.tensors[data["outputs"][0]].dtype.is_float
+    return (
+        op in UNARY
+        or op in BINARY
+        or op in ("Gelu", "Neg", "HardSigmoid", "HardSwish", "Mish", "LeakyRelu", "Clip")
+    )
+
+
+def _program(graph: Graph, order: list[str], registers: dict[str, int], out: str) -> Program:
+    steps: list[Step] = []
+    count = len(set(registers.values()))
+    sources = count
+
+    def emit(kind: str, a: int, func: str, **kw) -> int:
+        nonlocal count
+        steps.append(Step(kind, count, a, func, **kw))
+        count += 1
+        return count - 1
+
+    def reg(tensor: str) -> int:
+        if tensor not in registers:
+            raise ValueError(f"{tensor!r} is computed outside the MLP")
+        return registers[tensor]
+
+    for node in order:
+        data = graph.node(node)
+        op, attrs, ins = data["op_type"], data["attrs"], [t for t in data["inputs"]]
+        result = data["outputs"][0]
+        if op in TRANSPARENT:
+            registers[result] = reg(ins[0])
+            continue
+        if op in UNARY:
+            registers[result] = emit("act", reg(ins[0]), UNARY[op])
+        elif op == "Gelu":
+            func = "gelu_tanh" if attrs.get("approximate", "none") == "tanh" else "gelu"
+            registers[result] = emit("act", reg(ins[0]), func)
+        elif op == "Neg":
+            registers[result] = emit("scalar", reg(ins[0]), "multiply", value=-1.0)
+        elif op in ("HardSigmoid", "HardSwish"):
+            x = reg(ins[0])
+            alpha, beta = (
+                (attrs.get("alpha", 0.2), attrs.get("beta", 0.5))
+                if op == "HardSigmoid"
+                else (1 / 6, 0.5)
+            )
+            t = emit("scalar", x, "multiply", value=alpha)
+            t = emit("scalar", t, "add", value=beta)
+            t = emit("scalar", t, "max", value=0.0)
+            t = emit("scalar", t, "min", value=1.0)
+            registers[result] = t if op == "HardSigmoid" else emit("tensor", x, "multiply", b=t)
+        elif op == "Mish":
+            x = reg(ins[0])
+            t = emit("act", emit("act", x, "softplus"), "tanh")
+            registers[result] = emit("tensor", x, "multiply", b=t)
+        elif op == "LeakyRelu":
+            x = reg(ins[0])
+            t = emit("scalar", x, "multiply", value=attrs.get("alpha", 0.01))
+            registers[result] = emit("tensor", x, "max", b=t)
+        elif op == "Clip":
+            x = reg(ins[0])
+            for index, func in ((1, "max"), (2, "min")):
+                if len(ins) > index and ins[index]:
+                    bound = scalar_const(graph, ins[index])
+                    if bound is None:
+                        raise ValueError(f"Clip {node!r} has a computed bound")
+                    x = emit("scalar", x, func, value=bound)
+            registers[result] = x if x != reg(ins[0]) else emit("act", x, "copy")
+        else:  # binary
+            func = BINARY[op]
+            a, b = ins[:2]
+            value_a, value_b = scalar_const(graph, a), scalar_const(graph, b)
+            if value_a is None and value_b is None:
+                if func == "pow":
+                    raise ValueError(f"Pow {node!r} raises to a computed power")
+                registers[result] = emit("tensor", reg(a), func, b=reg(b))
+            elif value_b is not None:
+                registers[result] = emit("scalar", reg(a), func, value=value_b)
+            else:
+                registers[result] = emit("scalar", reg(b), func, value=value_a, reverse=True)
+    return Program(sources, tuple(steps), reg(out))

@@ -1,0 +1,172 @@
+"""A cost model for BIR: per-instruction cost and the estimated device time.
+
+In: a Module (one function of it). Out: a `CostReport`: estimated device time from the
+event-driven simulation of every engine and DMA queue (runtime/device_time.py), busy time per
+engine kind and per stream, instruction counts, DMA bytes (compulsory and the rest), matmul FLOPs,
+the critical path and the most expensive ONNX nodes (runtime/cost_summary.py).
+
+Per-instruction cost (docs/device_time.md#instruction-costs, NeuronCore-v2), N = elements per
+partition, the largest free size among the instruction's operands:
+- PE Matmult: max(N_moving, min(64, M_stationary)) cycles, x4 when an operand is fp32 (the
+  table's `pe_dtype`, when set, stands for the dtype fp32 operands would be cast to).
+- ACT (any opcode): max(64, N). DVE: max(64, N) with one input, max(64, 2N) for TensorTensor with
+  both inputs in SBUF (max(64, N) when one is in PSUM). POOL: 150 + N.
+- DMA: 0.6 us to issue + bytes / (engines x 27 GB/s), a transfer spreading over one DMA engine
+  per 8 partitions (16 engines for 128 partitions or DRAM to DRAM); the core's DMA engines share
+  272 GB/s (the simulation's shared resource). A DMA that waits on another stream's semaphore
+  starts its transfer 1.3 us after it (its issue included).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from onnx2bir.bir.enums import Dtype, Engine, MemoryType, Opcode
+from onnx2bir.bir.ir import Function, Instruction, Module
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Every constant of the model, with its source in docs/device_time.md."""
+
+    clock_hz: tuple[tuple[Engine, float], ...] = (
+        (Engine.PE, 2.8e9),  # docs/device_time.md#figures-and-their-sources: TensorE clock
+        (Engine.ACT, 1.4e9),  # ScalarE clock
+        (Engine.POOL, 1.4e9),  # GpSimd clock
+        (Engine.DVE, 1.12e9),  # VectorE clock
+    )
+    # docs/device_time.md#instruction-costs: MIN_II, the minimum initiation interval of ACT/DVE
+    min_ii: int = 64
+    matmul_min_stationary: int = 64  # max(min(64, N_stationary), N_moving)
+    matmul_fp32_factor: int = 4  # fp32 matmul runs at 1/4 rate
+    pool_startup: int = 150  # GpSimd start-up cycles
+    # docs/device_time.md#dma: a DMA instruction occupies its queue for its descriptor
+    # generation (~600 ns) and its bytes; one that waits on another engine's semaphore
+    # starts its transfer ~1300 ns after it (the semaphore-to-start latency, issue included).
+    dma_issue_s: float = 0.6e-6
+    dma_semaphore_s: float = 1.3e-6
+    dma_bytes_per_s: float = 27e9  # one DMA engine's bandwidth (27 GB/s)
+    dma_partitions_per_engine: int = 8  # 128 partitions over 16 DMA engines
+    dma_engines: int = 16  # DMA engines (and queues) per NeuronCore
+    dma_core_bytes_per_s: float = 272e9  # 16 engines x 17 B/ns: the core's shared DMA bandwidth
+    # docs/device_time.md#semaphores: an engine waiting on another stream's semaphore
+    semaphore_cycles: int = 100
+    loop_warmup: int = 3  # loop trips simulated one by one before the steady state
+    pe_peak_flops: float = 128 * 128 * 2 * 2.8e9  # bf16/fp16/tf32/fp8 peak, 91.75 TFLOP/s
+    # The dtype fp32 matmul operands are costed as (None: as fp32, the BIR's own dtypes)
+    pe_dtype: Dtype | None = None
+
+    def clock(self, engine: Engine) -> float:
+        return dict(self.clock_hz)[engine]
+
+    def semaphore_seconds(self, engine: Engine) -> float:
+        """Latency of a cross-stream dependency, charged to the waiting engine. A DMA's fixed
+        waits ~1300 ns from a semaphore to the start of its transfer, its issue cost included."""
+        if engine is Engine.DMA:
+            return self.dma_semaphore_s - self.dma_issue_s
+        return self.semaphore_cycles / self.clock(engine)
+
+
+DEFAULT_TABLE = CostTable()
+
+
+@dataclass
+class CostReport:
+    """Estimated cost of one function."""
+
+    function: str
+    busy_cycles: dict[Engine, float]  # compute engines, in each engine's own clock
+    busy_seconds: dict[Engine, float]  # DMA: summed over queues, so it may exceed total_seconds
+    instruction_counts: dict[Engine, int]
+    dma_bytes: int
+    total_seconds: float  # simulated device time
+    stream_busy_seconds: dict[str, float] = field(default_factory=dict)  # each engine, queue
+    # the sizes of the weights, constants, graph inputs and outputs that DMAs touch: the
+    # traffic no program can avoid (capped by dma_bytes)
+    compulsory_dma_bytes: int = 0
+    flops: int = 0  # matmul FLOPs (2 x K x M x N per Matmult)
+    pe_peak_flops: float = DEFAULT_TABLE.pe_peak_flops
+    critical_path: list[dict] = field(default_factory=list)
+    top_nodes: list[dict] = field(default_factory=list)
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops / self.total_seconds if self.total_seconds else 0.0
+
+    def summary(self) -> str:
+        """A small text table: engine, instructions, busy time, share of the total."""
+        lines = [f"{self.function}: estimated {self.total_seconds * 1e6:.2f} us"]
+        for engine in Engine:
+            busy = self.busy_seconds.get(engine, 0.0)
+            share = busy / self.total_seconds if self.total_seconds else 0.0
+            lines.append(
+                f"  {engine:<5} {self.instruction_counts.get(engine, 0):>8} instr "
+                f"{busy * 1e6:>10.2f} us busy {share:>7.1%}"
+            )
+        lines.append(f"  DMA bytes {self.dma_bytes} (DMA busy summed over its queues)")
+        return "\n".join(lines)
+
+
+def _pe_factor(stationary, moving, function: Function, table: CostTable) -> int:
+    locations = function.memory_locations
+    dtypes = [locations[ap.loc].dtype for ap in (stationary, moving)]
+    if table.pe_dtype is not None:
+        dtypes = [table.pe_dtype if d is Dtype.FP32 else d for d in dtypes]
+    return table.matmul_fp32_factor if Dtype.FP32 in dtypes else 1
+
+
+def matmul_flops(ins: Instruction) -> int:
+    """2 x K x M x N of a Matmult (K partitions, M stationary columns, N moving columns)."""
+    if ins.opcode is not Opcode.MATMULT:
+        return 0
+    stationary, moving = ins.srcs["stationary"], ins.srcs["moving"]
+    k = moving.num_partitions or 1
+    return 2 * k * stationary.free_size * moving.free_size
+
+
+def instruction_cost(
+    ins: Instruction, function: Function, table: CostTable = DEFAULT_TABLE
+) -> tuple[float, float, int]:
+    """(engine cycles, seconds, DMA bytes) of one execution of ins; DMA cycles are 0.
+
+    A DMA's seconds are its own queue's time with the bandwidth to itself; the simulation adds
+    the wait for the core's shared bandwidth."""
+    locations = function.memory_locations
+    operands = list(ins.srcs.values()) + ([ins.dst] if ins.dst is not None else [])
+    if ins.engine is Engine.DMA:
+        moved = max(ap.num_elements * locations[ap.loc].dtype.itemsize for ap in operands)
+        partitions = max((ap.num_partitions for ap in operands), default=0)
+        engines = table.dma_engines
+        if partitions:
+            engines = min(engines, math.ceil(partitions / table.dma_partitions_per_engine))
+        return 0.0, table.dma_issue_s + moved / (engines * table.dma_bytes_per_s), moved
+    n = max((ap.free_size for ap in operands), default=1)
+    if ins.engine is Engine.PE:
+        stationary, moving = ins.srcs["stationary"], ins.srcs["moving"]
+        m_size = min(table.matmul_min_stationary, stationary.free_size)
+        cycles = max(moving.free_size, m_size) * _pe_factor(stationary, moving, function, table)
+    elif ins.engine is Engine.POOL:
+        cycles = table.pool_startup + n
+    elif ins.engine is Engine.DVE and ins.opcode is Opcode.TENSOR_TENSOR:
+        in_psum = any(locations[ap.loc].memory is MemoryType.PSUM for ap in ins.srcs.values())
+        cycles = max(table.min_ii, n if in_psum else 2 * n)
+    else:  # ACT, and DVE with one input
+        cycles = max(table.min_ii, n)
+    return float(cycles), cycles / table.clock(ins.engine), 0
+
+
+def estimate(
+    module: Module, function_name: str | None = None, table: CostTable = DEFAULT_TABLE
+) -> CostReport:
+    """Cost report of one function of module (the first if unnamed)."""
+    from onnx2bir.runtime.timing.device_time import simulate
+    from onnx2bir.runtime.timing.summary import cost_report
+
+    if function_name is not None:
+        function = module.function(function_name)
+    elif module.functions:
+        function = module.functions[0]
+    else:
+        raise ValueError(f"module {module.name!r} has no function")
+    return cost_report(function, simulate(function, table), table)
