@@ -7,7 +7,7 @@ writes them to models/.cache/) and the CNNs of models/. For each: the compulsory
 (weights, constants, graph inputs and outputs, once each), all DMA bytes with the planner off
 and on, their ratio to the compulsory bytes, the SBUF high-water mark per partition, and how
 many intermediate tensors stay in DRAM. Figures come from the cost model's byte count
-(runtime/cost.py), which counts every DMA instance.
+(runtime/timing/cost.py), which counts every DMA instance.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import onnx
 
+from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.bir.ir import Module
 from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
-from onnx2bir.codegen.cast_plan import CastPlan, plan_casts
+from onnx2bir.codegen.cast_plan import plan_casts
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key

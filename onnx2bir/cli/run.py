@@ -2,8 +2,8 @@
 
 In: a `<stem>.bir.json` written by `convert` (its constants sidecar beside it), an .npz of
 input arrays keyed by the function's input names. The module is read, verified
-(`bir.verify`), then run under a schedule (`runtime/schedule.py`), optionally with the race
-detector (`runtime/races.py`). Out: a summary (text or `--json`), the outputs with
+(`bir.verify`), then run under a schedule (`runtime/machine/schedule.py`), optionally with the race
+detector (`runtime/machine/races.py`). Out: a summary (text or `--json`), the outputs with
 `--save-outputs`, and the exit status: 0 ran (race-free when checked), 1 a race was found
 (one line each) or the machine rejected the program, 2 bad input (unreadable or unverifiable
 file, missing or ill-shaped inputs, a bad flag value).

@@ -1,4 +1,6 @@
-"""The cast plan: where the compiled program rounds a value of the model to a narrower dtype.
+"""The cast plan's derivation: where the compiled program rounds a value of the model to a
+narrower dtype (the plan's types, which a saved program's metadata carries, are in
+`onnx2bir/bir/cast_plan.py`).
 
 In: the model's graph as imported (before the passes: the node and tensor names of the ONNX
 model), the graph after the passes, the BIR module and the memory plan. Out: a `CastPlan` —
@@ -28,8 +30,8 @@ pass) is `unemulated`, with the reason.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 
+from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint, Probe
 from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import Module, node_of_origin
 from onnx2bir.graph import Graph
@@ -42,91 +44,11 @@ PE_OPERAND_INPUTS = {
     "ConvTranspose": (0, 1),
     "Einsum": (0, 1),
 }
-MLP_TARGET = "AwsNeuronMLPNKI"
 IDENTITY_PREFIX = "identity_"  # the PE transposes' identity tiles (docs/bir_codegen.md#prologue)
 ONLINE_SOFTMAX = (
     "the attention kernel's online softmax rounds probabilities before they are normalised; "
     "casts around the ONNX ops cannot repeat that"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class CastPoint:
-    """ONNX node `node` reads tensor `input` rounded to `dtype`."""
-
-    node: str
-    input: str
-    dtype: str
-    kind: str  # "operand" (a PE operand) or "storage" (the tensor is stored in `dtype`)
-    exact: bool = True  # the oracle rounds at the same point
-    reason: str | None = None  # why not exact
-
-    def to_json(self) -> dict:
-        return {key: value for key, value in asdict(self).items() if value is not None}
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """Where the machine holds tensor `tensor` once its producer is done: location
-    `location`, flat (a DRAM tensor) or, with `inner`, an SBUF home whose rows of `inner`
-    elements are dealt over the partitions (docs/memory_planner.md#layout). It is read at the
-    first instruction that reads the location and does not belong to node `producer`."""
-
-    tensor: str
-    location: str
-    producer: str
-    inner: int | None = None
-
-    def to_json(self) -> dict:
-        return {key: value for key, value in asdict(self).items() if value is not None}
-
-
-@dataclass(frozen=True, slots=True)
-class Boundary:
-    """The output `tensor` of a raised kernel inside which node `node` reads `operand` (input
-    `position`) rounded, a value the program never stores: the machine's rounding of it can
-    differ from onnxruntime's where onnxruntime's value sits near a half-way point. The
-    verdict reads `tensor` from the machine, checks it with an allowance for exactly those
-    roundings, and feeds the machine's value on (docs/validation.md#kernel-boundaries)."""
-
-    tensor: str
-    node: str
-    operand: str
-    position: int
-    dtype: str
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class CastPlan:
-    points: tuple[CastPoint, ...] = ()
-    unemulated: dict[str, str] = field(default_factory=dict)  # node → why
-    probes: dict[str, Probe] = field(default_factory=dict)  # tensor → where the machine holds it
-    boundaries: dict[str, Boundary] = field(default_factory=dict)  # tensor → its boundary
-
-    def to_json(self) -> dict:
-        return {
-            "casts": [point.to_json() for point in self.points],
-            "unemulated": [{"node": n, "reason": r} for n, r in self.unemulated.items()],
-            "probes": [probe.to_json() for probe in self.probes.values()],
-            "boundaries": [boundary.to_json() for boundary in self.boundaries.values()],
-        }
-
-    @classmethod
-    def from_json(cls, doc: dict) -> CastPlan:
-        """The plan a BIR file's metadata carries (`to_json`)."""
-        return cls(
-            tuple(CastPoint(**point) for point in doc.get("casts", [])),
-            {entry["node"]: entry["reason"] for entry in doc.get("unemulated", [])},
-            {entry["tensor"]: Probe(**entry) for entry in doc.get("probes", [])},
-            {entry["tensor"]: Boundary(**entry) for entry in doc.get("boundaries", [])},
-        )
-
-    @property
-    def rounded_tensors(self) -> set[str]:
-        return {point.input for point in self.points}
 
 
 def plan_casts(
@@ -141,7 +63,7 @@ def plan_casts(
     plan's SBUF homes by tensor."""
     function = module.functions[0]
     locations = function.memory_locations
-    hosts = _kernel_hosts(records, compiled)
+    hosts, attention_hosts = _kernel_hosts(records, compiled)
     narrow = _narrow_pe_nodes(module, set(compiled.nx))
     points: dict[tuple[str, str], CastPoint] = {}
     unemulated: dict[str, str] = {}
@@ -153,8 +75,7 @@ def plan_casts(
     members = {host: [m for m, h in hosts.items() if h == host] for host in set(hosts.values())}
     for node, dtype in narrow.items():
         if node in members:  # a raised kernel: every PE op of its block
-            target = _target(compiled.node(node))
-            reason = None if target == MLP_TARGET else ONLINE_SOFTMAX
+            reason = ONLINE_SOFTMAX if node in attention_hosts else None
             for member in members[node]:
                 for tensor in _pe_inputs(source, member):
                     add(member, tensor, dtype, "operand", reason)
@@ -277,16 +198,20 @@ def _narrow_pe_nodes(module: Module, nodes: set[str]) -> dict[str, str]:
     return found
 
 
-def _kernel_hosts(records: Iterable, compiled: Graph) -> dict[str, str]:
-    """Node of the imported graph → the raised kernel node its block became."""
+def _kernel_hosts(records: Iterable, compiled: Graph) -> tuple[dict[str, str], set[str]]:
+    """Node of the imported graph → the raised kernel node its block became, and the kernel
+    nodes that are attention blocks (their findings say `is_attention`)."""
     hosts: dict[str, str] = {}
+    attention: set[str] = set()
     for record in records:
         for finding in record.result.findings:
             members = list(finding.get("nodes") or [])
             kept = [n for n in members if n in compiled.nx and _target(compiled.node(n))]
             if kept:
                 hosts.update(dict.fromkeys(members, kept[0]))
-    return hosts
+                if finding.get("is_attention"):
+                    attention.add(kept[0])
+    return hosts, attention
 
 
 def _source_node(records: Iterable, node: str, source: Graph) -> str | None:

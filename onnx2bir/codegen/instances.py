@@ -7,7 +7,7 @@ generator computes the same figure after lowering each function (`num_dynamic_in
 
 A runtime loop (DynamicFor, DoWhile; docs/loops.md) has no trip count before it runs: its body
 is counted once, which makes the dynamic count a lower bound, and `exact` is then False. To
-count a run exactly, use the interpreter's observer (`runtime/progress.py` counts that way).
+count a run exactly, use the interpreter's observer (`runtime/machine/progress.py` counts that way).
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from onnx2bir.bir.costs import DEFAULT_TABLE
 from onnx2bir.bir.enums import Engine
 from onnx2bir.codegen.tiling import Tile, buffer_count, tile_count, tiles
-from onnx2bir.runtime.timing.cost import DEFAULT_TABLE
 
 GROUP = 4  # tiles per trip, emitted step by step
 COPY_BUDGET = 48 * 1024  # bytes of each partition for the copies of a group's buffers

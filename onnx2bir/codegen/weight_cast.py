@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from onnx2bir.bir.dtypes import store_as
 from onnx2bir.bir.enums import PAYLOAD_KINDS, Dtype, Engine, MemoryKind, MemoryType
 from onnx2bir.bir.ir import Function, Module
 from onnx2bir.codegen.casting import cast_dtype
 from onnx2bir.options import CompileOptions
-from onnx2bir.runtime.machine.alu import store_as
 
 
 def store_in_cast_dtype(module: Module, function: Function, options: CompileOptions) -> list[str]:

@@ -1,6 +1,6 @@
 """The device-time part of `report`: the "cost" JSON object and its text lines.
 
-In: a `CostReport` (runtime/cost.py). Out: `cost_json` (JSON-ready dict; keys are only ever
+In: a `CostReport` (runtime/timing/cost.py). Out: `cost_json` (JSON-ready dict; keys are only ever
 added) and `cost_text` (the lines `report` prints). docs/device_time.md explains the model.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from onnx2bir.runtime.timing.cost import CostReport
 
-MODEL = "runtime/cost.py (NeuronCore-v2 clocks and instruction costs)"
+MODEL = "runtime/timing/cost.py (NeuronCore-v2 clocks and instruction costs)"
 
 
 def cost_json(estimate: CostReport) -> dict:
@@ -55,7 +55,7 @@ def cost_text(cost: dict) -> list[str]:
     busy = ", ".join(f"{e} {t * us:.0f} us" for e, t in cost["busy_seconds"].items() if t)
     bound = " (at least: loops with a run-time trip count costed as one trip)"
     lines = [
-        f"estimated device time (cost model, runtime/cost.py): "
+        f"estimated device time (cost model, runtime/timing/cost.py): "
         f"{cost['estimated_seconds'] * us:.0f} us{bound if cost.get('lower_bound') else ''}",
         f"  busy time per engine kind: {busy} (DMA is the sum over its 16 queues, so it can "
         f"exceed the total); DMA bytes {cost['dma_bytes']}",

@@ -28,7 +28,7 @@ DESIGN.md's contract:
      "casts": [{"node", "input", "dtype", "kind", "exact", "reason"?}] (the cast plan: node
         reads input rounded to dtype; docs/validation.md#the-emulating-oracle),
      "cast_plan": {"casts", "unemulated", "probes", "boundaries"},
-     "memory": the memory planner's decisions (onnx2bir/report_memory.py) | null,
+     "memory": the memory planner's decisions (onnx2bir/reporting/memory.py) | null,
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)

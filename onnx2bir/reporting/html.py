@@ -278,7 +278,7 @@ def _timeline(compilation: Compilation | None) -> list[str]:
         return []
     return [
         '<h2 id="timeline">Engine timeline (cost model estimate)</h2>',
-        '<p class="muted">The schedule behind the estimated device time (runtime/cost.py): '
+        '<p class="muted">The schedule behind the estimated device time (runtime/timing/cost.py): '
         "each bar is an instruction, or a whole loop with its trip count, on its engine or DMA "
         "queue. An estimate, not a measurement; hover a bar for its node.</p>",
         chart,

@@ -1,7 +1,7 @@
 """The engine timeline the device-time simulation implies, for the report page.
 
 In: a BIR module. Out: `Timeline`, the busy intervals of each engine (DMA: each queue) in
-seconds, from the simulation `runtime/device_time.py` runs for the estimated device time. A
+seconds, from the simulation `runtime/timing/device_time.py` runs for the estimated device time. A
 top-level loop is one bar per stream, spanning all its trips, labelled with its trip count; a
 top-level instruction is its own bar, labelled with its ONNX node.
 """

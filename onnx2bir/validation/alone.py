@@ -4,7 +4,7 @@ In: a node of the graph before the passes, onnxruntime's values of its inputs (e
 the full model), the compile options. The node is rebuilt as a one-node ONNX model — constant
 inputs stay initializers, so the pass selects the same kernel, and the node keeps its name —
 compiled and simulated by onnx2bir, and compared with the emulating oracle of the one-node
-model (onnxruntime rounding where the node's program rounds, runtime/emulating_oracle.py) on
+model (onnxruntime rounding where the node's program rounds, runtime/oracle/emulating.py) on
 the same inputs, at the tolerance the tensor had in the model. Out: the local comparison and
 a verdict:
 
@@ -25,6 +25,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx2bir.errors import MachineError, UserError
+from onnx2bir.kernels import attention as attention_kernel
+from onnx2bir.kernels import mlp as mlp_kernel
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.oracle.compare import (
     ERROR_KEYS,
@@ -112,10 +114,8 @@ def diagnose(record: dict, local: dict) -> dict:
 
 
 FUSED_KERNELS = (
-    "AttentionMMSoftmaxMM",
-    "AttentionMMSoftmaxMMWithoutSwap",
-    "CausalAttentionMMSoftmaxMMWithoutSwap",
-    "AwsNeuronMLPNKI",
+    *attention_kernel.TARGETS,
+    mlp_kernel.TARGET,
 )
 
 

@@ -31,9 +31,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.bir.enums import Dtype, MemoryType, Opcode
 from onnx2bir.bir.ir import node_of_origin
-from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.findings import describe_blocks
@@ -50,7 +50,7 @@ DEFAULT_BUDGET_BYTES = 256 << 20
 
 # --- the oracle with intermediates exposed --------------------------------------------------
 class ExposingOracle:
-    """The emulating oracle (`runtime/emulating_oracle.py`) on the folded skeleton, with chosen
+    """The emulating oracle (`runtime/oracle/emulating.py`) on the folded skeleton, with chosen
     tensors as its outputs, resynchronised at the tensors of `machine_values`.
 
     The weights the importer held aside stay graph inputs of the skeleton and are fed with the

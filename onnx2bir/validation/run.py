@@ -2,9 +2,9 @@
 
 In: a model, compile options, inputs (seeded random, .npz or a test_data_set folder), a
 `TolerancePolicy`. Out: the validate document and, for `--save-outputs`, the machine's
-outputs. The machine runs in program order with the cast plan's probes (runtime/probes.py);
-the verdict (runtime/verdict.py) compares every output and every probed intermediate with the
-emulating oracle (runtime/emulating_oracle.py) and measures drift from plain fp32 onnxruntime
+outputs. The machine runs in program order with the cast plan's probes (runtime/machine/probes.py);
+the verdict (runtime/oracle/verdict.py) compares every output and every probed intermediate with the
+emulating oracle (runtime/oracle/emulating.py) and measures drift from plain fp32 onnxruntime
 (docs/validation.md#verdict). The document follows DESIGN.md's contract and adds keys (never
 renames):
 
@@ -97,11 +97,11 @@ def run_validate(
     `on_compiled(compilation)` runs before the simulation; `factories` make machine observers
     for `simulate` (test hooks; they imply --localize's machine-level run). Names in the
     policy's `tensors` and `op_types` must exist in the model (`check_policy_names`).
-    `schedule` (`runtime/schedule.py`) orders the instructions; `check_races` runs the race
+    `schedule` (`runtime/machine/schedule.py`) orders the instructions; `check_races` runs the race
     detector, and a race fails the validation. `reference`: outputs the user supplies (an
     .npz file, a test_data_set folder, or arrays by output name), which replace plain fp32
     onnxruntime as what drift is measured against;
-    `max_drift`: limits that make drift fail the verdict (`runtime/verdict.py`).
+    `max_drift`: limits that make drift fail the verdict (`runtime/oracle/verdict.py`).
     """
     plan_order = parse_schedule(schedule)
     if localize_nodes:
@@ -137,7 +137,7 @@ def run_validate(
     races = None
     schedule_differences: list[str] = []
     try:
-        # The verdict's run is in program order, with the probes (runtime/probes.py).
+        # The verdict's run is in program order, with the probes (runtime/machine/probes.py).
         if localize_nodes or factories:
             machine = simulate(
                 compilation, feeds, bar.observer if bar else None, factories, reader.before()
@@ -253,7 +253,7 @@ def run_validate(
 
 
 def oracle_runner(prepared, feeds: dict[str, np.ndarray]):
-    """The emulating oracle of a prepared model on `feeds`, as `runtime/verdict.py`'s `judge`
+    """The emulating oracle of a prepared model on `feeds`, as `runtime/oracle/verdict.py`'s `judge`
     calls it: run(machine_values, wanted) → arrays by name."""
 
     def run(machine_values, wanted):
@@ -283,7 +283,7 @@ def check_program(
     its outputs against MODEL's emulating oracle, with the cast plan and input shapes the
     program's metadata records (onnx2bir/compiler.py `record_provenance`). Returns (the
     document, the outputs)."""
-    from onnx2bir.codegen.cast_plan import CastPlan
+    from onnx2bir.bir.cast_plan import CastPlan
     from onnx2bir.errors import UserError
     from onnx2bir.frontend.importer import build_graph, import_parts
 

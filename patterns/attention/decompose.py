@@ -42,6 +42,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.graph import Graph
 from onnx2bir.kernels import load_kernels
+from onnx2bir.kernels.attention import TARGETS
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention.decompose_build import (
     Emitter,
@@ -57,16 +58,10 @@ from onnx2bir.patterns.attention.decompose_build import (
 from onnx2bir.patterns.attention.decompose_build import lowest as lowest  # re-exported
 from onnx2bir.patterns.attention.decompose_match import NO_SOFTMAX, explore
 from onnx2bir.patterns.attention.match import _is_causal_mask
-from onnx2bir.patterns.attention.raising import (
-    ATTENTION,
-    ATTENTION_WITHOUT_SWAP,
-    CAUSAL_ATTENTION_WITHOUT_SWAP,
-)
 from onnx2bir.patterns.passes import PassResult, Statistic
 
 log = logging.getLogger("onnx2bir.DecomposeAttention")
 
-TARGETS = (ATTENTION, ATTENTION_WITHOUT_SWAP, CAUSAL_ATTENTION_WITHOUT_SWAP)
 MS_DOMAIN = "com.microsoft"
 DEFAULT_MASK_FILTER = -10000.0  # com.microsoft attention ops' mask_filter_value default
 

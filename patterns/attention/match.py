@@ -12,7 +12,7 @@ Div by a scalar (the scale), an Add of any tensor (mask, position bias), a Where
 fill (masked_fill) or a Cast, then Softmax, an optional tail (Cast, Dropout/Identity, or the
 NaN guard `Where(IsNaN(P), 0, P)`), then `MatMul(P, v)`. The variants are concrete graphs
 matched by subgraph monomorphism, longest first (most specific first); they are written as
-the ops they match (`_attention`, with `patterns/pattern_builder.py`), one variant per
+the ops they match (`_attention`, with `patterns/builder.py`), one variant per
 choice. Q/K/V paths — where a scale may also sit (on Q, or √scale on both Q and Kᵀ), how
 Kᵀ and the heads are formed, packed QKV, grouped-query K/V — are classified for the report
 but stay in the graph: the kernel takes q, kᵀ and v exactly as the QK and PV matmuls did, so

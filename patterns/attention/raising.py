@@ -18,7 +18,7 @@ kernel's own causal masking; otherwise query and key lengths equal (self-attenti
 AttentionMMSoftmaxMMWithoutSwap, and unequal lengths AttentionMMSoftmaxMM, whose first matmul
 swaps the operand roles so the longer sequence streams as the moving operand.
 
-SBUF bytes: `sb_shape(seq_q, seq_k, causal, dtype, cast_matmult)` (kernels/attention_plan.py,
+SBUF bytes: `sb_shape(seq_q, seq_k, causal, dtype, cast_matmult)` (kernels/attention/plan.py,
 the reference's signature) gives the tile sizes and the bytes per partition the flash-style
 kernel reserves; with `matmult-to-…` the scores stay fp32, 2 bytes more per key column than
 with `all-to-…`. The gate adds the `dynamic-dma-sbuf-bytes` option (bytes per partition kept
@@ -43,6 +43,11 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.graph import Graph, TensorInfo
+from onnx2bir.kernels.attention import (
+    ATTENTION,
+    ATTENTION_WITHOUT_SWAP,
+    CAUSAL_ATTENTION_WITHOUT_SWAP,
+)
 from onnx2bir.kernels.attention.plan import sb_shape
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention.fused import raise_fused, read_fused
@@ -57,9 +62,6 @@ from onnx2bir.patterns.passes import PassResult, Statistic
 log = logging.getLogger("onnx2bir.LowerToCustomNativeKernel")
 logging.getLogger("onnx2bir").addHandler(logging.NullHandler())  # shown only with --verbose
 
-ATTENTION = "AttentionMMSoftmaxMM"
-ATTENTION_WITHOUT_SWAP = "AttentionMMSoftmaxMMWithoutSwap"
-CAUSAL_ATTENTION_WITHOUT_SWAP = "CausalAttentionMMSoftmaxMMWithoutSwap"
 MIN_SEQUENCE = 1007  # the raise fires for sequence > 0x3ef
 MAX_HEAD_DIM = 128
 MAX_SB_BYTES = 196608  # 0x30000

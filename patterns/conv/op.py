@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.graph import Graph
+from onnx2bir.kernels.conv.common import ConvGeometry, conv_geometry
 
 Perm = tuple[int, ...]
 CANONICAL_INPUT = "bf01"
@@ -258,26 +259,6 @@ def conv_op_from_node(graph: Graph, name: str) -> ConvOp:
             **common,
         ),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ConvGeometry:
-    """The dilations and group count by role, whatever the form the op is written in."""
-
-    input_dilation: list[int]  # zeros inserted between input pixels (a transposed conv's stride)
-    kernel_dilation: list[int]  # spacing of the kernel taps
-    groups: int
-
-
-def conv_geometry(
-    lhs_dilation, rhs_dilation, feature_group_count: int, batch_group_count: int, backward: bool
-) -> ConvGeometry:
-    """Decode the attribute encoding: forward ops dilate the input by lhs_dilation and the
-    kernel by rhs_dilation, group on feature_group_count; backward ops (rhs_reversal) swap the
-    dilations and group on batch_group_count."""
-    if backward:
-        return ConvGeometry(list(rhs_dilation), list(lhs_dilation), batch_group_count)
-    return ConvGeometry(list(lhs_dilation), list(rhs_dilation), feature_group_count)
 
 
 def _read_weight_through_transpose(graph: Graph, op: ConvOp) -> ConvOp:

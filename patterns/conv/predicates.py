@@ -1,7 +1,7 @@
 """The kernel predicates of TransformConvOp's registries
 (docs/conv_selection.md#functional-registry): one `match_*` per row.
 
-In: a `ConvOp` (the conv in canonical form, `patterns/conv_op.py`) and the registry row's
+In: a `ConvOp` (the conv in canonical form, `patterns/conv/op.py`) and the registry row's
 default kwargs. Out: None to accept, or the reason string to refuse. The reference returns a
 bool; the reason lets the report say, entry by entry, why a conv fell back to the generic path.
 `is_low_channel_conv_1` is the column-packing gate; it raises ConvOpInvariantError, with the

@@ -25,6 +25,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from onnx2bir.graph import Graph
+from onnx2bir.kernels.conv import (
+    COLUMN_PACKING,
+    COLUMN_PACKING_1,
+    COLUMN_PACKING_IO10,
+    CONV1D_DEPTHWISE,
+    CONV2D_DEPTHWISE,
+    KERNEL_NAMES,
+    PBP_0F1B,
+    PBP_FB01,
+    REP_NHWC,
+)
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.conv.op import (
     CANONICAL_INPUT,
@@ -126,25 +137,6 @@ class KernelInfo:
     def out_perm(self, op: ConvOp) -> Perm:
         return layout_perm(self.out_layout, CANONICAL_RESULT)
 
-
-REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"
-COLUMN_PACKING = "conv2d_column_packing"
-COLUMN_PACKING_1 = "conv2d_column_packing_1"
-COLUMN_PACKING_IO10 = "conv2d_column_packing_io10"
-CONV1D_DEPTHWISE = "Conv1d_depthwise_bf01_oi01_bf01"
-CONV2D_DEPTHWISE = "conv2d_depthwise_f01b_o01i_bf01"
-PBP_0F1B = "Conv2d_pbp_0f1b_0i1o_01fb_experimental_1"
-PBP_FB01 = "Conv2d_pbp_fb01_io01_01bf_experimental_1"
-KERNEL_NAMES = (
-    REP_NHWC,
-    COLUMN_PACKING,
-    COLUMN_PACKING_1,
-    COLUMN_PACKING_IO10,
-    CONV1D_DEPTHWISE,
-    CONV2D_DEPTHWISE,
-    PBP_0F1B,
-    PBP_FB01,
-)
 
 # Priority order. The unique-name rows sit where the reference puts them; the column-packing trio's
 # slots are INFERRED (see match_conv_depthwise_backward and match_low_channel_conv). The

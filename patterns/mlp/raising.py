@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from onnx2bir.graph import Graph
+from onnx2bir.kernels.mlp import TARGET
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.findings import BlockFinding, Idiom, Status
 from onnx2bir.patterns.matcher import validity_problem
@@ -31,7 +32,6 @@ from onnx2bir.patterns.mlp.region import DOTS, Region, Source, classify, match_r
 from onnx2bir.patterns.passes import PassResult, Statistic
 from onnx2bir.patterns.queries import const_value
 
-TARGET = "AwsNeuronMLPNKI"
 KERNEL_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "quick_gelu", "swiglu")
 
 

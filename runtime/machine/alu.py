@@ -6,7 +6,7 @@ integer inputs are computed exactly in int64. Integer divide truncates toward ze
 integer truncates (`cast`, docs/neuroncore.md#dma). `alu` applies an AluOp (comparisons give 1 or
 0), `ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each AluOp TensorReduce accepts to
 its ufunc; `erf` is a Maclaurin series accurate to fp32 resolution. The instruction semantics
-(`runtime/semantics.py`) bind operands and call these.
+(`runtime/machine/semantics.py`) bind operands and call these.
 """
 
 from __future__ import annotations
@@ -16,57 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.dtypes import F32
+from onnx2bir.bir.enums import ActFunc, AluOp
 
-F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)
-
-
-def int_like(dtype: np.dtype) -> bool:
-    """Whether values of dtype are computed as integers (int64) rather than in fp32."""
-    return dtype.kind in "iub"  # ml_dtypes bfloat16 has kind "V", so it counts as float
-
-
-def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Convert to dtype: integers to integers directly, anything else through fp32
-    (docs/neuroncore.md#dma)."""
-    values = np.asarray(values)
-    if values.dtype == dtype:
-        return values
-    if int_like(values.dtype) and int_like(dtype):
-        return values.astype(dtype)
-    return values.astype(F32, copy=False).astype(dtype)
-
-
-FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
-
-
-def round_tf32(values: np.ndarray) -> np.ndarray:
-    """fp32 values rounded to TF32 (10 mantissa bits), to nearest, ties to even; NaN and ±inf
-    pass through, a value that rounds past the fp32 maximum becomes ±inf."""
-    v = np.ascontiguousarray(values, dtype=F32)
-    bits = v.view(np.uint32)
-    lsb = (bits >> np.uint32(13)) & np.uint32(1)
-    rounded = (bits + np.uint32(0x0FFF) + lsb) & np.uint32(0xFFFFE000)
-    finite = np.isfinite(v)
-    return np.where(finite, rounded.view(F32), v)
-
-
-def saturate_fp8_e4m3(values: np.ndarray) -> np.ndarray:
-    """fp32 values clamped to ±448 before the fp8 e4m3 conversion: the device's conversion
-    saturates, so a finite value beyond the range (and ±inf) becomes ±448; NaN stays NaN."""
-    v = np.asarray(values, dtype=F32)
-    return np.clip(v, -FP8_E4M3_MAX, FP8_E4M3_MAX)
-
-
-def store_as(values: np.ndarray, dtype: Dtype) -> np.ndarray:
-    """Values as they are stored in a location of BIR dtype `dtype` (`cast`, plus the TF32
-    rounding and FP8 saturation that the numpy dtype alone does not express)."""
-    if dtype is Dtype.TF32:
-        return round_tf32(cast(values, F32))
-    if dtype is Dtype.FP8_E4M3:
-        return saturate_fp8_e4m3(cast(values, F32)).astype(dtype.numpy)
-    return cast(values, dtype.numpy)
 
 
 def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:

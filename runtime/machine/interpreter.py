@@ -12,7 +12,7 @@ starts as NaN bytes (see `machine.py`). The observer, if any, is called as
 observer(instruction, loop_values) after each execution; loop_values is the live dict, so copy
 it to keep it. `before` maps chosen instructions to a hook called as hook(machine, instruction,
 loop_values) before each of their executions (the verdict's probes read a tensor there,
-runtime/probes.py).
+runtime/machine/probes.py).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def load_machine(module: Module, function: Function, inputs: dict[str, np.ndarra
         if loc.memory is MemoryType.DRAM and loc.kind in _LOADED_KINDS
     }
     machine = Machine(function, loaded)
-    with no_cyclic_gc():  # the analysis allocates an object per access (runtime/blas.py)
+    with no_cyclic_gc():  # the analysis allocates an object per access (runtime/machine/blas.py)
         machine.live_bytes = LiveBytes(function)  # docs/buffers.md#live-bytes
     # An input or constant nothing writes is read in place: no copy of the weights
     # (docs/simulation_speed.md#loading).
@@ -219,7 +219,7 @@ def _bind_trips(item: Loop, values, body, machine, loop_values, observer) -> Non
     axis = item.axis
     outer = loop_values.get(axis, _UNBOUND)
     # A trip log (`record_trips`) keeps each runtime loop's trip counts in the order its
-    # instances start, for the unrolled schedules (runtime/program.py).
+    # instances start, for the unrolled schedules (runtime/machine/program.py).
     log = machine.__dict__.get("trip_log")
     if log is not None:
         slot = log.setdefault(id(item), [])

@@ -6,7 +6,7 @@ function precomputed; `check_common` enforces the opcode table's engines, roles,
 memories and the partition rules (docs/neuroncore.md#partitions); `check_same_tile` and
 `check_column` the shapes elementwise operands must agree on; `enum_attr` and `number_attr`
 read attributes or name the bad one; `store` writes a result into an operand's view with the
-destination dtype's rounding. The semantics functions themselves are in `runtime/semantics.py`.
+destination dtype's rounding. The semantics functions themselves are in `runtime/machine/semantics.py`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnx2bir.bir.dtypes import F32, int_like, store_as
 from onnx2bir.bir.enums import Dtype, Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import MAX_FREE_DIMS, OPCODES, partition_start_allowed
-from onnx2bir.runtime.machine.alu import F32, int_like, store_as
 from onnx2bir.runtime.machine.machine import Machine, Operand, instruction_error
 
 _ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more than a cast

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnx2bir.bir.cast_plan import Probe
 from onnx2bir.bir.enums import MemoryType
 from onnx2bir.bir.ir import Function, Instruction
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
-from onnx2bir.codegen.cast_plan import Probe
 from onnx2bir.runtime.machine.machine import Machine
 
 

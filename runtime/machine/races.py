@@ -1,6 +1,6 @@
 """A happens-before race detector for BIR executed on concurrent streams.
 
-In: a `Program` (the unrolled function with its vector clocks, `runtime/program.py`) and the
+In: a `Program` (the unrolled function with its vector clocks, `runtime/machine/program.py`) and the
 `Machine` it runs on. The executor calls `check(i)` after running instance i. Out: `races`,
 one `Race` per pair of instructions found racing (the first byte range seen for that pair).
 

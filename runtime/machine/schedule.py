@@ -7,9 +7,9 @@ Schedules (docs/dependencies.md#schedules):
 - `program`: every instance in program order, the order the plain interpreter uses.
 - `random:SEED`: a seeded random interleaving of the streams: at each step one stream is
   picked at random among those whose next instance has every predecessor done (its stream
-  predecessor and the sources of its edges, `runtime/program.py`); nothing else orders them.
+  predecessor and the sources of its edges, `runtime/machine/program.py`); nothing else orders them.
 - `timeline`: the order in which a list schedule with the cost model's per-instruction costs
-  (`runtime/cost.py`) starts the instances: each starts when its stream is free and its edge
+  (`runtime/timing/cost.py`) starts the instances: each starts when its stream is free and its edge
   sources have finished, every loop iteration scheduled in full; ties keep program order.
 
 Every schedule respects each stream's order and every edge, so a race-free program computes

@@ -13,13 +13,13 @@ bias columns); Matmult K <= 128 on both inputs, M <= 128, N <= 512, dst fp32 in 
 partitions and N elements inside one 2 KiB bank, operand dtypes from `PE_INPUT_DTYPES` paired as
 `pe_operands_pair` allows; two TensorTensor inputs are never both in PSUM. Static rules are
 checked the first time an instruction runs (the rules every opcode shares, and the store of a
-result into its dst, are in `runtime/operands.py`); loop-dependent bounds (and the Matmult bank)
+result into its dst, are in `runtime/machine/operands.py`); loop-dependent bounds (and the Matmult bank)
 on every run.
 
 Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except
 that integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
 integer truncates. The ALU and activation functions, `cast` and the windowed max/min fold of
-TensorReduce are in `runtime/alu.py` (`erf` re-exported here).
+TensorReduce are in `runtime/machine/alu.py` (`erf` re-exported here).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnx2bir.bir.dtypes import F32, int_like, store_as
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import (
@@ -40,15 +41,12 @@ from onnx2bir.bir.opcodes import (
 )
 from onnx2bir.runtime.machine.alu import (
     ACTIVATIONS,
-    F32,
     FOLD_MAX_WINDOW,
     I64,
     ORDER_FREE,
     REDUCTIONS,
     alu,
     fold_window,
-    int_like,
-    store_as,
 )
 from onnx2bir.runtime.machine.alu import erf as erf
 from onnx2bir.runtime.machine.machine import Machine, Operand, instruction_error

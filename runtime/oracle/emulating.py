@@ -25,7 +25,7 @@ narrow type's own error (measured: light resnet50's logits). So for every rounde
 intermediate the machine stores (a `Probe`), the oracle takes the machine's own value as the
 input of the rounding — T is replaced there by a graph input fed with the machine's T — and
 the verdict checks that value against onnxruntime's T at the fp32 bound
-(`runtime/verdict.py`). Every segment between two probes is then checked on its own, at the
+(`runtime/oracle/verdict.py`). Every segment between two probes is then checked on its own, at the
 fp32 bound, and a flip cannot carry further.
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir.codegen.cast_plan import CastPlan, CastPoint
+from onnx2bir.bir.cast_plan import CastPlan, CastPoint
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 from onnx2bir.runtime.oracle.ort import run_onnxruntime

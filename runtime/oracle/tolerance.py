@@ -14,7 +14,7 @@ Built-in defaults, by path:
   measured on models/small_cnn.onnx the machine is at 1.5e-8 absolute / 9.3e-7 relative, so they are
   not tight enough to need changing.
 - **bf16 / fp16 / tf32 / fp8_e4m3** — the *statistical* bound. The verdict
-  (`runtime/verdict.py`) compares with an oracle that rounds where the program rounds, so it
+  (`runtime/oracle/verdict.py`) compares with an oracle that rounds where the program rounds, so it
   uses the fp32 default wherever that oracle is exact, and this bound only where it is not:
   downstream of the raised attention kernel's online softmax, of an op that rounds inside
   itself, or of a model's own fp16/bf16 tensors (docs/validation.md#verdict); D then counts
@@ -182,7 +182,7 @@ class TolerancePolicy:
     ) -> Tolerance:
         """The tolerance of one tensor, each of atol and rtol from the strongest rule;
         `depth` is the count of approximate roundings on its longest chain
-        (`runtime/verdict.py` `taints`)."""
+        (`runtime/oracle/verdict.py` `taints`)."""
         layers = [
             self.tensors.get(name),
             self.file_tensors.get(name),

@@ -12,7 +12,7 @@ rtol 1e-3, the `--auto-cast none` rule) — unless its oracle value depends, thr
 on a rounding the oracle can only approximate: inside the raised attention kernel, inside an
 op the plan lists as unemulated, or in a model whose own tensors are fp16/bf16 (onnxruntime
 computes those in its own way). Such a tensor is *tainted* and gets the statistical bound of
-`runtime/tolerance.py` for its path and the count D of approximate nodes on its longest
+`runtime/oracle/tolerance.py` for its path and the count D of approximate nodes on its longest
 chain since the last probe. The user's overrides apply as before.
 
 Checkpoints. A probed tensor the machine stores in fp32 is compared as an output is. One it
@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnx2bir.bir.cast_plan import CastPlan
+from onnx2bir.bir.dtypes import store_as
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
-from onnx2bir.runtime.machine.alu import store_as
 from onnx2bir.runtime.oracle.compare import OutputComparison, compare_output
 from onnx2bir.runtime.oracle.emulating import ALLOWANCE_SUFFIX
 from onnx2bir.runtime.oracle.tolerance import (

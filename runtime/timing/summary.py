@@ -1,7 +1,7 @@
 """From a device-time simulation to a `CostReport`: totals, critical path, costliest nodes.
 
-In: the Function, its `Simulation` (runtime/device_time.py) and the `CostTable`. Out: the
-`CostReport` of runtime/cost.py. The critical path follows each slice back to the slice whose
+In: the Function, its `Simulation` (runtime/timing/device_time.py) and the `CostTable`. Out: the
+`CostReport` of runtime/timing/cost.py. The critical path follows each slice back to the slice whose
 end let it start (its stream's previous slice, a dependency, or the shared DMA bandwidth's
 previous user), each step counted from the end of the one it waited for; consecutive steps on
 the same ONNX node and stream are merged into one run.

@@ -2,7 +2,7 @@
 (`reference_deps.py`) on one model: same instructions, same `parallel` loops, and the same
 happens-before order over every execution (docs/dependencies.md#equivalence).
 
-Happens-before is compared through vector clocks (`runtime/program.py`): over the same
+Happens-before is compared through vector clocks (`runtime/machine/program.py`): over the same
 instruction instances on the same streams, two edge sets order exactly the same pairs of
 instances when every instance gets the same clock. A runtime loop is unrolled with 0 trips
 and with 3 trips per run, so pruning that assumed its body ran would show.

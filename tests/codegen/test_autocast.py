@@ -16,12 +16,12 @@ import pytest
 from conftest import make_model, one_node_model
 from onnx import helper
 
+from onnx2bir.bir.dtypes import round_tf32, store_as
 from onnx2bir.bir.enums import Dtype, Opcode
 from onnx2bir.codegen.casting import AUTO_CAST_DTYPES
 from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import AUTO_CAST_TYPES, CompileOptions
 from onnx2bir.runtime.machine import semantics
-from onnx2bir.runtime.machine.alu import round_tf32, store_as
 from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.machine.semantics import SEMANTICS, pe_operands_pair
 from onnx2bir.runtime.oracle.tolerance import TolerancePolicy

@@ -10,8 +10,8 @@ import onnx
 from conftest import make_model
 from onnx import helper
 
+from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.bir.json_io import read_module, write_module
-from onnx2bir.codegen.cast_plan import CastPlan
 from onnx2bir.compiler import compile_model
 from onnx2bir.options import CompileOptions
 

@@ -24,7 +24,7 @@ from light import LIGHT_MODELS, light_model_path  # noqa: E402
 
 MODELS = sorted(path.stem for path in (ROOT / "models").glob("*.onnx"))
 # ONNX Loop models lower to loops whose trip count is known only at run time: the unrolled
-# schedules take their trip counts from a run in program order (runtime/schedule.py).
+# schedules take their trip counts from a run in program order (runtime/machine/schedule.py).
 RUNTIME_LOOP_MODELS = ["loop_cumsum", "loop_while"]
 LIGHT = sorted(LIGHT_MODELS.values())
 

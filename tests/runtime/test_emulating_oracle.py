@@ -15,7 +15,7 @@ import pytest
 from conftest import IR_VERSION, make_model
 from onnx import TensorProto, helper
 
-from onnx2bir.codegen.cast_plan import Boundary, CastPlan, CastPoint
+from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint
 from onnx2bir.compiler import import_graph
 from onnx2bir.runtime.oracle.emulating import (
     ALLOWANCE_SUFFIX,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from onnx2bir.bir.dtypes import store_as
 from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
     AccessPattern,
@@ -27,7 +28,6 @@ from onnx2bir.bir.ir import (
     Origin,
 )
 from onnx2bir.errors import MachineError
-from onnx2bir.runtime.machine.alu import store_as
 from onnx2bir.runtime.machine.interpreter import execute, load_machine, run_function
 from onnx2bir.runtime.machine.machine import Machine
 from onnx2bir.runtime.machine.semantics import SEMANTICS

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 from validation_helpers import F32, SMALL_CNN, model, run, run_json
 
-from onnx2bir.codegen.cast_plan import CastPlan
+from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.compiler import import_graph
 from onnx2bir.runtime.machine import interpreter
 from onnx2bir.runtime.oracle.compare import compare_output

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import broadcast_strides, merge_broadcast_dims
+from onnx2bir.kernels.attention import ATTENTION
 from onnx2bir.kernels.attention.plan import MAX_K_TILE, MAX_Q_ROWS, tile_sizes
 
 STORAGE_DTYPES = {"float32": Dtype.FP32, "bfloat16": Dtype.BF16, "float16": Dtype.FP16}
@@ -45,7 +46,7 @@ class Extra:
     is_bool: bool
 
 
-SWAP_TARGET = "AttentionMMSoftmaxMM"  # the target whose first matmul swaps operand roles
+SWAP_TARGET = ATTENTION  # the target whose first matmul swaps operand roles
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_NU
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.codegen.tiling import Affine, Tile, tile_index, tiles
 from onnx2bir.kernels import kernel
+from onnx2bir.kernels.attention import TARGETS
 from onnx2bir.kernels.attention.args import KT, OUT, AttentionArgs, Q, Step, V, attention_args
 from onnx2bir.kernels.attention.args import STORAGE_DTYPES as STORAGE_DTYPES
 from onnx2bir.kernels.attention.args import Extra as Extra
@@ -79,11 +80,6 @@ from onnx2bir.kernels.attention.args import parse_guard as parse_guard
 from onnx2bir.kernels.attention.args import parse_steps as parse_steps
 from onnx2bir.kernels.attention.plan import TilePlan
 
-TARGETS = (
-    "AttentionMMSoftmaxMM",
-    "AttentionMMSoftmaxMMWithoutSwap",
-    "CausalAttentionMMSoftmaxMMWithoutSwap",
-)
 P = NUM_PARTITIONS
 DV_CHUNK = MATMUL_MAX_MOVING_FREE  # one PSUM bank of the PV tile
 FLT_MAX = float(np.finfo(np.float32).max)

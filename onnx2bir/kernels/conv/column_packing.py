@@ -1,6 +1,6 @@
 """Column-packing convolution kernels: filter taps stacked on the partition dim (K-replication).
 
-In: a NativeKernel node from TransformConvOp (`patterns/conv.py`) with x in bf01, w in oi01
+In: a NativeKernel node from TransformConvOp (`patterns/conv/selection.py`) with x in bf01, w in oi01
 (`conv2d_column_packing`, `conv2d_column_packing_1`) or io10 (`conv2d_column_packing_io10`),
 an optional bias [C_out]. Out: y in bf01. Geometry and per-axis strides come from
 `conv_kernel_args`, so the tracers read every tensor through its canonical strides.
@@ -73,6 +73,7 @@ from onnx2bir.codegen.tiling import (
     tiles,
 )
 from onnx2bir.kernels import kernel
+from onnx2bir.kernels.conv import COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10
 from onnx2bir.kernels.conv.common import (
     ConvKernelArgs,
     conv_attrs_with_out_shape,
@@ -80,7 +81,6 @@ from onnx2bir.kernels.conv.common import (
 )
 from onnx2bir.kernels.conv.tap_grouping import TapBlock, group_taps, tap_groups, weight_taps
 from onnx2bir.kernels.conv.tap_grouping import TapGroup as TapGroup
-from onnx2bir.patterns.conv.selection import COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10
 
 
 @dataclass(frozen=True)

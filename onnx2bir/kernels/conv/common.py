@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import contiguous_strides
-from onnx2bir.patterns.conv.op import conv_geometry
 
 
 def conv_attrs_with_out_shape(cg: BirCodeGen, node: dict) -> dict:
@@ -112,3 +111,23 @@ def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
         w_strides=w_strides,
         y_strides=y_strides,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ConvGeometry:
+    """The dilations and group count by role, whatever the form the op is written in."""
+
+    input_dilation: list[int]  # zeros inserted between input pixels (a transposed conv's stride)
+    kernel_dilation: list[int]  # spacing of the kernel taps
+    groups: int
+
+
+def conv_geometry(
+    lhs_dilation, rhs_dilation, feature_group_count: int, batch_group_count: int, backward: bool
+) -> ConvGeometry:
+    """Decode the attribute encoding: forward ops dilate the input by lhs_dilation and the
+    kernel by rhs_dilation, group on feature_group_count; backward ops (rhs_reversal) swap the
+    dilations and group on batch_group_count."""
+    if backward:
+        return ConvGeometry(list(rhs_dilation), list(lhs_dilation), batch_group_count)
+    return ConvGeometry(list(lhs_dilation), list(rhs_dilation), feature_group_count)

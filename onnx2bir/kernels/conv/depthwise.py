@@ -60,8 +60,8 @@ from onnx2bir.codegen.tiling import (
     tiles,
 )
 from onnx2bir.kernels import kernel
+from onnx2bir.kernels.conv import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
-from onnx2bir.patterns.conv.selection import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE
 
 FP32_BYTES = 4
 # The 2-D product tile [rows, cols, kH, kW] per partition. 64 KiB is 16K fp32, a quarter of

@@ -38,8 +38,8 @@ from onnx2bir.codegen.tiling import (
     tiles,
 )
 from onnx2bir.kernels import kernel
+from onnx2bir.kernels.conv import REP_NHWC
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
-from onnx2bir.patterns.conv.selection import REP_NHWC
 
 
 def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:

@@ -11,7 +11,7 @@ node's output dtype, with
                                        | swiglu: silu(x·w1 + b1) · (x·w_up + b_up)
     y = h·w2 + b2
 
-or `activation` "program" with attr `program` (JSON, patterns/mlp_region.py): registers 0
+or `activation` "program" with attr `program` (JSON, patterns/mlp/region.py): registers 0
 (x·w1 + b1) and 1 (x·w_up + b_up, gated forms) and steps, each writing a new register —
 {"kind": "act", "func"} a ScalarE function, {"kind": "scalar", "func", "value", "reverse"} and
 {"kind": "tensor", "func", "b"} VectorE ALU ops; h is register `out`. Each register is a
@@ -70,8 +70,8 @@ from onnx2bir.codegen.tiling import (
     tiles,
 )
 from onnx2bir.kernels import kernel
+from onnx2bir.kernels.mlp import TARGET
 
-TARGET = "AwsNeuronMLPNKI"
 P = NUM_PARTITIONS
 N_CHUNK = MATMUL_MAX_MOVING_FREE
 TOKEN_BLOCKS = (512, 256, 128)

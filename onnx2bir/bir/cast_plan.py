@@ -1,0 +1,90 @@
+"""The cast plan of a BIR program: where it rounds a value of the model to a narrower dtype.
+
+A compile derives it (`onnx2bir/codegen/cast_plan.py`) and records it in the module's metadata
+(`to_json`), so that a saved program can be judged against its model later; the emulating
+oracle (`runtime/oracle/emulating.py`) inserts the same roundings, and the verdict reads the
+probed tensors from the machine (docs/validation.md#the-emulating-oracle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CastPoint:
+    """ONNX node `node` reads tensor `input` rounded to `dtype`."""
+
+    node: str
+    input: str
+    dtype: str
+    kind: str  # "operand" (a PE operand) or "storage" (the tensor is stored in `dtype`)
+    exact: bool = True  # the oracle rounds at the same point
+    reason: str | None = None  # why not exact
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Where the machine holds tensor `tensor` once its producer is done: location
+    `location`, flat (a DRAM tensor) or, with `inner`, an SBUF home whose rows of `inner`
+    elements are dealt over the partitions (docs/memory_planner.md#layout). It is read at the
+    first instruction that reads the location and does not belong to node `producer`."""
+
+    tensor: str
+    location: str
+    producer: str
+    inner: int | None = None
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """The output `tensor` of a raised kernel inside which node `node` reads `operand` (input
+    `position`) rounded, a value the program never stores: the machine's rounding of it can
+    differ from onnxruntime's where onnxruntime's value sits near a half-way point. The
+    verdict reads `tensor` from the machine, checks it with an allowance for exactly those
+    roundings, and feeds the machine's value on (docs/validation.md#kernel-boundaries)."""
+
+    tensor: str
+    node: str
+    operand: str
+    position: int
+    dtype: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CastPlan:
+    points: tuple[CastPoint, ...] = ()
+    unemulated: dict[str, str] = field(default_factory=dict)  # node → why
+    probes: dict[str, Probe] = field(default_factory=dict)  # tensor → where the machine holds it
+    boundaries: dict[str, Boundary] = field(default_factory=dict)  # tensor → its boundary
+
+    def to_json(self) -> dict:
+        return {
+            "casts": [point.to_json() for point in self.points],
+            "unemulated": [{"node": n, "reason": r} for n, r in self.unemulated.items()],
+            "probes": [probe.to_json() for probe in self.probes.values()],
+            "boundaries": [boundary.to_json() for boundary in self.boundaries.values()],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict) -> CastPlan:
+        """The plan a BIR file's metadata carries (`to_json`)."""
+        return cls(
+            tuple(CastPoint(**point) for point in doc.get("casts", [])),
+            {entry["node"]: entry["reason"] for entry in doc.get("unemulated", [])},
+            {entry["tensor"]: Probe(**entry) for entry in doc.get("probes", [])},
+            {entry["tensor"]: Boundary(**entry) for entry in doc.get("boundaries", [])},
+        )
+
+    @property
+    def rounded_tensors(self) -> set[str]:
+        return {point.input for point in self.points}
