@@ -215,13 +215,16 @@ def _kernel_hosts(records: Iterable, compiled: Graph) -> tuple[dict[str, str], s
 
 
 def _source_node(records: Iterable, node: str, source: Graph) -> str | None:
-    """The imported node a pass-made node stands for (a decomposed fused op)."""
+    """The imported node a pass-made node stands for (a decomposed fused op names its nodes
+    `<op>/...`): the longest member of a finding that is the node or a prefix of it."""
+    best = None
     for record in records:
         for finding in record.result.findings:
-            members = [n for n in (finding.get("nodes") or []) if n in source.nx]
-            if members and node.startswith(tuple(members)):
-                return members[0]
-    return None
+            for member in finding.get("nodes") or []:
+                if member in source.nx and (node == member or node.startswith(member + "/")):
+                    if best is None or len(member) > len(best):
+                        best = member
+    return best
 
 
 def _probes(

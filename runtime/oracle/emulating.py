@@ -226,6 +226,8 @@ def flip_allowance_nodes(
     other = 1 - position
     inputs[position] = steps
     inputs[other] = b.op("Abs", inputs[other])
+    if clone.op_type == "Gemm":  # C is required before opset 11: a zero that broadcasts
+        inputs.append(b.const(0.0))
     del clone.input[:]
     clone.input.extend(inputs)
     del clone.output[:]
