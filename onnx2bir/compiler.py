@@ -27,7 +27,7 @@ from onnx2bir.errors import CompileError, UserError
 from onnx2bir.frontend.importer import import_model
 from onnx2bir.gc_pause import no_cyclic_gc
 from onnx2bir.graph import Graph
-from onnx2bir.kernels import load_kernels
+from onnx2bir.kernels import KERNELS
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention.decompose import DecomposeAttention
 from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
@@ -36,7 +36,17 @@ from onnx2bir.patterns.mlp.raising import LowerToNKIKernelCC
 from onnx2bir.patterns.passes import PassManager
 from onnx2bir.patterns.vendor_ops import check_vendor_ops
 
-load_kernels()  # the kernel modules register their tracers once, when the compiler loads
+
+def kernel_table() -> dict:
+    """Every kernel by name: the CustomCall targets' table (`onnx2bir.kernels.KERNELS`) and
+    the conv kernels the conv registries' rows name with their tracers."""
+    from onnx2bir.patterns.conv.selection import (
+        EXPERIMENTAL_KERNEL_REGISTRY,
+        FUNCTIONAL_KERNEL_REGISTRY,
+    )
+
+    rows = [*FUNCTIONAL_KERNEL_REGISTRY, *EXPERIMENTAL_KERNEL_REGISTRY]
+    return {**KERNELS, **{row.name: row.trace for row in rows if row.trace is not None}}
 
 
 def default_passes() -> list:
@@ -71,7 +81,7 @@ def unsupported_ops(graph: Graph) -> Counter:
         op_type = data["op_type"]
         kernel_name = kernel_name_of(data)
         if kernel_name is not None:
-            if kernel_name not in load_kernels():
+            if kernel_name not in kernel_table():
                 missing[f"{op_type}:{kernel_name}"] += 1
         elif lowering_key(op_type, data["domain"]) not in GENERIC_LOWERINGS:
             missing[lowering_key(op_type, data["domain"])] += 1
@@ -89,7 +99,7 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
     """BIR for `graph`: with the memory planner on, a first pass with every tensor in DRAM
     feeds `plan_memory`, and a second pass generates code with the tensors it placed in SBUF
     (docs/memory_planner.md)."""
-    kernels = load_kernels()
+    kernels = kernel_table()
     if not options.memory_plan:
         module = BirCodeGen(graph, options, GENERIC_LOWERINGS, kernels).run()
         store_in_cast_dtype(module, module.functions[0], options)
@@ -151,7 +161,7 @@ def compile_graph(
     source_ops = graph.op_counts()
     vendor_error = None  # refused before the passes, which must not absorb a vendor op
     try:
-        check_vendor_ops(graph, load_kernels())
+        check_vendor_ops(graph, kernel_table())
     except UserError as exc:
         if not keep_going:
             raise

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.codegen.driver import kernel_name_of
-from onnx2bir.codegen.registry import GENERIC_LOWERINGS, lowering_key
+from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 

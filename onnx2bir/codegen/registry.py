@@ -1,31 +1,16 @@
-"""The generic lowering table: ONNX op type → function that emits its BIR instructions.
+"""How the code generator names an op in its tables: `lowering_key`.
 
-Each lowering module registers its functions with `@lowering("OpType", ...)`; the code
-generator looks an op up here unless a pass turned it into a NativeKernel, whose `func_name`
-goes to the kernel registry (`onnx2bir.kernels`) instead. An op of a vendor domain is a
-different op from the standard one of the same name: it is registered and looked up as
-"domain.OpType" (`lowering_key`), e.g. "com.microsoft.RotaryEmbedding".
+The generic lowering table itself is `onnx2bir.codegen.lower.GENERIC_LOWERINGS`; the kernel
+table, for the NativeKernel and CustomCall nodes the passes make, is `onnx2bir.kernels`. An op
+of a vendor domain is a different op from the standard one of the same name: it is registered
+and looked up as "domain.OpType" (`lowering_key`), e.g. "com.microsoft.RotaryEmbedding".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-GENERIC_LOWERINGS: dict[str, Callable] = {}
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 
 def lowering_key(op_type: str, domain: str = "") -> str:
     """The table key of an op: its type for the standard domain, "domain.OpType" otherwise."""
     return op_type if domain in STANDARD_DOMAINS else f"{domain}.{op_type}"
-
-
-def lowering(*op_types: str) -> Callable[[Callable], Callable]:
-    def register(function: Callable) -> Callable:
-        for op_type in op_types:
-            if op_type in GENERIC_LOWERINGS:
-                raise ValueError(f"two lowerings for {op_type}")
-            GENERIC_LOWERINGS[op_type] = function
-        return function
-
-    return register

@@ -41,7 +41,7 @@ import onnx
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.graph import Graph
-from onnx2bir.kernels import load_kernels
+from onnx2bir.kernels import KERNELS
 from onnx2bir.kernels.attention import TARGETS
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention.decompose_build import (
@@ -415,7 +415,7 @@ class DecomposeAttention:
 
     def run(self, graph: Graph, options: CompileOptions) -> PassResult:
         available = frozenset(GENERIC_LOWERINGS if self.lowerings is None else self.lowerings)
-        kernels = load_kernels()
+        kernels = KERNELS
         findings, decomposed = [], 0
         for root in graph.topological_order():
             if root not in graph.nx:  # a Cast removed with the CustomCall it served

@@ -25,17 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from onnx2bir.graph import Graph
-from onnx2bir.kernels.conv import (
+from onnx2bir.kernels.conv import PBP_0F1B, PBP_FB01
+from onnx2bir.kernels.conv.column_packing import (
     COLUMN_PACKING,
     COLUMN_PACKING_1,
     COLUMN_PACKING_IO10,
+    conv2d_column_packing,
+    conv2d_column_packing_1,
+    conv2d_column_packing_io10,
+)
+from onnx2bir.kernels.conv.depthwise import (
     CONV1D_DEPTHWISE,
     CONV2D_DEPTHWISE,
-    KERNEL_NAMES,
-    PBP_0F1B,
-    PBP_FB01,
-    REP_NHWC,
+    trace_conv1d_depthwise,
+    trace_conv2d_depthwise,
 )
+from onnx2bir.kernels.conv.rep_nhwc import REP_NHWC, trace_rep_nhwc
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.conv.op import (
     CANONICAL_INPUT,
@@ -127,6 +132,7 @@ class KernelInfo:
     get_kernel_attr: Callable[[ConvOp], dict] = get_kernel_attr
     insert_transpose: bool = False
     label: str = ""  # short name for reports
+    trace: Callable | None = None  # the kernel's tracer (none for a disabled experimental row)
 
     def in_perm(self, op: ConvOp) -> Perm:
         return layout_perm(self.in_layout, CANONICAL_INPUT)
@@ -150,6 +156,7 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "io01",
         "01bf",
         label="rep_nhwc",
+        trace=trace_rep_nhwc,
     ),
     # 2 and 4: transposed depthwise, one row per kernel layout; a row takes the kernels that
     # reach its layout without moving data (docs/conv_backward.md).
@@ -160,6 +167,7 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "oi01",
         "bf01",
         label="column_packing_1",
+        trace=conv2d_column_packing_1,
     ),
     # 3: 1-D depthwise.
     KernelInfo(
@@ -170,6 +178,7 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "bf01",
         get_kernel_attr_same_hl_pad,
         label="conv1d_depthwise",
+        trace=trace_conv1d_depthwise,
     ),
     KernelInfo(
         COLUMN_PACKING_IO10,
@@ -178,6 +187,7 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "io10",
         "bf01",
         label="column_packing_io10",
+        trace=conv2d_column_packing_io10,
     ),
     # 5: direct 2-D depthwise on VectorE.
     KernelInfo(
@@ -188,6 +198,7 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "bf01",
         get_kernel_attr_same_hl_pad,
         label="conv2d_depthwise",
+        trace=trace_conv2d_depthwise,
     ),
     # 6: stride-3 forward depthwise. Every conv it accepts is accepted by row 5 first, so in
     # this registry it is shadowed; kept for fidelity (the report's walk shows it).
@@ -199,13 +210,28 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "bf01",
         get_kernel_attr_same_hl_pad,
         label="depthwise_forward_s3",
+        trace=trace_conv2d_depthwise,
     ),
     # 7: low-channel forward conv: filter taps stacked on partitions.
     KernelInfo(
-        COLUMN_PACKING, (match_low_channel_conv, {}), "bf01", "oi01", "bf01", label="column_packing"
+        COLUMN_PACKING,
+        (match_low_channel_conv, {}),
+        "bf01",
+        "oi01",
+        "bf01",
+        label="column_packing",
+        trace=conv2d_column_packing,
     ),
     # 9: K-replication, the general dense path (same kernel as row 1, partial replication).
-    KernelInfo(REP_NHWC, (match_replication_conv, {}), "fb01", "io01", "01bf", label="replication"),
+    KernelInfo(
+        REP_NHWC,
+        (match_replication_conv, {}),
+        "fb01",
+        "io01",
+        "01bf",
+        label="replication",
+        trace=trace_rep_nhwc,
+    ),
     # 10: the rep-NHWC kernel for an op already in the alternative layout.
     KernelInfo(
         REP_NHWC,
@@ -214,8 +240,14 @@ FUNCTIONAL_KERNEL_REGISTRY: list[KernelInfo] = [
         "io01",
         "01bf",
         label="rep_nhwc_Pcinh2",
+        trace=trace_rep_nhwc,
     ),
 ]
+
+KERNEL_NAMES = tuple(dict.fromkeys(info.name for info in FUNCTIONAL_KERNEL_REGISTRY)) + (
+    PBP_0F1B,
+    PBP_FB01,
+)
 
 EXPERIMENTAL_KERNEL_REGISTRY: list[KernelInfo] = [
     KernelInfo(

@@ -29,8 +29,11 @@ from reference_deps import DependencyTracker as ReferenceTracker  # noqa: E402
 
 from onnx2bir.bir.ir import DoWhile, DynamicLoop, Function, Loop  # noqa: E402
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, driver  # noqa: E402
-from onnx2bir.compiler import compile_model, import_graph  # noqa: E402
-from onnx2bir.kernels import load_kernels  # noqa: E402
+from onnx2bir.compiler import (  # noqa: E402
+    compile_model,
+    import_graph,
+    kernel_table,  # noqa: E402
+)
 from onnx2bir.options import CompileOptions  # noqa: E402
 from onnx2bir.runtime.machine.program import unroll  # noqa: E402
 
@@ -193,6 +196,6 @@ def relu_codegen(row: int = 512) -> BirCodeGen:
             ir_version=10,
         )
     )
-    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels())
+    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, kernel_table())
     cg.before_function()
     return cg

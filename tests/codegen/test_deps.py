@@ -18,8 +18,7 @@ from onnx2bir.bir.enums import DepKind, Dtype, Engine, Opcode
 from onnx2bir.bir.ir import AccessPattern, Loop
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.tiling import Affine
-from onnx2bir.compiler import compile_model, import_graph
-from onnx2bir.kernels import load_kernels
+from onnx2bir.compiler import compile_model, import_graph, kernel_table
 from onnx2bir.options import CompileOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
@@ -129,7 +128,7 @@ def _codegen(shape=(128, 64)) -> BirCodeGen:
             ir_version=10,
         )
     )
-    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels())
+    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, kernel_table())
     cg.before_function()
     return cg
 

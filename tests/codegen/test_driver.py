@@ -88,14 +88,14 @@ def test_outputs_copied_in_the_epilogue_are_ordered():
 
 def test_axis_names_stay_unique_when_a_hint_ends_in_a_digit():
     from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
+    from onnx2bir.compiler import kernel_table
     from onnx2bir.frontend.importer import import_model
-    from onnx2bir.kernels import load_kernels
     from onnx2bir.options import CompileOptions
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     graph = import_model(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]))
-    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, load_kernels())
+    cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, kernel_table())
     names = [cg._axis_name("h") for _ in range(21)]  # h0 .. h20
     later = cg._axis_name("h2")  # would spell "h20" again
     assert later not in names

@@ -19,8 +19,7 @@ from onnx2bir.bir.enums import MemoryKind
 from onnx2bir.bir.json_io import read_module, write_module
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
-from onnx2bir.compiler import compile_model, import_graph
-from onnx2bir.kernels import load_kernels
+from onnx2bir.compiler import compile_model, import_graph, kernel_table
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.oracle.ort import run_onnxruntime
@@ -106,7 +105,7 @@ def test_tensor_memkind_overrides_the_predicates():
     graph = import_graph(model)
     override = {"w": MemoryKind.CONST}
     module = BirCodeGen(
-        graph, FP32, GENERIC_LOWERINGS, load_kernels(), tensor_memkind=override
+        graph, FP32, GENERIC_LOWERINGS, kernel_table(), tensor_memkind=override
     ).run()
     assert kinds(module)["w"] is MemoryKind.CONST
     assert not verify_module(module)

@@ -34,7 +34,7 @@ from onnx2bir.codegen.driver import CodegenError
 from onnx2bir.compiler import compile_graph
 from onnx2bir.frontend.importer import import_model
 from onnx2bir.graph import Graph, TensorInfo
-from onnx2bir.kernels.attention.kernel import TARGETS
+from onnx2bir.kernels.attention import TARGETS
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.oracle.compare import compare_output

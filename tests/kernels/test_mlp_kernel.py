@@ -24,7 +24,8 @@ from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.compiler import compile_graph
 from onnx2bir.frontend.importer import import_model
 from onnx2bir.graph import Graph
-from onnx2bir.kernels.mlp.kernel import ACTIVATIONS, TARGET, mlp_args, token_block
+from onnx2bir.kernels.mlp import TARGET
+from onnx2bir.kernels.mlp.kernel import ACTIVATIONS, mlp_args, token_block
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.oracle.compare import FP32_ATOL, FP32_RTOL, compare_output

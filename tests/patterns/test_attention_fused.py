@@ -19,7 +19,7 @@ from test_decompose import F, make_model
 import onnx2bir.patterns.attention.decompose as decompose
 from onnx2bir.compiler import compile_graph
 from onnx2bir.frontend.importer import import_model
-from onnx2bir.kernels import load_kernels
+from onnx2bir.kernels import KERNELS
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.oracle.compare import compare_output
@@ -172,8 +172,8 @@ def test_group_query_attention_is_listed_with_its_reason():
 def test_round_trip_raised_block_without_its_kernel_is_decomposed_back(monkeypatch):
     """Raised to a target whose kernel is not registered: DecomposeAttention (the next pass)
     expands the CustomCall back to math, dropping the raise's casts, and it validates."""
-    kernels = {k: v for k, v in load_kernels().items() if not k.startswith("Causal")}
-    monkeypatch.setattr(decompose, "load_kernels", lambda: kernels)
+    kernels = {k: v for k, v in KERNELS.items() if not k.startswith("Causal")}
+    monkeypatch.setattr(decompose, "KERNELS", kernels)
     model = make_model(
         "Attention",
         {"q": (F, [1, 4, 1040, 16]), "k": (F, [1, 2, 1040, 16]), "v": (F, [1, 2, 1040, 16])},

@@ -48,7 +48,7 @@ SOFTMAX_OPS = {"ReduceMax", "Sub", "Exp", "ReduceSum", "Div"}
 @pytest.fixture(autouse=True)
 def no_attention_kernels(monkeypatch):
     """A kernel registry without any attention kernel: the raise's kernels are not selected."""
-    monkeypatch.setattr(decompose, "load_kernels", lambda: {})
+    monkeypatch.setattr(decompose, "KERNELS", {})
 
 
 # --- model building --------------------------------------------------------------------------
@@ -570,7 +570,7 @@ def test_match_custom_call_nan_guard_zeroes_an_empty_row():
 
 def test_no_match_custom_call_kernel_selected(monkeypatch):
     model, graph = raised_block([("Mul", "scale", False)], initializers={"scale": np.float32(0.3)})
-    monkeypatch.setattr(decompose, "load_kernels", lambda: {ATTENTION_WITHOUT_SWAP: object()})
+    monkeypatch.setattr(decompose, "KERNELS", {ATTENTION_WITHOUT_SWAP: object()})
     result = DecomposeAttention().run(graph, CompileOptions())
     (finding,) = result.findings
     assert not result.changed and "is registered" in finding["reason"]

@@ -17,13 +17,11 @@ from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import tiles
 
 MAX_LENGTH = 8192
 
 
-@lowering("ArgMax", "ArgMin")
 def lower_arg(cg: BirCodeGen, node: dict) -> None:
     x_name, out_name = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x_name].shape)

@@ -32,7 +32,6 @@ from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import (
     Affine,
@@ -95,7 +94,6 @@ class _Plan:
     band_stride: int  # elements between two copies of x_sb
 
 
-@lowering("Conv")
 def lower_conv(cg: BirCodeGen, node: dict) -> None:
     x_name, w_name = node["inputs"][:2]
     b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""

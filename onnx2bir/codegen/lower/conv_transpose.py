@@ -19,7 +19,6 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.conv import ConvInput, ConvWeights, emit_conv
 from onnx2bir.codegen.lower.data import copy_strided
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, fill_dram
 from onnx2bir.codegen.tiling import Affine
 
@@ -46,7 +45,6 @@ def _begin_pads(attrs: dict, in_sp, out_sp, kernel, strides, dilations, extra) -
     return list((attrs.get("pads") or [0] * (2 * rank))[:rank])
 
 
-@lowering("ConvTranspose")
 def lower_conv_transpose(cg: BirCodeGen, node: dict) -> None:
     attrs = node["attrs"]
     x_name, w_name = node["inputs"][:2]

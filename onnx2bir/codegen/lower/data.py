@@ -12,7 +12,6 @@ import math
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, merge_broadcast_dims, tiles
 
 # One DMA descriptor chain moves at most this many elements; bigger copies are split.
@@ -27,7 +26,6 @@ def copy_dram(cg: BirCodeGen, dst: str, src: str, count: int) -> None:
         )
 
 
-@lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 def lower_copy(cg: BirCodeGen, node: dict) -> None:
     """Same elements, same order, new shape: a contiguous copy."""
     if node["op_type"] == "Dropout":
@@ -54,7 +52,6 @@ def lower_copy(cg: BirCodeGen, node: dict) -> None:
     copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)
 
 
-@lowering("Concat")
 def lower_concat(cg: BirCodeGen, node: dict) -> None:
     """Each input lands in its slice along `axis`: [outer, length·inner] runs of the output."""
     out = node["outputs"][0]
@@ -128,7 +125,6 @@ def copy_strided(
     walk(0, dst_offset, src_offset)
 
 
-@lowering("Transpose")
 def lower_transpose(cg: BirCodeGen, node: dict) -> None:
     """Data movement shaped so that both sides can stay on chip (docs/memory_planner.md):
 

@@ -13,11 +13,9 @@ contiguous side and the side strided by b along both spatial dims.
 from __future__ import annotations
 
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import tiles
 
 
-@lowering("DepthToSpace", "SpaceToDepth")
 def lower_depth_space(cg: BirCodeGen, node: dict) -> None:
     op_type = node["op_type"]
     x, out = node["inputs"][0], node["outputs"][0]

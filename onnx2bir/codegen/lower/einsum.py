@@ -25,7 +25,6 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.matmul import emit_gemm
 from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
 
 _ELLIPSIS_LETTERS = "0123456789"
@@ -78,7 +77,6 @@ class _Operand:
         return tuple(self.stride.get(c, 0) for c in letters)
 
 
-@lowering("Einsum")
 def lower_einsum(cg: BirCodeGen, node: dict) -> None:
     names = [name for name in node["inputs"] if name]
     out = node["outputs"][0]

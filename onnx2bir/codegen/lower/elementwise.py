@@ -22,7 +22,6 @@ from onnx2bir.codegen.elementwise_walk import (  # noqa: F401 (the walk's API, i
     scratch_tile,
     tile_width,
 )
-from onnx2bir.codegen.registry import lowering
 
 # --- emission helpers: exact integer immediates and Iota, which the driver has no call for ---
 
@@ -94,14 +93,12 @@ _ACTIVATIONS = {
 }
 
 
-@lowering(*_ACTIVATIONS)
 def lower_activation(cg: BirCodeGen, node: dict) -> None:
     """Unary math on ScalarE's lookup table."""
     func = _ACTIVATIONS[node["op_type"]]
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 
 
-@lowering("Neg")
 def lower_neg(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(
         cg,
@@ -143,7 +140,6 @@ def _constant_scalar_operand(cg: BirCodeGen, node: dict) -> tuple[int, float, st
     return None
 
 
-@lowering(*_BINARY)
 def lower_binary(cg: BirCodeGen, node: dict) -> None:
     """Two-input arithmetic on VectorE; Sum/Max/Min with more inputs fold left."""
     op = _BINARY[node["op_type"]]

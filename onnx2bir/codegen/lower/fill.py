@@ -16,13 +16,11 @@ import numpy as np
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import fill_exact
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, tiles
 
 FILL_TILE = 2048
 
 
-@lowering("ConstantOfShape")
 def lower_constant_of_shape(cg: BirCodeGen, node: dict) -> None:
     out = node["outputs"][0]
     info = cg.graph.tensors[out]

@@ -35,7 +35,6 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.elementwise import iota, scalar_op
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
 
 MAX_CONST_RUNS = 64
@@ -294,7 +293,6 @@ def _gather_rows_dve(
                 )
 
 
-@lowering("Gather")
 def lower_gather(cg: BirCodeGen, node: dict) -> None:
     data, indices = node["inputs"][:2]
     out = node["outputs"][0]
@@ -325,7 +323,6 @@ def lower_gather(cg: BirCodeGen, node: dict) -> None:
     gather_rows(cg, data, outer, n, inner, indices, picks, [n], 0, out)
 
 
-@lowering("GatherND")
 def lower_gather_nd(cg: BirCodeGen, node: dict) -> None:
     data, indices = node["inputs"][:2]
     out = node["outputs"][0]

@@ -28,11 +28,9 @@ from onnx2bir.codegen.lower.gather import (
     const_indices,
 )
 from onnx2bir.codegen.lower.logic import INF
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, nested_loops, tiles
 
 
-@lowering("GatherElements")
 def lower_gather_elements(cg: BirCodeGen, node: dict) -> None:
     data, indices = node["inputs"][:2]
     out = node["outputs"][0]

@@ -28,7 +28,6 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import fill_exact, iota, scalar_op
 from onnx2bir.codegen.lower.logic import INF
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, tile_index, tiles
 
 FREE_TILE = 2048
@@ -50,7 +49,6 @@ def _rows(ap: AccessPattern, partitions: int) -> AccessPattern:
     return AccessPattern(ap.loc, ap.pattern, ap.offset, ap.offset_terms, 0, partitions)
 
 
-@lowering("Trilu")
 def lower_trilu(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)
@@ -119,7 +117,6 @@ def scan_axis(cg: BirCodeGen, node: dict) -> int:
     return int(axis_info.const.reshape(-1)[0]) % rank
 
 
-@lowering("CumSum")
 def lower_cumsum(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)
@@ -250,7 +247,6 @@ def _cumsum_dve(
                 )
 
 
-@lowering("Range")
 def lower_range(cg: BirCodeGen, node: dict) -> None:
     start_name, _, delta_name = node["inputs"][:3]
     out = node["outputs"][0]

@@ -23,7 +23,6 @@ import math
 
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_dram, copy_strided
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import fill_dram
 from onnx2bir.codegen.tiling import Affine, broadcast_strides, contiguous_strides
 
@@ -38,7 +37,6 @@ def const_ints(cg: BirCodeGen, node: dict, index: int, what: str) -> list[int] |
     return [int(v) for v in info.const.reshape(-1)]
 
 
-@lowering("Cast", "CastLike")
 def lower_cast(cg: BirCodeGen, node: dict) -> None:
     src, out = node["inputs"][0], node["outputs"][0]
     count = math.prod(cg.graph.tensors[out].shape)
@@ -59,7 +57,6 @@ def split_sizes(cg: BirCodeGen, node: dict, length: int) -> list[int]:
     return list(sizes)
 
 
-@lowering("Split")
 def lower_split(cg: BirCodeGen, node: dict) -> None:
     x = node["inputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)
@@ -108,7 +105,6 @@ def slice_params(
     return first, step, count
 
 
-@lowering("Slice")
 def lower_slice(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)
@@ -127,7 +123,6 @@ def lower_slice(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-@lowering("Expand")
 def lower_expand(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     out_shape = tuple(cg.graph.tensors[out].shape)
@@ -143,7 +138,6 @@ def lower_expand(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-@lowering("Tile")
 def lower_tile(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     in_shape = tuple(cg.graph.tensors[x].shape)
@@ -183,7 +177,6 @@ def pad_amounts(cg: BirCodeGen, node: dict, rank: int) -> list[tuple[int, int]]:
     return pads
 
 
-@lowering("Pad")
 def lower_pad(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     in_shape = tuple(cg.graph.tensors[x].shape)

@@ -25,7 +25,6 @@ from onnx2bir.codegen.lower.elementwise import (
     scratch_tile,
     tile_width,
 )
-from onnx2bir.codegen.registry import lowering
 
 INF = float("inf")
 
@@ -64,14 +63,12 @@ _COMPARISONS = {
 }
 
 
-@lowering(*_COMPARISONS)
 def lower_comparison(cg: BirCodeGen, node: dict) -> None:
     """One TensorTensor per tile, the 1/0 result stored as bool."""
     op = _COMPARISONS[node["op_type"]]
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op), direct=True)
 
 
-@lowering("Xor")
 def lower_xor(cg: BirCodeGen, node: dict) -> None:
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.IS_EQUAL)
@@ -80,7 +77,6 @@ def lower_xor(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Not")
 def lower_not(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(
         cg,
@@ -90,7 +86,6 @@ def lower_not(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-@lowering("IsNaN")
 def lower_isnan(cg: BirCodeGen, node: dict) -> None:
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[0], AluOp.IS_EQUAL)
@@ -99,7 +94,6 @@ def lower_isnan(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("IsInf")
 def lower_isinf(cg: BirCodeGen, node: dict) -> None:
     positive = node["attrs"].get("detect_positive", 1)
     negative = node["attrs"].get("detect_negative", 1)
@@ -117,7 +111,6 @@ def lower_isinf(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Where")
 def lower_where(cg: BirCodeGen, node: dict) -> None:
     """out = y, then x copied over it where cond holds (CopyPredicated): exact for every
     dtype, and a NaN or inf in the branch not taken cannot leak. Scalar constant branches (the

@@ -38,7 +38,6 @@ from onnx2bir.bir.enums import PAYLOAD_KINDS, Dtype, MemoryType
 from onnx2bir.bir.ir import RuntimeValue
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_dram
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph, TensorInfo
@@ -46,7 +45,6 @@ from onnx2bir.graph import Graph, TensorInfo
 IR_VERSION = 10
 
 
-@lowering("Loop")
 def lower_loop(cg: BirCodeGen, node: dict) -> None:
     body = _LoopBody(cg, node)
     body.initialize()

@@ -18,10 +18,8 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scalar_op, scratch_tile
-from onnx2bir.codegen.registry import lowering
 
 
-@lowering("Sin", "Cos")
 def lower_trig(cg: BirCodeGen, node: dict) -> None:
     func = ActFunc.SIN if node["op_type"] == "Sin" else ActFunc.COS
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
@@ -37,7 +35,6 @@ def _floor(
     cg.tensor_tensor(dst, dst, flag, AluOp.SUBTRACT)
 
 
-@lowering("Floor", "Ceil", "Round")
 def lower_rounding(cg: BirCodeGen, node: dict) -> None:
     op_type = node["op_type"]
     if not cg.graph.tensors[node["inputs"][0]].dtype.is_float:
@@ -68,7 +65,6 @@ def lower_rounding(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Mod")
 def lower_mod(cg: BirCodeGen, node: dict) -> None:
     dtype = cg.graph.tensors[node["outputs"][0]].dtype
     integer = not dtype.is_float
@@ -101,7 +97,6 @@ def lower_mod(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Mean")
 def lower_mean(cg: BirCodeGen, node: dict) -> None:
     count = len([name for name in node["inputs"] if name])
 

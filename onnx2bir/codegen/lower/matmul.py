@@ -49,7 +49,6 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_heads import emit_heads, heads_fit
 from onnx2bir.codegen.matmul_panels import try_panels
 from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView, evict_tile, load_tile
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
@@ -152,7 +151,6 @@ def _row_major(loc: str, offset: Affine, rows: int, cols: int) -> MatrixView:
     return MatrixView(loc, offset, rows, cols, cols, 1)
 
 
-@lowering("MatMul")
 def lower_matmul(cg: BirCodeGen, node: dict) -> None:
     """numpy matmul: 1-D operands get a unit dim, batch dims broadcast and become loops; a
     contiguous batched a times one shared b is one matmul with the batches as rows."""
@@ -244,7 +242,6 @@ def _rotating_tiles(cg: BirCodeGen, dtype: Dtype, outer: list[int], n: int) -> M
     return MatmulTiles(cg, dtype, copies)
 
 
-@lowering("Gemm")
 def lower_gemm(cg: BirCodeGen, node: dict) -> None:
     """Y = alpha·A'·B' + beta·C, A' and B' optionally transposed, C broadcast to [M, N]."""
     attrs = node["attrs"]

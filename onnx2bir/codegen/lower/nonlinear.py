@@ -22,14 +22,12 @@ from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scalar_op, scratch_tile
-from onnx2bir.codegen.registry import lowering
 
 
 def _attr(node: dict, name: str, default: float) -> float:
     return float(node["attrs"].get(name, default))
 
 
-@lowering("Gelu")
 def lower_gelu(cg: BirCodeGen, node: dict) -> None:
     approximate = node["attrs"].get("approximate", "none")
     if approximate not in ("none", "tanh"):
@@ -45,7 +43,6 @@ def _hard_sigmoid(
     cg.tensor_scalar(dst, dst, AluOp.MAX, 0.0, AluOp.MIN, 1.0)
 
 
-@lowering("HardSigmoid")
 def lower_hard_sigmoid(cg: BirCodeGen, node: dict) -> None:
     alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
     emit_elementwise(
@@ -56,7 +53,6 @@ def lower_hard_sigmoid(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-@lowering("HardSwish")
 def lower_hard_swish(cg: BirCodeGen, node: dict) -> None:
     gate = scratch_tile(cg, "gate")
 
@@ -67,7 +63,6 @@ def lower_hard_swish(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("LeakyRelu", "PRelu")
 def lower_leaky_relu(cg: BirCodeGen, node: dict) -> None:
     alpha = _attr(node, "alpha", 0.01)
     negative = scratch_tile(cg, "negative")
@@ -96,7 +91,6 @@ def lower_leaky_relu(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, shapes, direct=True)
 
 
-@lowering("Elu", "Selu", "Celu")
 def lower_elu(cg: BirCodeGen, node: dict) -> None:
     op_type = node["op_type"]
     if op_type == "Selu":
@@ -122,7 +116,6 @@ def lower_elu(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("ThresholdedRelu")
 def lower_thresholded_relu(cg: BirCodeGen, node: dict) -> None:
     alpha = _attr(node, "alpha", 1.0)
     mask = scratch_tile(cg, "mask")
@@ -134,7 +127,6 @@ def lower_thresholded_relu(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Softsign")
 def lower_softsign(cg: BirCodeGen, node: dict) -> None:
     denominator = scratch_tile(cg, "denominator")
 
@@ -147,7 +139,6 @@ def lower_softsign(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Mish")
 def lower_mish(cg: BirCodeGen, node: dict) -> None:
     gate = scratch_tile(cg, "gate")
 
@@ -159,7 +150,6 @@ def lower_mish(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-@lowering("Clip")
 def lower_clip(cg: BirCodeGen, node: dict) -> None:
     """min(max(x, lo), hi), as numpy.clip: lo > hi gives hi."""
     x = node["inputs"][0]

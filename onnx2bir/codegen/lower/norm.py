@@ -28,7 +28,6 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.elementwise import iota
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
 from onnx2bir.codegen.row_norm import ROW_CHUNK, ChunkedRows, StagedRows, pass_engine
 from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_strides, tiles
@@ -36,7 +35,6 @@ from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_
 FREE_TILE = 4096
 
 
-@lowering("BatchNormalization")
 def lower_batch_norm(cg: BirCodeGen, node: dict) -> None:
     if node["attrs"].get("training_mode", 0) or any(node["outputs"][1:]):
         raise cg.fail("BatchNormalization in training mode is not supported (inference only)")
@@ -94,7 +92,6 @@ def _dense_vector(cg: BirCodeGen, name: str, shape: tuple[int, ...]) -> str:
     return dense.name
 
 
-@lowering("LayerNormalization")
 def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
     x, scale = node["inputs"][:2]
     bias = node["inputs"][2] if len(node["inputs"]) > 2 else ""
@@ -203,7 +200,6 @@ def _layer_norm_chunked(
             )
 
 
-@lowering("InstanceNormalization")
 def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
     x, scale, bias = node["inputs"][:3]
     shape = tuple(cg.graph.tensors[x].shape)
@@ -272,7 +268,6 @@ def _instance_norm_chunked(
             norm.run(cg.dram(x).name, first_row * pixels, c.size, apply)
 
 
-@lowering("LRN")
 def lower_lrn(cg: BirCodeGen, node: dict) -> None:
     attrs = node["attrs"]
     size = int(attrs["size"])

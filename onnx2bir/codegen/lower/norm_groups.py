@@ -21,7 +21,6 @@ from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.norm import _dense_vector
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
 from onnx2bir.codegen.row_norm import ROW_CHUNK, StagedRows, pass_engine
 from onnx2bir.codegen.tiling import Affine, Tile
@@ -29,7 +28,6 @@ from onnx2bir.codegen.tiling import Affine, Tile
 FP32 = Dtype.FP32
 
 
-@lowering("GroupNormalization")
 def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
     x, scale, bias = node["inputs"][:3]
     shape = tuple(cg.graph.tensors[x].shape)
@@ -76,7 +74,6 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
         emit_skewed([tile_steps(n) for n in group])
 
 
-@lowering("RMSNormalization")
 def lower_rms_norm(cg: BirCodeGen, node: dict) -> None:
     x, scale = node["inputs"][:2]
     shape = tuple(cg.graph.tensors[x].shape)

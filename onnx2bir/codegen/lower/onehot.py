@@ -18,13 +18,11 @@ from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, tiles
 
 MAX_DEPTH = 16384
 
 
-@lowering("OneHot")
 def lower_one_hot(cg: BirCodeGen, node: dict) -> None:
     indices, _, values_name = node["inputs"][:3]
     out = node["outputs"][0]

@@ -26,7 +26,6 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import (
     buffer_count,
@@ -42,7 +41,6 @@ POOL_BAND_BYTES = 96 * 1024  # SBUF bytes per partition one input band may take
 REDUCE_CHUNK = 8192
 
 
-@lowering("MaxPool")
 def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
     attrs = node["attrs"]
     if len(node["outputs"]) > 1 and node["outputs"][1]:
@@ -89,7 +87,6 @@ def divisor_map(
     return (rows[:, None] * cols[None, :]).astype(np.float32)
 
 
-@lowering("AveragePool")
 def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
     """Window sums as MaxPool's window max, then a divide by the divisor map (an immediate
     when every window counts the same)."""
@@ -240,7 +237,6 @@ def window_pool(
                 )
 
 
-@lowering("GlobalAveragePool", "GlobalMaxPool")
 def lower_global_pool(cg: BirCodeGen, node: dict) -> None:
     op = AluOp.MAX if node["op_type"] == "GlobalMaxPool" else AluOp.ADD
     x_name, out_name = node["inputs"][0], node["outputs"][0]

@@ -17,7 +17,6 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scratch_tile
 from onnx2bir.codegen.lower.math_ops import _floor
-from onnx2bir.codegen.registry import lowering
 
 _RANGES = {
     Dtype.UINT8: (0, 255),
@@ -40,7 +39,6 @@ def _axis_shapes(cg: BirCodeGen, node: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@lowering("DequantizeLinear")
 def lower_dequantize(cg: BirCodeGen, node: dict) -> None:
     shapes = _axis_shapes(cg, node)
     has_zero = len(node["inputs"]) > 2 and bool(node["inputs"][2])
@@ -56,7 +54,6 @@ def lower_dequantize(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, shapes, direct=True)
 
 
-@lowering("QuantizeLinear")
 def lower_quantize(cg: BirCodeGen, node: dict) -> None:
     out_dtype = cg.graph.tensors[node["outputs"][0]].dtype
     if out_dtype not in _RANGES:

@@ -32,7 +32,6 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.matmul import emit_gemm
 from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -81,7 +80,6 @@ def _check(cg: BirCodeGen, node: dict, dims: _Dims) -> list[ActFunc]:
     return [_ACTS[a] for a in names]
 
 
-@lowering("LSTM", "GRU", "RNN")
 def lower_recurrent(cg: BirCodeGen, node: dict) -> None:
     op, attrs = node["op_type"], node["attrs"]
     x_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)

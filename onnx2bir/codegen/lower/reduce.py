@@ -20,7 +20,6 @@ from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import like, scalar_op
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
 
 REDUCE_CHUNK = 8192
@@ -51,7 +50,6 @@ def reduce_axes(cg: BirCodeGen, node: dict, rank: int) -> list[int]:
     return sorted(a % rank for a in axes)
 
 
-@lowering(*_OPS)
 def lower_reduce(cg: BirCodeGen, node: dict) -> None:
     op = _OPS[node["op_type"]]
     x_name, out_name = node["inputs"][0], node["outputs"][0]

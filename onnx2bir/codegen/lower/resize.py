@@ -30,7 +30,6 @@ from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_dram, copy_strided
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
 
 F32 = np.float32
@@ -201,7 +200,6 @@ def _scales(cg: BirCodeGen, node: dict, in_shape, out_shape) -> list[float]:
     return scales
 
 
-@lowering("Resize")
 def lower_resize(cg: BirCodeGen, node: dict) -> None:
     attrs = node["attrs"]
     x, out = node["inputs"][0], node["outputs"][0]

@@ -23,13 +23,11 @@ from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.gather import gather_rows
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import tiles
 
 ROW_ELEMENTS = 4096  # free elements of one x tile (a chunk of whole heads)
 
 
-@lowering("RotaryEmbedding")
 def lower_rotary_embedding(cg: BirCodeGen, node: dict) -> None:
     attrs = node["attrs"]
     inputs = list(node["inputs"]) + [""] * 4

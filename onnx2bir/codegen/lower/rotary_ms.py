@@ -27,7 +27,6 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.lower.rotary import RotaryLayout, gathered_tables, rotate
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine
 
 OP = "com.microsoft RotaryEmbedding"
@@ -91,7 +90,6 @@ def _offset_positions(cg: BirCodeGen, position_ids: str, seq: int) -> str:
     return positions.name
 
 
-@lowering("com.microsoft.RotaryEmbedding")
 def lower_rotary_embedding_ms(cg: BirCodeGen, node: dict) -> None:
     attrs = node["attrs"]
     x, position_ids, cos, sin = (list(node["inputs"]) + [""] * 4)[:4]

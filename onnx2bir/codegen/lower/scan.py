@@ -13,10 +13,8 @@ import math
 from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.index import _cumsum_dve, _cumsum_layout, scan_axis
-from onnx2bir.codegen.registry import lowering
 
 
-@lowering("CumProd")
 def lower_cumprod(cg: BirCodeGen, node: dict) -> None:
     x, out = node["inputs"][0], node["outputs"][0]
     shape = tuple(cg.graph.tensors[x].shape)

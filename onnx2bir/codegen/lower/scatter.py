@@ -19,14 +19,12 @@ from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, tiles
 
 MAX_LENGTH = 8192
 _COMBINE = {"max": AluOp.MAX, "min": AluOp.MIN}
 
 
-@lowering("ScatterElements")
 def lower_scatter_elements(cg: BirCodeGen, node: dict) -> None:
     data, indices, updates = node["inputs"][:3]
     out = node["outputs"][0]

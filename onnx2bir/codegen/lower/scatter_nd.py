@@ -20,13 +20,11 @@ from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, contiguous_strides
 
 MAX_TILES = 4096  # (row tiles) x (update tiles) x (column tiles) unrolled
 
 
-@lowering("ScatterND")
 def lower_scatter_nd(cg: BirCodeGen, node: dict) -> None:
     data, indices, updates = node["inputs"][:3]
     out = node["outputs"][0]

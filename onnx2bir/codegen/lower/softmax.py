@@ -28,19 +28,16 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.row_groups import EngineLoad, emit_staged, plan_groups, row_groups
 from onnx2bir.codegen.tiling import Tile, copy_stride, tile_index, tiles
 
 ROW_CHUNK = 8192
 
 
-@lowering("Softmax")
 def lower_softmax(cg: BirCodeGen, node: dict) -> None:
     _emit_softmax(cg, node, log=False)
 
 
-@lowering("LogSoftmax")
 def lower_log_softmax(cg: BirCodeGen, node: dict) -> None:
     """x − max − log Σ exp(x − max): the same passes; the last subtracts instead of dividing."""
     _emit_softmax(cg, node, log=True)

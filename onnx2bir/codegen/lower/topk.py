@@ -19,13 +19,11 @@ from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
-from onnx2bir.codegen.registry import lowering
 from onnx2bir.codegen.tiling import Affine, tiles
 
 MAX_LENGTH = 8192
 
 
-@lowering("TopK")
 def lower_topk(cg: BirCodeGen, node: dict) -> None:
     x_name = node["inputs"][0]
     values_out, indices_out = (node["outputs"] + ["", ""])[:2]

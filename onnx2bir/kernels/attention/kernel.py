@@ -70,8 +70,6 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_NUM_BANKS
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.codegen.tiling import Affine, Tile, tile_index, tiles
-from onnx2bir.kernels import kernel
-from onnx2bir.kernels.attention import TARGETS
 from onnx2bir.kernels.attention.args import KT, OUT, AttentionArgs, Q, Step, V, attention_args
 from onnx2bir.kernels.attention.args import STORAGE_DTYPES as STORAGE_DTYPES
 from onnx2bir.kernels.attention.args import Extra as Extra
@@ -140,9 +138,6 @@ class AttentionTiles:
         self.o_ps = cg.psum_tile("out", P, -(-a.dv // DV_CHUNK) * DV_CHUNK)
 
 
-@kernel(TARGETS[0])
-@kernel(TARGETS[1])
-@kernel(TARGETS[2])
 def trace_attention(cg: BirCodeGen, node: dict) -> None:
     a = attention_args(cg, node)
     if 3 + -(-a.dv // DV_CHUNK) > PSUM_NUM_BANKS:

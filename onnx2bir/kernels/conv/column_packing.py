@@ -72,8 +72,6 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
-from onnx2bir.kernels import kernel
-from onnx2bir.kernels.conv import COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10
 from onnx2bir.kernels.conv.common import (
     ConvKernelArgs,
     conv_attrs_with_out_shape,
@@ -81,6 +79,11 @@ from onnx2bir.kernels.conv.common import (
 )
 from onnx2bir.kernels.conv.tap_grouping import TapBlock, group_taps, tap_groups, weight_taps
 from onnx2bir.kernels.conv.tap_grouping import TapGroup as TapGroup
+
+# The names the conv registry writes (docs/conv_selection.md#attributes).
+COLUMN_PACKING = "conv2d_column_packing"
+COLUMN_PACKING_1 = "conv2d_column_packing_1"
+COLUMN_PACKING_IO10 = "conv2d_column_packing_io10"
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,6 @@ def _evict(
 
 
 # --- dense, low C_in --------------------------------------------------------------------------
-@kernel(COLUMN_PACKING)
 def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
     """Dense conv, partitions p = (tap, c_in), tap groups accumulating in PSUM."""
     args = conv_kernel_args(cg, node)
@@ -426,13 +428,11 @@ def depthwise_column_packing(cg: BirCodeGen, node: dict) -> None:
                     _evict(cg, args, psum, out_sb, bias, ct.start, ct.size, n, row, col)
 
 
-@kernel(COLUMN_PACKING_1)
 def conv2d_column_packing_1(cg: BirCodeGen, node: dict) -> None:
     """Depthwise transposed conv, kernel stored o-first (oi01)."""
     depthwise_column_packing(cg, node)
 
 
-@kernel(COLUMN_PACKING_IO10)
 def conv2d_column_packing_io10(cg: BirCodeGen, node: dict) -> None:
     """Depthwise transposed conv, kernel stored io-first with swapped spatial axes (io10)."""
     depthwise_column_packing(cg, node)

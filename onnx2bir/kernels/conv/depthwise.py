@@ -59,14 +59,15 @@ from onnx2bir.codegen.tiling import (
     tile_count,
     tiles,
 )
-from onnx2bir.kernels import kernel
-from onnx2bir.kernels.conv import CONV1D_DEPTHWISE, CONV2D_DEPTHWISE
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
 
 FP32_BYTES = 4
 # The 2-D product tile [rows, cols, kH, kW] per partition. 64 KiB is 16K fp32, a quarter of
 # VectorE's 64K-element free-size limit (docs/neuroncore.md#partitions) and a third of a partition's
 # 192 KiB.
+# The names the conv registry writes (docs/conv_selection.md#attributes).
+CONV2D_DEPTHWISE = "conv2d_depthwise_f01b_o01i_bf01"
+CONV1D_DEPTHWISE = "Conv1d_depthwise_bf01_oi01_bf01"
 PRODUCT_BYTES = 64 * 1024
 # Band + product + output tiles together, leaving room under the ~176 KiB a compiler may use
 # (docs/neuroncore.md#memory: ~16 KiB reserved) for the zero-fill tile, the taps, the bias and the
@@ -202,7 +203,6 @@ def load_channel_constants(
         )
 
 
-@kernel(CONV2D_DEPTHWISE)
 def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
     args = conv_kernel_args(cg, node)
     check_depthwise(cg, node, args)
@@ -297,7 +297,6 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
                     )
 
 
-@kernel(CONV1D_DEPTHWISE)
 def trace_conv1d_depthwise(cg: BirCodeGen, node: dict) -> None:
     args = conv_kernel_args(cg, node)
     check_depthwise(cg, node, args)

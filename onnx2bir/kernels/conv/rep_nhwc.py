@@ -37,8 +37,6 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
-from onnx2bir.kernels import kernel
-from onnx2bir.kernels.conv import REP_NHWC
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
 
 
@@ -58,6 +56,9 @@ def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:
         pad_top,
         pad_left,
     )
+
+
+REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"  # the name the conv registry writes
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ class _Plan:
         return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
 
 
-@kernel(REP_NHWC)
 def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
     args = conv_kernel_args(cg, node)
     if args.groups != 1 or any(d != 1 for d in args.lhs_dilation) or args.rhs_reversal:

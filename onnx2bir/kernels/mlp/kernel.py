@@ -69,8 +69,6 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
-from onnx2bir.kernels import kernel
-from onnx2bir.kernels.mlp import TARGET
 
 P = NUM_PARTITIONS
 N_CHUNK = MATMUL_MAX_MOVING_FREE
@@ -321,7 +319,6 @@ class MlpTiles:
         return slot * self.strides[tile.name]
 
 
-@kernel(TARGET)
 def trace_mlp(cg: BirCodeGen, node: dict) -> None:
     a = mlp_args(cg, node)
     block = token_block(cg, a)
