@@ -13,11 +13,9 @@ from collections import Counter
 
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.codegen.driver import kernel_name_of
-from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
-
-STANDARD_DOMAINS = ("", "ai.onnx")
+from onnx2bir.op_traits import STANDARD_DOMAINS, op_key
 
 
 def unhandled_vendor_ops(graph: Graph, kernels) -> Counter:
@@ -27,7 +25,7 @@ def unhandled_vendor_ops(graph: Graph, kernels) -> Counter:
     for _, data in graph.nodes():
         if data["domain"] in STANDARD_DOMAINS or kernel_name_of(data) is not None:
             continue
-        if lowering_key(data["op_type"], data["domain"]) in GENERIC_LOWERINGS:
+        if op_key(data["op_type"], data["domain"]) in GENERIC_LOWERINGS:
             continue  # a vendor op with a lowering of its own (com.microsoft RotaryEmbedding)
         if classify(data, kernels)[0] is not None:
             continue

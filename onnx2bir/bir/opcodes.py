@@ -97,6 +97,7 @@ PSUM_NUM_BANKS = 8
 MATMUL_MAX_STATIONARY_FREE = 128
 MATMUL_MAX_MOVING_FREE = 512
 MAX_FREE_DIMS = 4  # compute-engine access patterns; DMA descriptors may use more
+SB_ALIGN = 64  # SBUF tiles start at multiples of 64 bytes in each partition
 DMA_MAX_DIMS = 5
 
 

@@ -12,7 +12,7 @@ the machine keeps it, so a run can read it (`Probe`). docs/validation.md#the-emu
 The plan is read off the compile's own decisions, never re-derived from the options:
 
 - **operand casts**: a node whose PE matmuls (not the transposes against the identity) take
-  operands of a narrower dtype rounds its PE-operand inputs (`PE_OPERAND_INPUTS`: inputs 0 and
+  operands of a narrower dtype rounds its PE-operand inputs (the op traits' `pe_operands`: inputs 0 and
   1 of MatMul, Gemm, Conv, ConvTranspose and a two-input Einsum; a bias rides on the PSUM
   eviction in fp32). A raised MLP kernel rounds the PE operands of every matmul of its block
   (the hidden activation included, which never leaves the kernel); the raised attention kernel
@@ -35,15 +35,8 @@ from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint, Probe
 from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import Module, node_of_origin
 from onnx2bir.graph import Graph
+from onnx2bir.op_traits import traits
 
-# Inputs of an op that the lowerings load into PE operand tiles (docs/autocast.md).
-PE_OPERAND_INPUTS = {
-    "MatMul": (0, 1),
-    "Gemm": (0, 1),
-    "Conv": (0, 1),
-    "ConvTranspose": (0, 1),
-    "Einsum": (0, 1),
-}
 IDENTITY_PREFIX = "identity_"  # the PE transposes' identity tiles (docs/bir_codegen.md#prologue)
 ONLINE_SOFTMAX = (
     "the attention kernel's online softmax rounds probabilities before they are normalised; "
@@ -171,7 +164,7 @@ def _target(data: dict) -> str | None:
 
 def _pe_inputs(source: Graph, node: str) -> list[str]:
     data = source.node(node)
-    slots = PE_OPERAND_INPUTS.get(data["op_type"], ())
+    slots = traits(data["op_type"]).pe_operands
     inputs = data["inputs"]
     if data["op_type"] == "Einsum" and len([t for t in inputs if t]) != 2:
         return []

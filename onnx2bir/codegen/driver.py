@@ -59,6 +59,7 @@ from onnx2bir.bir.opcodes import (
     NUM_PARTITIONS,
     PSUM_BANK_BYTES,
     PSUM_NUM_BANKS,
+    SB_ALIGN,
     SBUF_BYTES_PER_PARTITION,
 )
 from onnx2bir.codegen.casting import storage_dtype
@@ -72,7 +73,6 @@ from onnx2bir.errors import CompileError
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
 
-SB_ALIGN = 64
 IDENTITY = "identity_fp32"  # the SBUF tile (docs/bir_codegen.md#prologue: "identity_<dtype>")
 IDENTITY_DRAM = "identity_matrices.fp32"  # its constant source in DRAM
 

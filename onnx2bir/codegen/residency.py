@@ -27,9 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from onnx2bir.bir.ir import AccessPattern
-from onnx2bir.bir.opcodes import MAX_FREE_DIMS, NUM_PARTITIONS, partition_start_allowed
-
-SB_ALIGN = 64
+from onnx2bir.bir.opcodes import MAX_FREE_DIMS, NUM_PARTITIONS, SB_ALIGN, partition_start_allowed
+from onnx2bir.op_traits import Layout, ops_with
 
 
 def canonical_inner(shape: tuple[int, ...]) -> int:
@@ -287,70 +286,12 @@ def plan_copy(
     return copies
 
 
-# Ops whose lowering fixes the row length of a tensor (docs/memory_planner.md#layout):
-# channel planes for the spatial ops, the last dim for the matrix ops.
-PLANE_OPS = frozenset(
-    {
-        "Conv",
-        "ConvTranspose",
-        "MaxPool",
-        "AveragePool",
-        "GlobalAveragePool",
-        "GlobalMaxPool",
-        "LpPool",
-        "BatchNormalization",
-        "InstanceNormalization",
-        "GroupNormalization",
-        "LRN",
-        "Resize",
-        "Upsample",
-        "DepthToSpace",
-        "SpaceToDepth",
-        "NativeKernel",
-    }
-)
-ROW_OPS = frozenset(
-    {
-        "MatMul",
-        "Gemm",
-        "Softmax",
-        "LogSoftmax",
-        "LayerNormalization",
-        "RMSNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "CustomCall",
-        "Einsum",
-    }
-)
-
-
-# Elementwise ops with numpy broadcasting (lowered by `emit_elementwise`): an operand that
-# broadcasts along an outer dim keeps the row length of the output it is added into.
-BROADCAST_OPS = frozenset(
-    {
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "Max",
-        "Min",
-        "Sum",
-        "Mean",
-        "Mod",
-        "PRelu",
-        "Equal",
-        "Less",
-        "LessOrEqual",
-        "Greater",
-        "GreaterOrEqual",
-        "And",
-        "Or",
-        "Xor",
-        "Where",
-    }
-)
+# The op traits behind the layouts (onnx2bir/op_traits.py, docs/memory_planner.md#layout):
+# channel planes for the spatial ops, the last dim for the matrix ops; an operand that
+# broadcasts along an outer dim of an elementwise op keeps the row length of its output.
+PLANE_OPS = ops_with(layout=Layout.PLANE)
+ROW_OPS = ops_with(layout=Layout.ROW)
+BROADCAST_OPS = ops_with(broadcasts=True)
 
 
 def _same_rows(shape: tuple[int, ...], other: tuple[int, ...]) -> bool:

@@ -26,8 +26,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from onnx2bir.errors import UserError
+from onnx2bir.op_traits import STANDARD_DOMAINS
 
-STANDARD_DOMAINS = ("", "ai.onnx")
 # The smallest IR version whose models carry opset_import (IR 3, onnx 1.0).
 MIN_IR_VERSION = 3
 

@@ -17,25 +17,13 @@ import onnx
 from onnx import numpy_helper
 
 from onnx2bir.errors import UserError
-from onnx2bir.frontend.contracts import STANDARD_DOMAINS, node_label
+from onnx2bir.frontend.contracts import node_label
+from onnx2bir.op_traits import STANDARD_DOMAINS, TRAITS, ops_with
 
 AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-_SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
-# op: (attribute, inclusive upper bound): the attribute is an axis of input 0, in [-r, r) or,
-# for Flatten, [-r, r].
-_AXIS_OPS = {
-    "Softmax": False,
-    "LogSoftmax": False,
-    "Hardmax": False,
-    "LayerNormalization": False,
-    "Concat": False,
-    "Gather": False,
-    "GatherElements": False,
-    "Split": False,
-    "ArgMax": False,
-    "ArgMin": False,
-    "Flatten": True,
-}
+_SPATIAL = ops_with(spatial=True)
+# Ops whose `axis` is an axis of input 0, in [-r, r) or, for Flatten, [-r, r] (the op traits).
+_AXIS_OPS = {op: t.axis_inclusive for op, t in TRAITS.items() if t.axis_inclusive is not None}
 
 
 class _Node:

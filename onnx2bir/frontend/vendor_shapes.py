@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import onnx
 
-SAME_AS_FIRST_INPUT = frozenset({("com.microsoft", "RotaryEmbedding")})
+from onnx2bir.op_traits import op_key, traits
 
 
 def _typed(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -27,11 +27,12 @@ def _typed(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
 
 
 def add_vendor_shapes(model: onnx.ModelProto) -> bool:
-    """Give each unshaped output of a SAME_AS_FIRST_INPUT node its input's type; True if any."""
+    """Give each unshaped output of a node whose op's output is like its first input (the op
+    traits' `output_like_input`) that input's type; True if any."""
     types = _typed(model)
     changed = False
     for node in model.graph.node:
-        if (node.domain, node.op_type) not in SAME_AS_FIRST_INPUT or not node.output:
+        if not traits(op_key(node.op_type, node.domain)).output_like_input or not node.output:
             continue
         out = node.output[0]
         if out in types or not node.input or node.input[0] not in types:

@@ -72,6 +72,7 @@ import numpy as np
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
+from onnx2bir.op_traits import Reduction, traits
 
 FP32_ATOL = 1e-4
 FP32_RTOL = 1e-3
@@ -315,25 +316,25 @@ def load_tolerance_file(path: str | Path, policy: TolerancePolicy) -> ToleranceP
 
 
 def reduction_length(graph, node: str) -> int:
-    """K of the node's reduction (1 for elementwise ops)."""
+    """K of the node's reduction, by its op's `reduction` trait (1 for elementwise ops)."""
     data = graph.node(node)
-    op_type, inputs = data["op_type"], data["inputs"]
+    kind, inputs, attrs = traits(data["op_type"]).reduction, data["inputs"], data["attrs"]
     shape = lambda i: tuple(graph.tensors[inputs[i]].shape)  # noqa: E731
     try:
-        if op_type in ("Conv", "ConvTranspose"):
+        if kind is Reduction.CONV:
             kernel = shape(1)
-            k = math.prod(kernel[2:])
-            if op_type == "Conv":
-                return kernel[1] * k
-            return kernel[0] // max(1, data["attrs"].get("group", 1)) * k
-        if op_type == "MatMul":
+            return kernel[1] * math.prod(kernel[2:])
+        if kind is Reduction.CONV_TRANSPOSE:
+            kernel = shape(1)
+            return kernel[0] // max(1, attrs.get("group", 1)) * math.prod(kernel[2:])
+        if kind is Reduction.MATMUL:
             return shape(0)[-1]
-        if op_type == "Gemm":
+        if kind is Reduction.GEMM:
             a = shape(0)
-            return a[0] if data["attrs"].get("transA", 0) else a[-1]
-        if op_type in ("Softmax", "LogSoftmax"):
-            return shape(0)[data["attrs"].get("axis", -1)]
-        if op_type in ("ReduceSum", "ReduceMean", "GlobalAveragePool"):
+            return a[0] if attrs.get("transA", 0) else a[-1]
+        if kind is Reduction.AXIS:
+            return shape(0)[attrs.get("axis", -1)]
+        if kind is Reduction.TO_OUTPUT:
             out = graph.tensors[data["outputs"][0]].shape
             return max(1, math.prod(shape(0)) // max(1, math.prod(out)))
     except (IndexError, KeyError, TypeError):

@@ -14,8 +14,8 @@ import onnx.defs
 from onnx2bir.codegen import lower
 from onnx2bir.codegen.lower import GENERIC_LOWERINGS
 from onnx2bir.compiler import kernel_table
-from onnx2bir.frontend.vendor_shapes import SAME_AS_FIRST_INPUT
 from onnx2bir.kernels import KERNELS, attention, mlp
+from onnx2bir.op_traits import traits
 from onnx2bir.patterns.conv.selection import (
     EXPERIMENTAL_KERNEL_REGISTRY,
     FUNCTIONAL_KERNEL_REGISTRY,
@@ -38,7 +38,7 @@ def test_every_table_entry_is_an_onnx_op_and_a_lowering_function():
     for key, function in GENERIC_LOWERINGS.items():
         domain, _, op_type = key.rpartition(".")
         if domain:  # a vendor op onnx does not define: the front end must know its shapes
-            assert (domain, op_type) in SAME_AS_FIRST_INPUT, key
+            assert traits(key).output_like_input, key
         else:
             assert onnx.defs.has(op_type), f"{key} is not an ONNX op"
         assert function.__module__.startswith("onnx2bir.codegen.lower.")

@@ -25,9 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SB_ALIGN
 
-SB_ALIGN = 64
 MAX_Q_ROWS = NUM_PARTITIONS  # a query group fills at most the 128 partitions
 MAX_K_TILE = MATMUL_MAX_MOVING_FREE  # one PSUM bank of fp32 scores per key tile
 RESERVED_HEAD_DIM = 128  # the raise's head-dim gate

@@ -56,9 +56,14 @@ from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
-from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, SBUF_BYTES_PER_PARTITION
+from onnx2bir.bir.opcodes import (
+    MATMUL_MAX_MOVING_FREE,
+    NUM_PARTITIONS,
+    SB_ALIGN,
+    SBUF_BYTES_PER_PARTITION,
+)
 from onnx2bir.codegen.casting import pe_operand_dtype
-from onnx2bir.codegen.driver import SB_ALIGN, BirCodeGen
+from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, MatrixView, load_tile
 from onnx2bir.codegen.tiling import (
     Affine,
