@@ -12,7 +12,9 @@ ONNX topological order, so every walk is deterministic.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import networkx as nx
 import numpy as np
@@ -30,6 +32,61 @@ class TensorInfo:
     @property
     def is_const(self) -> bool:
         return self.const is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Node(Mapping):
+    """A read-only view of one op node, as the lowerings and kernels read it:
+    `node.attr("axis", 0)`, `node.inputs`, `node.input(2)` ("" for an absent optional input).
+
+    It is also a mapping of the graph's node data keys (name, op_type, domain, attrs, inputs,
+    outputs), so code that takes the raw dict takes it too."""
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, object]
+
+    @classmethod
+    def of(cls, data: Mapping) -> Node:
+        if isinstance(data, Node):
+            return data
+        return cls(
+            data["name"],
+            data["op_type"],
+            data.get("domain", ""),
+            tuple(data["inputs"]),
+            tuple(data["outputs"]),
+            MappingProxyType(dict(data["attrs"])),
+        )
+
+    def attr(self, name: str, default=None):
+        """The attribute's value, or `default` when the node does not set it."""
+        return self.attrs.get(name, default)
+
+    def input(self, index: int) -> str:
+        """Input `index`'s tensor, "" when absent (past the end or left out)."""
+        return self.inputs[index] if index < len(self.inputs) else ""
+
+    def output(self, index: int) -> str:
+        """Output `index`'s tensor, "" when absent (past the end, or nothing reads it)."""
+        return self.outputs[index] if index < len(self.outputs) else ""
+
+    def __getitem__(self, key: str):
+        if key not in _NODE_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(_NODE_KEYS)
+
+    def __len__(self) -> int:
+        return len(_NODE_KEYS)
+
+
+_NODE_KEYS = ("name", "op_type", "domain", "inputs", "outputs", "attrs")
 
 
 @dataclass

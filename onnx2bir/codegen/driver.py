@@ -70,7 +70,7 @@ from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.residency import plan_copy
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import CompileError
-from onnx2bir.graph import Graph
+from onnx2bir.graph import Graph, Node
 from onnx2bir.options import CompileOptions
 
 IDENTITY = "identity_fp32"  # the SBUF tile (docs/bir_codegen.md#prologue: "identity_<dtype>")
@@ -247,7 +247,7 @@ class BirCodeGen(InstructionBuilders):
             # Loop's and are free again when it is done.
             saved = self._sb_top, self._psum_next_bank
             with self.scope(f"node_{item}"):
-                lower(self, data)
+                lower(self, Node.of(data))
             self._sb_top, self._psum_next_bank = saved
             return
         base = self.memory_plan.arena_base(item) if self.memory_plan else self._sb_reserved
@@ -256,7 +256,7 @@ class BirCodeGen(InstructionBuilders):
         self._lowering_node = True
         try:
             with self.scope(f"node_{item}"):
-                lower(self, data)
+                lower(self, Node.of(data))
         finally:
             self._lowering_node = False
         self.arena_need[item] = self._arena_top - base

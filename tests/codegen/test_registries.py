@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
+from pathlib import Path
 
 import onnx.defs
 
@@ -61,3 +63,18 @@ def test_every_tracer_answers_to_a_name_and_one_name_to_one_tracer():
             assert traced.setdefault(row.name, row.trace) is row.trace, row.name
     assert all(row.trace is None for row in EXPERIMENTAL_KERNEL_REGISTRY)  # disabled rows
     assert set(kernel_table()) == set(KERNELS) | set(traced)
+
+
+def test_lowerings_and_kernels_read_nodes_through_the_typed_view():
+    """`node.attr("axis", 0)`, `node.inputs`: no lowering or kernel reads the raw node dict
+    by string key (docs/architecture.md#registries)."""
+    raw = re.compile(r'\b\w+\["(attrs|inputs|outputs|op_type|name|domain)"\]')
+    root = Path(lower.__file__).parents[1]
+    files = [*(root / "lower").glob("*.py"), *(root.parent / "kernels").rglob("*.py")]
+    hits = [
+        f"{path.relative_to(root.parent)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if raw.search(line)
+    ]
+    assert hits == []

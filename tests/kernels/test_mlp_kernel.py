@@ -23,7 +23,7 @@ from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.compiler import compile_graph
 from onnx2bir.frontend.importer import import_model
-from onnx2bir.graph import Graph
+from onnx2bir.graph import Graph, Node
 from onnx2bir.kernels.mlp import TARGET
 from onnx2bir.kernels.mlp.kernel import ACTIVATIONS, mlp_args, token_block
 from onnx2bir.options import CompileOptions
@@ -240,7 +240,7 @@ def test_large_hidden_shrinks_the_token_block(h, block):
     model, graph = mlp.fused()
     cg = BirCodeGen(graph, CompileOptions(), {}, {})
     cg.before_function()
-    assert token_block(cg, mlp_args(cg, graph.node("mlp"))) == block
+    assert token_block(cg, mlp_args(cg, Node.of(graph.node("mlp")))) == block
     run(model, graph)
 
 

@@ -18,23 +18,24 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.tiling import tiles
+from onnx2bir.graph import Node
 
 MAX_LENGTH = 8192
 
 
-def lower_arg(cg: BirCodeGen, node: dict) -> None:
-    x_name, out_name = node["inputs"][0], node["outputs"][0]
+def lower_arg(cg: BirCodeGen, node: Node) -> None:
+    x_name, out_name = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x_name].shape)
     rank = max(1, len(shape))
-    axis = int(node["attrs"].get("axis", 0)) % rank
-    last = bool(node["attrs"].get("select_last_index", 0))
+    axis = int(node.attr("axis", 0)) % rank
+    last = bool(node.attr("select_last_index", 0))
     outer, length = math.prod(shape[:axis]), shape[axis] if shape else 1
     inner = math.prod(shape[axis + 1 :])
     if outer * inner == 0:
         return
     if length > MAX_LENGTH:
         raise cg.fail(f"{node['op_type']} over {length} positions (at most {MAX_LENGTH})")
-    extreme = AluOp.MAX if node["op_type"] == "ArgMax" else AluOp.MIN
+    extreme = AluOp.MAX if node.op_type == "ArgMax" else AluOp.MIN
     fp32 = Dtype.FP32
     data = cg.sb_tile("data", NUM_PARTITIONS, length, fp32)
     marks = cg.sb_tile("marks", NUM_PARTITIONS, length, fp32)

@@ -43,6 +43,7 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
+from onnx2bir.graph import Node
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,9 @@ class _Plan:
     band_stride: int  # elements between two copies of x_sb
 
 
-def lower_conv(cg: BirCodeGen, node: dict) -> None:
-    x_name, w_name = node["inputs"][:2]
-    b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+def lower_conv(cg: BirCodeGen, node: Node) -> None:
+    x_name, w_name = node.inputs[:2]
+    b_name = node.inputs[2] if len(node.inputs) > 2 else ""
     w_shape = tuple(cg.graph.tensors[w_name].shape)
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     if len(x_shape) == 5:  # 3-D: the depth taps become channels of a 2-D conv
@@ -114,7 +115,7 @@ def lower_conv(cg: BirCodeGen, node: dict) -> None:
         cg.dram(w_name).name,
         w_shape[0],
         w_shape[1],
-        int(node["attrs"].get("group", 1)),
+        int(node.attr("group", 1)),
         cg.dram(b_name).name if b_name else None,
     )
     emit_conv(
@@ -122,7 +123,7 @@ def lower_conv(cg: BirCodeGen, node: dict) -> None:
         geo,
         ConvInput(src, batch, channels, height, width),
         weights,
-        cg.dram(node["outputs"][0]).name,
+        cg.dram(node.outputs[0]).name,
     )
 
 

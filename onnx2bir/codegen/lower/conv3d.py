@@ -22,10 +22,11 @@ from onnx2bir.codegen.lower.conv import ConvInput, ConvWeights, emit_conv
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.spatial import WindowGeometry, fill_dram
 from onnx2bir.codegen.tiling import Affine, contiguous_strides
+from onnx2bir.graph import Node
 
 
-def _begins(node: dict, in_sp, out_sp, kernel, strides, dilations) -> list[int]:
-    auto_pad = node["attrs"].get("auto_pad", "NOTSET")
+def _begins(node: Node, in_sp, out_sp, kernel, strides, dilations) -> list[int]:
+    auto_pad = node.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         begins = []
         for i in range(3):
@@ -36,13 +37,13 @@ def _begins(node: dict, in_sp, out_sp, kernel, strides, dilations) -> list[int]:
         return begins
     if auto_pad == "VALID":
         return [0, 0, 0]
-    return list((node["attrs"].get("pads") or [0] * 6)[:3])
+    return list((node.attr("pads") or [0] * 6)[:3])
 
 
-def lower_conv3d(cg: BirCodeGen, node: dict) -> None:
-    x_name, w_name = node["inputs"][:2]
-    b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
-    out = node["outputs"][0]
+def lower_conv3d(cg: BirCodeGen, node: Node) -> None:
+    x_name, w_name = node.inputs[:2]
+    b_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    out = node.outputs[0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     w_shape = tuple(cg.graph.tensors[w_name].shape)
     y_shape = tuple(cg.graph.tensors[out].shape)
@@ -54,8 +55,8 @@ def lower_conv3d(cg: BirCodeGen, node: dict) -> None:
     c_out, c_group = w_shape[:2]
     kernel = w_shape[2:]
     in_sp, out_sp = x_shape[2:], y_shape[2:]
-    strides = list(node["attrs"].get("strides") or [1, 1, 1])
-    dilations = list(node["attrs"].get("dilations") or [1, 1, 1])
+    strides = list(node.attr("strides") or [1, 1, 1])
+    dilations = list(node.attr("dilations") or [1, 1, 1])
     begins = _begins(node, in_sp, out_sp, kernel, strides, dilations)
     if math.prod(y_shape) == 0:
         return
@@ -119,7 +120,7 @@ def lower_conv3d(cg: BirCodeGen, node: dict) -> None:
         cg.dram(w_name).name,
         c_out,
         c_group * kd,
-        int(node["attrs"].get("group", 1)),
+        int(node.attr("group", 1)),
         cg.dram(b_name).name if b_name else None,
     )
     emit_conv(cg, geo, ConvInput(x2.name, n * od, c * kd, hp, wp), weights, y2.name)

@@ -21,6 +21,7 @@ from onnx2bir.codegen.lower.conv import ConvInput, ConvWeights, emit_conv
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.spatial import WindowGeometry, fill_dram
 from onnx2bir.codegen.tiling import Affine
+from onnx2bir.graph import Node
 
 
 def _begin_pads(attrs: dict, in_sp, out_sp, kernel, strides, dilations, extra) -> list[int]:
@@ -45,13 +46,13 @@ def _begin_pads(attrs: dict, in_sp, out_sp, kernel, strides, dilations, extra) -
     return list((attrs.get("pads") or [0] * (2 * rank))[:rank])
 
 
-def lower_conv_transpose(cg: BirCodeGen, node: dict) -> None:
-    attrs = node["attrs"]
-    x_name, w_name = node["inputs"][:2]
-    b_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+def lower_conv_transpose(cg: BirCodeGen, node: Node) -> None:
+    attrs = node.attrs
+    x_name, w_name = node.inputs[:2]
+    b_name = node.inputs[2] if len(node.inputs) > 2 else ""
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     w_shape = tuple(cg.graph.tensors[w_name].shape)
-    out_shape = tuple(cg.graph.tensors[node["outputs"][0]].shape)
+    out_shape = tuple(cg.graph.tensors[node.outputs[0]].shape)
     rank = len(x_shape) - 2
     if rank not in (1, 2):
         raise cg.fail(f"{rank}-D ConvTranspose is not supported (1-D and 2-D are)")
@@ -131,5 +132,5 @@ def lower_conv_transpose(cg: BirCodeGen, node: dict) -> None:
         ConvWeights(
             flipped.name, c_out, c_in_group, groups, cg.dram(b_name).name if b_name else None
         ),
-        cg.dram(node["outputs"][0]).name,
+        cg.dram(node.outputs[0]).name,
     )

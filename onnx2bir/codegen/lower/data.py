@@ -13,6 +13,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, merge_broadcast_dims, tiles
+from onnx2bir.graph import Node
 
 # One DMA descriptor chain moves at most this many elements; bigger copies are split.
 DMA_CHUNK = 1 << 20
@@ -26,13 +27,13 @@ def copy_dram(cg: BirCodeGen, dst: str, src: str, count: int) -> None:
         )
 
 
-def lower_copy(cg: BirCodeGen, node: dict) -> None:
+def lower_copy(cg: BirCodeGen, node: Node) -> None:
     """Same elements, same order, new shape: a contiguous copy."""
-    if node["op_type"] == "Dropout":
-        if len(node["outputs"]) > 1 and node["outputs"][1]:
+    if node.op_type == "Dropout":
+        if len(node.outputs) > 1 and node.outputs[1]:
             raise cg.fail("Dropout's mask output is not supported (inference only)")
-        training = node["inputs"][2] if len(node["inputs"]) > 2 else ""
-        ratio = node["inputs"][1] if len(node["inputs"]) > 1 else ""
+        training = node.inputs[2] if len(node.inputs) > 2 else ""
+        ratio = node.inputs[1] if len(node.inputs) > 1 else ""
         drops = (
             not ratio
             or not cg.graph.tensors[ratio].is_const
@@ -42,7 +43,7 @@ def lower_copy(cg: BirCodeGen, node: dict) -> None:
             info = cg.graph.tensors[training]
             if not info.is_const or bool(info.const.reshape(-1)[0]):
                 raise cg.fail("Dropout in training mode is not supported (inference only)")
-    src, out = node["inputs"][0], node["outputs"][0]
+    src, out = node.inputs[0], node.outputs[0]
     count = math.prod(cg.graph.tensors[out].shape)
     if count != math.prod(cg.graph.tensors[src].shape):
         raise cg.fail(
@@ -52,17 +53,17 @@ def lower_copy(cg: BirCodeGen, node: dict) -> None:
     copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)
 
 
-def lower_concat(cg: BirCodeGen, node: dict) -> None:
+def lower_concat(cg: BirCodeGen, node: Node) -> None:
     """Each input lands in its slice along `axis`: [outer, length·inner] runs of the output."""
-    out = node["outputs"][0]
+    out = node.outputs[0]
     out_shape = cg.graph.tensors[out].shape
-    axis = node["attrs"]["axis"] % len(out_shape)
+    axis = node.attrs["axis"] % len(out_shape)
     outer = math.prod(out_shape[:axis])
     inner = math.prod(out_shape[axis + 1 :])
     row = out_shape[axis] * inner
     position = 0
     dst = cg.dram(out).name
-    for tensor in node["inputs"]:
+    for tensor in node.inputs:
         if not tensor:
             continue
         length = cg.graph.tensors[tensor].shape[axis] * inner
@@ -125,7 +126,7 @@ def copy_strided(
     walk(0, dst_offset, src_offset)
 
 
-def lower_transpose(cg: BirCodeGen, node: dict) -> None:
+def lower_transpose(cg: BirCodeGen, node: Node) -> None:
     """Data movement shaped so that both sides can stay on chip (docs/memory_planner.md):
 
     - the last dim stays last: one strided DMA per [rows, last dim] block, the rows being the
@@ -138,10 +139,10 @@ def lower_transpose(cg: BirCodeGen, node: dict) -> None:
       permuted strides (dims both sides walk contiguously merged, leading dims beyond what a
       DMA descriptor takes looping).
     """
-    src, out = node["inputs"][0], node["outputs"][0]
+    src, out = node.inputs[0], node.outputs[0]
     in_shape = tuple(cg.graph.tensors[src].shape)
     rank = len(in_shape)
-    perm = list(node["attrs"].get("perm") or reversed(range(rank)))
+    perm = list(node.attr("perm") or reversed(range(rank)))
     out_shape = tuple(in_shape[axis] for axis in perm)
     in_strides = contiguous_strides(in_shape)
     permuted = tuple(in_strides[a] for a in perm)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import tiles
+from onnx2bir.graph import Node
 
 
-def lower_depth_space(cg: BirCodeGen, node: dict) -> None:
-    op_type = node["op_type"]
-    x, out = node["inputs"][0], node["outputs"][0]
-    b = int(node["attrs"]["blocksize"])
-    mode = node["attrs"].get("mode", "DCR")
+def lower_depth_space(cg: BirCodeGen, node: Node) -> None:
+    op_type = node.op_type
+    x, out = node.inputs[0], node.outputs[0]
+    b = int(node.attrs["blocksize"])
+    mode = node.attr("mode", "DCR")
     if mode not in ("DCR", "CRD"):
         raise cg.fail(f"{op_type} mode {mode!r} is not DCR or CRD")
     x_shape = tuple(cg.graph.tensors[x].shape)

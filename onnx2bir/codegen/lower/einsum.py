@@ -26,6 +26,7 @@ from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.matmul import emit_gemm
 from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
+from onnx2bir.graph import Node
 
 _ELLIPSIS_LETTERS = "0123456789"
 
@@ -77,12 +78,12 @@ class _Operand:
         return tuple(self.stride.get(c, 0) for c in letters)
 
 
-def lower_einsum(cg: BirCodeGen, node: dict) -> None:
-    names = [name for name in node["inputs"] if name]
-    out = node["outputs"][0]
+def lower_einsum(cg: BirCodeGen, node: Node) -> None:
+    names = [name for name in node.inputs if name]
+    out = node.outputs[0]
     shapes = [tuple(cg.graph.tensors[name].shape) for name in names]
     try:
-        letters, output = parse_equation(str(node["attrs"]["equation"]), [len(s) for s in shapes])
+        letters, output = parse_equation(str(node.attrs["equation"]), [len(s) for s in shapes])
     except ValueError as exc:
         raise cg.fail(f"Einsum {node['attrs']['equation']!r}: {exc}") from exc
     sizes: dict[str, int] = {}

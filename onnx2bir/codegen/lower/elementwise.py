@@ -22,6 +22,7 @@ from onnx2bir.codegen.elementwise_walk import (  # noqa: F401 (the walk's API, i
     scratch_tile,
     tile_width,
 )
+from onnx2bir.graph import Node
 
 # --- emission helpers: exact integer immediates and Iota, which the driver has no call for ---
 
@@ -93,13 +94,13 @@ _ACTIVATIONS = {
 }
 
 
-def lower_activation(cg: BirCodeGen, node: dict) -> None:
+def lower_activation(cg: BirCodeGen, node: Node) -> None:
     """Unary math on ScalarE's lookup table."""
-    func = _ACTIVATIONS[node["op_type"]]
+    func = _ACTIVATIONS[node.op_type]
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 
 
-def lower_neg(cg: BirCodeGen, node: dict) -> None:
+def lower_neg(cg: BirCodeGen, node: Node) -> None:
     emit_elementwise(
         cg,
         node,
@@ -120,11 +121,11 @@ _BINARY = {
 }
 
 
-def _constant_scalar_operand(cg: BirCodeGen, node: dict) -> tuple[int, float, str] | None:
+def _constant_scalar_operand(cg: BirCodeGen, node: Node) -> tuple[int, float, str] | None:
     """(position, value, other input) when a two-input fp32 op has a one-element constant
     operand and the other input already has the output's shape."""
-    inputs = [t for t in node["inputs"] if t]
-    out = cg.graph.tensors[node["outputs"][0]]
+    inputs = [t for t in node.inputs if t]
+    out = cg.graph.tensors[node.outputs[0]]
     if len(inputs) != 2 or out.dtype is not Dtype.FP32:
         return None
     for position, name in enumerate(inputs):
@@ -140,9 +141,9 @@ def _constant_scalar_operand(cg: BirCodeGen, node: dict) -> tuple[int, float, st
     return None
 
 
-def lower_binary(cg: BirCodeGen, node: dict) -> None:
+def lower_binary(cg: BirCodeGen, node: Node) -> None:
     """Two-input arithmetic on VectorE; Sum/Max/Min with more inputs fold left."""
-    op = _BINARY[node["op_type"]]
+    op = _BINARY[node.op_type]
     scalar = _constant_scalar_operand(cg, node)
     if scalar is not None:
         position, value, other = scalar

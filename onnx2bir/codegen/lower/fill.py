@@ -17,17 +17,18 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import fill_exact
 from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.graph import Node
 
 FILL_TILE = 2048
 
 
-def lower_constant_of_shape(cg: BirCodeGen, node: dict) -> None:
-    out = node["outputs"][0]
+def lower_constant_of_shape(cg: BirCodeGen, node: Node) -> None:
+    out = node.outputs[0]
     info = cg.graph.tensors[out]
     count = math.prod(info.shape)
     if count == 0:
         return
-    value = node["attrs"].get("value")
+    value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     fill_value = value[0].item() if value.size else 0
     cols = min(FILL_TILE, count)

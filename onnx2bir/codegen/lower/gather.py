@@ -36,6 +36,7 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.elementwise import iota, scalar_op
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
+from onnx2bir.graph import Node
 
 MAX_CONST_RUNS = 64
 SELECT_CHUNK = 2048  # table elements per partition per VectorE select step
@@ -293,11 +294,11 @@ def _gather_rows_dve(
                 )
 
 
-def lower_gather(cg: BirCodeGen, node: dict) -> None:
-    data, indices = node["inputs"][:2]
-    out = node["outputs"][0]
+def lower_gather(cg: BirCodeGen, node: Node) -> None:
+    data, indices = node.inputs[:2]
+    out = node.outputs[0]
     shape = tuple(cg.graph.tensors[data].shape)
-    axis = int(node["attrs"].get("axis", 0)) % len(shape)
+    axis = int(node.attr("axis", 0)) % len(shape)
     outer, n, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
     picks = math.prod(cg.graph.tensors[indices].shape)
     if picks * outer * inner == 0:
@@ -323,12 +324,12 @@ def lower_gather(cg: BirCodeGen, node: dict) -> None:
     gather_rows(cg, data, outer, n, inner, indices, picks, [n], 0, out)
 
 
-def lower_gather_nd(cg: BirCodeGen, node: dict) -> None:
-    data, indices = node["inputs"][:2]
-    out = node["outputs"][0]
+def lower_gather_nd(cg: BirCodeGen, node: Node) -> None:
+    data, indices = node.inputs[:2]
+    out = node.outputs[0]
     shape = tuple(cg.graph.tensors[data].shape)
     idx_shape = tuple(cg.graph.tensors[indices].shape)
-    batch_dims = int(node["attrs"].get("batch_dims", 0))
+    batch_dims = int(node.attr("batch_dims", 0))
     k = idx_shape[-1]
     batch = math.prod(shape[:batch_dims])
     dims = list(shape[batch_dims : batch_dims + k])

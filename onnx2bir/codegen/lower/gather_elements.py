@@ -29,15 +29,16 @@ from onnx2bir.codegen.lower.gather import (
 )
 from onnx2bir.codegen.lower.logic import INF
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, nested_loops, tiles
+from onnx2bir.graph import Node
 
 
-def lower_gather_elements(cg: BirCodeGen, node: dict) -> None:
-    data, indices = node["inputs"][:2]
-    out = node["outputs"][0]
+def lower_gather_elements(cg: BirCodeGen, node: Node) -> None:
+    data, indices = node.inputs[:2]
+    out = node.outputs[0]
     shape = tuple(cg.graph.tensors[data].shape)
     idx_shape = tuple(cg.graph.tensors[indices].shape)
     rank = len(shape)
-    axis = int(node["attrs"].get("axis", 0)) % rank
+    axis = int(node.attr("axis", 0)) % rank
     n = shape[axis]
     if math.prod(idx_shape) == 0:
         return

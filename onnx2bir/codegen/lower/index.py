@@ -29,6 +29,7 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import fill_exact, iota, scalar_op
 from onnx2bir.codegen.lower.logic import INF
 from onnx2bir.codegen.tiling import Affine, tile_index, tiles
+from onnx2bir.graph import Node
 
 FREE_TILE = 2048
 SCAN_CHUNK = 4096
@@ -49,20 +50,20 @@ def _rows(ap: AccessPattern, partitions: int) -> AccessPattern:
     return AccessPattern(ap.loc, ap.pattern, ap.offset, ap.offset_terms, 0, partitions)
 
 
-def lower_trilu(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_trilu(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x].shape)
     rows, cols = shape[-2:]
     batch = math.prod(shape[:-2])
     if batch * rows * cols == 0:
         return
-    upper = bool(node["attrs"].get("upper", 1))
+    upper = bool(node.attr("upper", 1))
     dtype = cg.graph.tensors[x].dtype
     integer = not dtype.is_float
     p, fp32 = NUM_PARTITIONS, Dtype.FP32
     k: float | AccessPattern = 0.0
-    if len(node["inputs"]) > 1 and node["inputs"][1]:
-        k = scalar_operand(cg, node["inputs"][1], cg.sb_tile("k", p, 1, fp32), False)
+    if len(node.inputs) > 1 and node.inputs[1]:
+        k = scalar_operand(cg, node.inputs[1], cg.sb_tile("k", p, 1, fp32), False)
     row_ids = cg.sb_tile("row_ids", p, -(-rows // p), fp32)
     iota(cg, cg.ap(row_ids), 0, 1, [p])
     width = min(cols, FREE_TILE)
@@ -108,23 +109,23 @@ def _cumsum_layout(shape: tuple[int, ...], axis: int) -> tuple[int, int, int, in
     return outer, length * inner, length, inner, inner, 1
 
 
-def scan_axis(cg: BirCodeGen, node: dict) -> int:
+def scan_axis(cg: BirCodeGen, node: Node) -> int:
     """The constant axis input of a CumSum/CumProd, made non-negative."""
-    axis_info = cg.graph.tensors[node["inputs"][1]]
+    axis_info = cg.graph.tensors[node.inputs[1]]
     if not axis_info.is_const:
         raise cg.fail(f"the {node['op_type']} axis must be a constant")
-    rank = len(cg.graph.tensors[node["inputs"][0]].shape)
+    rank = len(cg.graph.tensors[node.inputs[0]].shape)
     return int(axis_info.const.reshape(-1)[0]) % rank
 
 
-def lower_cumsum(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_cumsum(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x].shape)
     axis = scan_axis(cg, node)
     if math.prod(shape) == 0:
         return
-    exclusive = bool(node["attrs"].get("exclusive", 0))
-    reverse = bool(node["attrs"].get("reverse", 0))
+    exclusive = bool(node.attr("exclusive", 0))
+    reverse = bool(node.attr("reverse", 0))
     layout = _cumsum_layout(shape, axis)
     if cg.graph.tensors[x].dtype.is_float:
         _cumsum_pe(cg, cg.dram(x).name, cg.dram(out).name, layout, exclusive, reverse)
@@ -247,9 +248,9 @@ def _cumsum_dve(
                 )
 
 
-def lower_range(cg: BirCodeGen, node: dict) -> None:
-    start_name, _, delta_name = node["inputs"][:3]
-    out = node["outputs"][0]
+def lower_range(cg: BirCodeGen, node: Node) -> None:
+    start_name, _, delta_name = node.inputs[:3]
+    out = node.outputs[0]
     count = math.prod(cg.graph.tensors[out].shape)
     if count == 0:
         return

@@ -25,49 +25,50 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_dram, copy_strided
 from onnx2bir.codegen.spatial import fill_dram
 from onnx2bir.codegen.tiling import Affine, broadcast_strides, contiguous_strides
+from onnx2bir.graph import Node
 
 
-def const_ints(cg: BirCodeGen, node: dict, index: int, what: str) -> list[int] | None:
+def const_ints(cg: BirCodeGen, node: Node, index: int, what: str) -> list[int] | None:
     """The int values of optional input `index`, None when absent; runtime values fail."""
-    if len(node["inputs"]) <= index or not node["inputs"][index]:
+    if len(node.inputs) <= index or not node.inputs[index]:
         return None
-    info = cg.graph.tensors[node["inputs"][index]]
+    info = cg.graph.tensors[node.inputs[index]]
     if not info.is_const:
         raise cg.fail(f"the {what} must be a constant (input {index} is computed at run time)")
     return [int(v) for v in info.const.reshape(-1)]
 
 
-def lower_cast(cg: BirCodeGen, node: dict) -> None:
-    src, out = node["inputs"][0], node["outputs"][0]
+def lower_cast(cg: BirCodeGen, node: Node) -> None:
+    src, out = node.inputs[0], node.outputs[0]
     count = math.prod(cg.graph.tensors[out].shape)
     copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)
 
 
-def split_sizes(cg: BirCodeGen, node: dict, length: int) -> list[int]:
+def split_sizes(cg: BirCodeGen, node: Node, length: int) -> list[int]:
     """Sizes along the split axis: `split` input (opset ≥ 13) or attribute, `num_outputs`
     (opset 18: ceil(length / n) each, the last smaller), or equal parts."""
-    count = len(node["outputs"])
+    count = len(node.outputs)
     sizes = const_ints(cg, node, 1, "split sizes")
     if sizes is None:
-        sizes = node["attrs"].get("split")
+        sizes = node.attr("split")
     if sizes is None:
-        parts = int(node["attrs"].get("num_outputs", count))
+        parts = int(node.attr("num_outputs", count))
         step = -(-length // parts)
         sizes = [min(step, length - i * step) for i in range(parts)]
     return list(sizes)
 
 
-def lower_split(cg: BirCodeGen, node: dict) -> None:
-    x = node["inputs"][0]
+def lower_split(cg: BirCodeGen, node: Node) -> None:
+    x = node.inputs[0]
     shape = tuple(cg.graph.tensors[x].shape)
-    axis = int(node["attrs"].get("axis", 0)) % len(shape)
+    axis = int(node.attr("axis", 0)) % len(shape)
     sizes = split_sizes(cg, node, shape[axis])
-    if sum(sizes) != shape[axis] or len(sizes) != len(node["outputs"]):
+    if sum(sizes) != shape[axis] or len(sizes) != len(node.outputs):
         raise cg.fail(f"split sizes {sizes} do not cover axis {axis} of {list(shape)}")
     outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     src = cg.dram(x).name
     position = 0
-    for out, size in zip(node["outputs"], sizes, strict=True):
+    for out, size in zip(node.outputs, sizes, strict=True):
         if out:
             copy_strided(
                 cg,
@@ -83,12 +84,12 @@ def lower_split(cg: BirCodeGen, node: dict) -> None:
 
 
 def slice_params(
-    cg: BirCodeGen, node: dict, shape: tuple[int, ...]
+    cg: BirCodeGen, node: Node, shape: tuple[int, ...]
 ) -> tuple[list[int], list[int], list[int]]:
     """(start, step, count) per axis, as numpy slicing clamps them."""
     rank = len(shape)
     if cg.graph.opset < 10:
-        attrs = node["attrs"]
+        attrs = node.attrs
         starts, ends = list(attrs["starts"]), list(attrs["ends"])
         axes, steps = list(attrs.get("axes", range(len(starts)))), [1] * len(starts)
     else:
@@ -105,8 +106,8 @@ def slice_params(
     return first, step, count
 
 
-def lower_slice(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_slice(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x].shape)
     first, step, count = slice_params(cg, node, shape)
     strides = contiguous_strides(shape)
@@ -123,8 +124,8 @@ def lower_slice(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-def lower_expand(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_expand(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     out_shape = tuple(cg.graph.tensors[out].shape)
     copy_strided(
         cg,
@@ -138,8 +139,8 @@ def lower_expand(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-def lower_tile(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_tile(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     in_shape = tuple(cg.graph.tensors[x].shape)
     repeats = const_ints(cg, node, 1, "repeats")
     out_strides = contiguous_strides(tuple(cg.graph.tensors[out].shape))
@@ -163,10 +164,10 @@ def lower_tile(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-def pad_amounts(cg: BirCodeGen, node: dict, rank: int) -> list[tuple[int, int]]:
+def pad_amounts(cg: BirCodeGen, node: Node, rank: int) -> list[tuple[int, int]]:
     """(begin, end) per axis from the `pads` attribute (opset < 11) or input, with `axes`."""
     if cg.graph.opset < 11:
-        flat = list(node["attrs"]["pads"])
+        flat = list(node.attrs["pads"])
         axes = list(range(rank))
     else:
         flat = const_ints(cg, node, 1, "pads")
@@ -177,25 +178,25 @@ def pad_amounts(cg: BirCodeGen, node: dict, rank: int) -> list[tuple[int, int]]:
     return pads
 
 
-def lower_pad(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_pad(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     in_shape = tuple(cg.graph.tensors[x].shape)
     out_shape = tuple(cg.graph.tensors[out].shape)
     rank = len(in_shape)
-    mode = node["attrs"].get("mode", "constant")
+    mode = node.attr("mode", "constant")
     pads = pad_amounts(cg, node, rank)
     dst, src = cg.dram(out).name, cg.dram(x).name
     if math.prod(out_shape) == 0:
         return
     out_strides, in_strides = contiguous_strides(out_shape), contiguous_strides(in_shape)
     if mode == "constant":
-        value: float | object = float(node["attrs"].get("value", 0.0))
-        if cg.graph.opset >= 11 and len(node["inputs"]) > 2 and node["inputs"][2]:
-            info = cg.graph.tensors[node["inputs"][2]]
+        value: float | object = float(node.attr("value", 0.0))
+        if cg.graph.opset >= 11 and len(node.inputs) > 2 and node.inputs[2]:
+            info = cg.graph.tensors[node.inputs[2]]
             if info.is_const:
                 value = info.const.reshape(-1)[0].item()
             else:
-                value = cg.dram_ap(cg.dram(node["inputs"][2]).name, Affine(), [(1, 1)])
+                value = cg.dram_ap(cg.dram(node.inputs[2]).name, Affine(), [(1, 1)])
         if any(begin > 0 or end > 0 for begin, end in pads):
             fill_dram(cg, dst, math.prod(out_shape), cg.dram(out).dtype, value)
     elif mode not in ("edge", "reflect", "wrap"):

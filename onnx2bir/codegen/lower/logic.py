@@ -25,6 +25,7 @@ from onnx2bir.codegen.lower.elementwise import (
     scratch_tile,
     tile_width,
 )
+from onnx2bir.graph import Node
 
 INF = float("inf")
 
@@ -63,13 +64,13 @@ _COMPARISONS = {
 }
 
 
-def lower_comparison(cg: BirCodeGen, node: dict) -> None:
+def lower_comparison(cg: BirCodeGen, node: Node) -> None:
     """One TensorTensor per tile, the 1/0 result stored as bool."""
-    op = _COMPARISONS[node["op_type"]]
+    op = _COMPARISONS[node.op_type]
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.tensor_tensor(dst, *srcs, op), direct=True)
 
 
-def lower_xor(cg: BirCodeGen, node: dict) -> None:
+def lower_xor(cg: BirCodeGen, node: Node) -> None:
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.IS_EQUAL)
         cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
@@ -77,7 +78,7 @@ def lower_xor(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_not(cg: BirCodeGen, node: dict) -> None:
+def lower_not(cg: BirCodeGen, node: Node) -> None:
     emit_elementwise(
         cg,
         node,
@@ -86,7 +87,7 @@ def lower_not(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-def lower_isnan(cg: BirCodeGen, node: dict) -> None:
+def lower_isnan(cg: BirCodeGen, node: Node) -> None:
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         cg.tensor_tensor(dst, srcs[0], srcs[0], AluOp.IS_EQUAL)
         cg.tensor_scalar(dst, dst, AluOp.IS_EQUAL, 0.0)
@@ -94,9 +95,9 @@ def lower_isnan(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_isinf(cg: BirCodeGen, node: dict) -> None:
-    positive = node["attrs"].get("detect_positive", 1)
-    negative = node["attrs"].get("detect_negative", 1)
+def lower_isinf(cg: BirCodeGen, node: Node) -> None:
+    positive = node.attr("detect_positive", 1)
+    negative = node.attr("detect_negative", 1)
     magnitude = scratch_tile(cg, "abs")
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
@@ -111,24 +112,24 @@ def lower_isinf(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_where(cg: BirCodeGen, node: dict) -> None:
+def lower_where(cg: BirCodeGen, node: Node) -> None:
     """out = y, then x copied over it where cond holds (CopyPredicated): exact for every
     dtype, and a NaN or inf in the branch not taken cannot leak. Scalar constant branches (the
     usual 0 / -inf of a mask) are filled once into a tile as wide as the walk's tiles
     (`tile_width`), which every tile reads from its start, instead of being read per tile;
     the condition and the result are read and written straight in their SBUF homes."""
-    dtype = cg.graph.tensors[node["outputs"][0]].dtype
+    dtype = cg.graph.tensors[node.outputs[0]].dtype
     integer = not dtype.is_float
     loaded = [
         name
-        for index, name in enumerate(node["inputs"])
+        for index, name in enumerate(node.inputs)
         if index == 0 or not _scalar_constant(cg, name)
     ]
     width = tile_width(cg, {**node, "inputs": loaded})
     filled: dict[int, MemoryLocation] = {}
     for index in (1, 2):
-        info = cg.graph.tensors[node["inputs"][index]]
-        if _scalar_constant(cg, node["inputs"][index]):
+        info = cg.graph.tensors[node.inputs[index]]
+        if _scalar_constant(cg, node.inputs[index]):
             filled[index] = cg.sb_tile(f"branch{index}", NUM_PARTITIONS, width, dtype)
             fill_exact(cg, cg.ap(filled[index]), info.const.reshape(-1)[0].item(), integer)
 

@@ -40,12 +40,12 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_dram
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.errors import UserError
-from onnx2bir.graph import Graph, TensorInfo
+from onnx2bir.graph import Graph, Node, TensorInfo
 
 IR_VERSION = 10
 
 
-def lower_loop(cg: BirCodeGen, node: dict) -> None:
+def lower_loop(cg: BirCodeGen, node: Node) -> None:
     body = _LoopBody(cg, node)
     body.initialize()
     trips = body.static_trips()
@@ -66,16 +66,16 @@ def lower_loop(cg: BirCodeGen, node: dict) -> None:
 class _LoopBody:
     """One Loop node: its imported body graph and the state, counter and condition locations."""
 
-    def __init__(self, cg: BirCodeGen, node: dict) -> None:
+    def __init__(self, cg: BirCodeGen, node: Node) -> None:
         self.cg = cg
         self.node = node
         self.prefix = f"{node['name']}/"
-        inputs = list(node["inputs"])
+        inputs = list(node.inputs)
         self.m = inputs[0] if inputs and inputs[0] else None
         self.cond = inputs[1] if len(inputs) > 1 and inputs[1] else None
         self.initial = inputs[2:]
         count = len(self.initial)
-        outputs = list(node["outputs"])
+        outputs = list(node.outputs)
         if any(outputs[count:]):
             raise cg.fail("Loop scan outputs are not supported (their length is the trip count)")
         self.states = [
@@ -254,14 +254,14 @@ class _LoopBody:
 
 
 # --- importing the body ------------------------------------------------------------------------
-def _import_body(cg: BirCodeGen, node: dict, states: list[str]):
+def _import_body(cg: BirCodeGen, node: Node, states: list[str]):
     """The body as a Graph over the merged tensor table, and the names of its special tensors:
     (graph, condition input, condition output, iteration number, loop-carried results)."""
     from onnx2bir.frontend.folding import fold_constants
     from onnx2bir.frontend.importer import build_graph
 
     outer = cg.graph
-    body: onnx.GraphProto = node["attrs"].get("body")
+    body: onnx.GraphProto = node.attr("body")
     if not isinstance(body, onnx.GraphProto):
         raise cg.fail("Loop has no body graph")
     count = len(states)
@@ -307,7 +307,7 @@ def _import_body(cg: BirCodeGen, node: dict, states: list[str]):
         value_info(f"{prefix}iteration", TensorInfo("", (), Dtype.INT64)),
         value_info(f"{prefix}cond_in", TensorInfo("", (), Dtype.BOOL)),
     ]
-    initial = list(node["inputs"][2:])
+    initial = list(node.inputs[2:])
     for state, init in zip(states, initial, strict=True):
         inputs.append(value_info(state, outer.tensors[init]))
     initializers = []

@@ -18,10 +18,11 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scalar_op, scratch_tile
+from onnx2bir.graph import Node
 
 
-def lower_trig(cg: BirCodeGen, node: dict) -> None:
-    func = ActFunc.SIN if node["op_type"] == "Sin" else ActFunc.COS
+def lower_trig(cg: BirCodeGen, node: Node) -> None:
+    func = ActFunc.SIN if node.op_type == "Sin" else ActFunc.COS
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 
 
@@ -35,9 +36,9 @@ def _floor(
     cg.tensor_tensor(dst, dst, flag, AluOp.SUBTRACT)
 
 
-def lower_rounding(cg: BirCodeGen, node: dict) -> None:
-    op_type = node["op_type"]
-    if not cg.graph.tensors[node["inputs"][0]].dtype.is_float:
+def lower_rounding(cg: BirCodeGen, node: Node) -> None:
+    op_type = node.op_type
+    if not cg.graph.tensors[node.inputs[0]].dtype.is_float:
         raise cg.fail(f"{op_type} of an integer tensor")
     rem_tile, flag_tile, more_tile = (scratch_tile(cg, t) for t in ("rem", "flag", "more"))
 
@@ -65,10 +66,10 @@ def lower_rounding(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_mod(cg: BirCodeGen, node: dict) -> None:
-    dtype = cg.graph.tensors[node["outputs"][0]].dtype
+def lower_mod(cg: BirCodeGen, node: Node) -> None:
+    dtype = cg.graph.tensors[node.outputs[0]].dtype
     integer = not dtype.is_float
-    if node["attrs"].get("fmod", 0):
+    if node.attr("fmod", 0):
         emit_elementwise(
             cg,
             node,
@@ -97,8 +98,8 @@ def lower_mod(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_mean(cg: BirCodeGen, node: dict) -> None:
-    count = len([name for name in node["inputs"] if name])
+def lower_mean(cg: BirCodeGen, node: Node) -> None:
+    count = len([name for name in node.inputs if name])
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         if len(srcs) == 1:

@@ -59,6 +59,7 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
+from onnx2bir.graph import Node
 
 
 def emit_gemm(
@@ -151,11 +152,11 @@ def _row_major(loc: str, offset: Affine, rows: int, cols: int) -> MatrixView:
     return MatrixView(loc, offset, rows, cols, cols, 1)
 
 
-def lower_matmul(cg: BirCodeGen, node: dict) -> None:
+def lower_matmul(cg: BirCodeGen, node: Node) -> None:
     """numpy matmul: 1-D operands get a unit dim, batch dims broadcast and become loops; a
     contiguous batched a times one shared b is one matmul with the batches as rows."""
-    a_name, b_name = node["inputs"][:2]
-    out = node["outputs"][0]
+    a_name, b_name = node.inputs[:2]
+    out = node.outputs[0]
     a_shape = tuple(cg.graph.tensors[a_name].shape)
     b_shape = tuple(cg.graph.tensors[b_name].shape)
     a_mat = (1, a_shape[0]) if len(a_shape) == 1 else a_shape[-2:]
@@ -242,12 +243,12 @@ def _rotating_tiles(cg: BirCodeGen, dtype: Dtype, outer: list[int], n: int) -> M
     return MatmulTiles(cg, dtype, copies)
 
 
-def lower_gemm(cg: BirCodeGen, node: dict) -> None:
+def lower_gemm(cg: BirCodeGen, node: Node) -> None:
     """Y = alpha·A'·B' + beta·C, A' and B' optionally transposed, C broadcast to [M, N]."""
-    attrs = node["attrs"]
-    a_name, b_name = node["inputs"][:2]
-    c_name = node["inputs"][2] if len(node["inputs"]) > 2 else ""
-    out = node["outputs"][0]
+    attrs = node.attrs
+    a_name, b_name = node.inputs[:2]
+    c_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    out = node.outputs[0]
     a_shape = cg.graph.tensors[a_name].shape
     b_shape = cg.graph.tensors[b_name].shape
     a = _row_major(cg.dram(a_name).name, Affine(), *a_shape)
@@ -282,7 +283,7 @@ def _transposed_copy(matrix: np.ndarray) -> np.ndarray:
     return out
 
 
-def _stored_transposed(cg: BirCodeGen, name: str, node: dict) -> MatrixView | None:
+def _stored_transposed(cg: BirCodeGen, name: str, node: Node) -> MatrixView | None:
     """Gemm's constant B read transposed (transB, a classifier's weight) under the general
     autocast: stored once as Bᵀ, a compile-time constant of its own (docs/autocast.md#weights),
     so that its loads are plain row DMAs, which cast it (and let it be stored in the cast

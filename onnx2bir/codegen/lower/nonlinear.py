@@ -22,14 +22,15 @@ from onnx2bir.bir.enums import ActFunc, AluOp
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scalar_op, scratch_tile
+from onnx2bir.graph import Node
 
 
-def _attr(node: dict, name: str, default: float) -> float:
-    return float(node["attrs"].get(name, default))
+def _attr(node: Node, name: str, default: float) -> float:
+    return float(node.attr(name, default))
 
 
-def lower_gelu(cg: BirCodeGen, node: dict) -> None:
-    approximate = node["attrs"].get("approximate", "none")
+def lower_gelu(cg: BirCodeGen, node: Node) -> None:
+    approximate = node.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
         raise cg.fail(f"Gelu approximate={approximate!r} is not 'none' or 'tanh'")
     func = ActFunc.GELU if approximate == "none" else ActFunc.GELU_TANH
@@ -43,7 +44,7 @@ def _hard_sigmoid(
     cg.tensor_scalar(dst, dst, AluOp.MAX, 0.0, AluOp.MIN, 1.0)
 
 
-def lower_hard_sigmoid(cg: BirCodeGen, node: dict) -> None:
+def lower_hard_sigmoid(cg: BirCodeGen, node: Node) -> None:
     alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
     emit_elementwise(
         cg,
@@ -53,7 +54,7 @@ def lower_hard_sigmoid(cg: BirCodeGen, node: dict) -> None:
     )
 
 
-def lower_hard_swish(cg: BirCodeGen, node: dict) -> None:
+def lower_hard_swish(cg: BirCodeGen, node: Node) -> None:
     gate = scratch_tile(cg, "gate")
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
@@ -63,7 +64,7 @@ def lower_hard_swish(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_leaky_relu(cg: BirCodeGen, node: dict) -> None:
+def lower_leaky_relu(cg: BirCodeGen, node: Node) -> None:
     alpha = _attr(node, "alpha", 0.01)
     negative = scratch_tile(cg, "negative")
 
@@ -82,17 +83,17 @@ def lower_leaky_relu(cg: BirCodeGen, node: dict) -> None:
         cg.tensor_tensor(dst, dst, neg, AluOp.ADD)
 
     shapes = {}
-    if node["op_type"] == "PRelu" and cg.graph.opset < 7:
+    if node.op_type == "PRelu" and cg.graph.opset < 7:
         # Before opset 7 a [C] slope is per channel (axis 1), not numpy-broadcast.
-        x_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)
-        slope = node["inputs"][1]
+        x_shape = tuple(cg.graph.tensors[node.inputs[0]].shape)
+        slope = node.inputs[1]
         if tuple(cg.graph.tensors[slope].shape) == x_shape[1:2] and len(x_shape) > 2:
             shapes[slope] = (x_shape[1],) + (1,) * (len(x_shape) - 2)
     emit_elementwise(cg, node, compute, shapes, direct=True)
 
 
-def lower_elu(cg: BirCodeGen, node: dict) -> None:
-    op_type = node["op_type"]
+def lower_elu(cg: BirCodeGen, node: Node) -> None:
+    op_type = node.op_type
     if op_type == "Selu":
         alpha = _attr(node, "alpha", 1.67326319217681884765625)
         gamma = _attr(node, "gamma", 1.05070102214813232421875)
@@ -116,7 +117,7 @@ def lower_elu(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_thresholded_relu(cg: BirCodeGen, node: dict) -> None:
+def lower_thresholded_relu(cg: BirCodeGen, node: Node) -> None:
     alpha = _attr(node, "alpha", 1.0)
     mask = scratch_tile(cg, "mask")
 
@@ -127,7 +128,7 @@ def lower_thresholded_relu(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_softsign(cg: BirCodeGen, node: dict) -> None:
+def lower_softsign(cg: BirCodeGen, node: Node) -> None:
     denominator = scratch_tile(cg, "denominator")
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
@@ -139,7 +140,7 @@ def lower_softsign(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_mish(cg: BirCodeGen, node: dict) -> None:
+def lower_mish(cg: BirCodeGen, node: Node) -> None:
     gate = scratch_tile(cg, "gate")
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
@@ -150,19 +151,19 @@ def lower_mish(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, direct=True)
 
 
-def lower_clip(cg: BirCodeGen, node: dict) -> None:
+def lower_clip(cg: BirCodeGen, node: Node) -> None:
     """min(max(x, lo), hi), as numpy.clip: lo > hi gives hi."""
-    x = node["inputs"][0]
+    x = node.inputs[0]
     integer = not cg.graph.tensors[x].dtype.is_float
     bounds: list[tuple[AluOp, float | None, bool]] = []  # (op, immediate, runtime tile)
     runtime = []
     if cg.graph.opset < 11:
         for name, op in (("min", AluOp.MAX), ("max", AluOp.MIN)):
-            if name in node["attrs"]:
-                bounds.append((op, float(node["attrs"][name]), False))
+            if name in node.attrs:
+                bounds.append((op, float(node.attrs[name]), False))
     else:
         for index, op in ((1, AluOp.MAX), (2, AluOp.MIN)):
-            name = node["inputs"][index] if len(node["inputs"]) > index else ""
+            name = node.inputs[index] if len(node.inputs) > index else ""
             if not name:
                 continue
             info = cg.graph.tensors[name]

@@ -31,18 +31,19 @@ from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
 from onnx2bir.codegen.row_norm import ROW_CHUNK, ChunkedRows, StagedRows, pass_engine
 from onnx2bir.codegen.tiling import Affine, Tile, broadcast_strides, contiguous_strides, tiles
+from onnx2bir.graph import Node
 
 FREE_TILE = 4096
 
 
-def lower_batch_norm(cg: BirCodeGen, node: dict) -> None:
-    if node["attrs"].get("training_mode", 0) or any(node["outputs"][1:]):
+def lower_batch_norm(cg: BirCodeGen, node: Node) -> None:
+    if node.attr("training_mode", 0) or any(node.outputs[1:]):
         raise cg.fail("BatchNormalization in training mode is not supported (inference only)")
-    x, scale, bias, mean, var = node["inputs"][:5]
+    x, scale, bias, mean, var = node.inputs[:5]
     shape = tuple(cg.graph.tensors[x].shape)
     batch, channels = shape[0], shape[1] if len(shape) > 1 else 1
     pixels = math.prod(shape[2:])
-    eps = float(node["attrs"].get("epsilon", 1e-5))
+    eps = float(node.attr("epsilon", 1e-5))
     p, fp32 = NUM_PARTITIONS, Dtype.FP32
     cols = {
         name: cg.sb_tile(tag, p, 1, fp32)
@@ -52,7 +53,7 @@ def lower_batch_norm(cg: BirCodeGen, node: dict) -> None:
     width = min(pixels, FREE_TILE)
     images = max(1, min(batch, FREE_TILE // width)) if width == pixels else 1
     data = cg.sb_tile("data", p, images * width, fp32)
-    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node.outputs[0]).name
     for c in tiles(cg, channels, p, "c"):
         col = {name: cg.ap(tile, partitions=c.size) for name, tile in cols.items()}
         for name in col:
@@ -92,16 +93,16 @@ def _dense_vector(cg: BirCodeGen, name: str, shape: tuple[int, ...]) -> str:
     return dense.name
 
 
-def lower_layer_norm(cg: BirCodeGen, node: dict) -> None:
-    x, scale = node["inputs"][:2]
-    bias = node["inputs"][2] if len(node["inputs"]) > 2 else ""
+def lower_layer_norm(cg: BirCodeGen, node: Node) -> None:
+    x, scale = node.inputs[:2]
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
     shape = tuple(cg.graph.tensors[x].shape)
-    axis = int(node["attrs"].get("axis", -1)) % len(shape)
+    axis = int(node.attr("axis", -1)) % len(shape)
     rows, length = math.prod(shape[:axis]), math.prod(shape[axis:])
     if rows * length == 0:
         return
-    eps = float(node["attrs"].get("epsilon", 1e-5))
-    outputs = node["outputs"] + [""] * (3 - len(node["outputs"]))
+    eps = float(node.attr("epsilon", 1e-5))
+    outputs = [node.output(i) for i in range(3)]
     vectors = {
         tag: _dense_vector(cg, name, shape[axis:])
         for tag, name in (("scale", scale), ("bias", bias))
@@ -200,16 +201,16 @@ def _layer_norm_chunked(
             )
 
 
-def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
-    x, scale, bias = node["inputs"][:3]
+def lower_instance_norm(cg: BirCodeGen, node: Node) -> None:
+    x, scale, bias = node.inputs[:3]
     shape = tuple(cg.graph.tensors[x].shape)
     batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
     if batch * channels * pixels == 0:
         return
-    eps = float(node["attrs"].get("epsilon", 1e-5))
+    eps = float(node.attr("epsilon", 1e-5))
     p, fp32 = NUM_PARTITIONS, Dtype.FP32
     gamma, beta = (cg.sb_tile(tag, p, 1, fp32) for tag in ("scale", "bias"))
-    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node.outputs[0]).name
     if pixels > ROW_CHUNK:
         _instance_norm_chunked(cg, node, (batch, channels, pixels), eps, gamma, beta)
         return
@@ -239,14 +240,14 @@ def lower_instance_norm(cg: BirCodeGen, node: dict) -> None:
 
 
 def _instance_norm_chunked(
-    cg: BirCodeGen, node: dict, dims: tuple[int, int, int], eps: float, gamma, beta
+    cg: BirCodeGen, node: Node, dims: tuple[int, int, int], eps: float, gamma, beta
 ) -> None:
     """Planes longer than ROW_CHUNK: one channel tile of one image at a time."""
-    x, scale, bias = node["inputs"][:3]
+    x, scale, bias = node.inputs[:3]
     batch, channels, pixels = dims
     norm = ChunkedRows(cg, pixels, eps)
     factor = cg.sb_tile("factor", NUM_PARTITIONS, 1, Dtype.FP32)
-    y_loc = cg.dram(node["outputs"][0]).name
+    y_loc = cg.dram(node.outputs[0]).name
     for c in tiles(cg, channels, NUM_PARTITIONS, "c"):
         columns = [cg.ap(tile, partitions=c.size) for tile in (gamma, beta, factor)]
         for column, name in ((columns[0], scale), (columns[1], bias)):
@@ -268,12 +269,12 @@ def _instance_norm_chunked(
             norm.run(cg.dram(x).name, first_row * pixels, c.size, apply)
 
 
-def lower_lrn(cg: BirCodeGen, node: dict) -> None:
-    attrs = node["attrs"]
+def lower_lrn(cg: BirCodeGen, node: Node) -> None:
+    attrs = node.attrs
     size = int(attrs["size"])
     alpha, beta = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75))
     bias = float(attrs.get("bias", 1.0))
-    x = node["inputs"][0]
+    x = node.inputs[0]
     shape = tuple(cg.graph.tensors[x].shape)
     batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
     before, after = (size - 1) // 2, -(-(size - 1) // 2)
@@ -304,7 +305,7 @@ def lower_lrn(cg: BirCodeGen, node: dict) -> None:
     squares = cg.sb_tile("squares", p, len(c_tiles) * cols, fp32)
     factor = cg.sb_tile("factor", p, cols, fp32)
     acc = cg.psum_tile("acc", p, MATMUL_MAX_MOVING_FREE)
-    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node.outputs[0]).name
     for n in tiles(cg, batch, 1, "n"):
         for s in tiles(cg, pixels, cols, "s"):
 

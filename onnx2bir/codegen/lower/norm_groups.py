@@ -24,14 +24,15 @@ from onnx2bir.codegen.lower.norm import _dense_vector
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
 from onnx2bir.codegen.row_norm import ROW_CHUNK, StagedRows, pass_engine
 from onnx2bir.codegen.tiling import Affine, Tile
+from onnx2bir.graph import Node
 
 FP32 = Dtype.FP32
 
 
-def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
-    x, scale, bias = node["inputs"][:3]
+def lower_group_norm(cg: BirCodeGen, node: Node) -> None:
+    x, scale, bias = node.inputs[:3]
     shape = tuple(cg.graph.tensors[x].shape)
-    groups = int(node["attrs"]["num_groups"])
+    groups = int(node.attrs["num_groups"])
     batch, channels, pixels = shape[0], shape[1], math.prod(shape[2:])
     if batch * channels * pixels == 0:
         return
@@ -41,7 +42,7 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
     length = per_group * pixels
     if length > ROW_CHUNK:
         raise cg.fail(f"GroupNormalization: a group of {length} elements (at most {ROW_CHUNK})")
-    eps = float(node["attrs"].get("epsilon", 1e-5))
+    eps = float(node.attr("epsilon", 1e-5))
     vectors = []
     for tag, name in (("gamma", scale), ("beta", bias)):
         tile = cg.sb_tile(tag, groups, length, FP32)
@@ -52,7 +53,7 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
         cg.dma(cg.ap(tile), cg.dram_ap(cg.dram(name).name, Affine(), pattern))
         vectors.append(cg.ap(tile))
     norm = StagedRows(cg, batch, 1, length, eps)
-    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node.outputs[0]).name
 
     def views(n: Tile):
         start = n.start * (channels * pixels)
@@ -74,22 +75,22 @@ def lower_group_norm(cg: BirCodeGen, node: dict) -> None:
         emit_skewed([tile_steps(n) for n in group])
 
 
-def lower_rms_norm(cg: BirCodeGen, node: dict) -> None:
-    x, scale = node["inputs"][:2]
+def lower_rms_norm(cg: BirCodeGen, node: Node) -> None:
+    x, scale = node.inputs[:2]
     shape = tuple(cg.graph.tensors[x].shape)
-    axis = int(node["attrs"].get("axis", -1)) % len(shape)
+    axis = int(node.attr("axis", -1)) % len(shape)
     rows, length = math.prod(shape[:axis]), math.prod(shape[axis:])
     if rows * length == 0:
         return
     if length > ROW_CHUNK:
         raise cg.fail(f"RMSNormalization over {length} elements (at most {ROW_CHUNK})")
-    eps = float(node["attrs"].get("epsilon", 1e-5))
+    eps = float(node.attr("epsilon", 1e-5))
     p = NUM_PARTITIONS
     gamma = cg.sb_tile("gamma", p, length, FP32)
     scale_loc = _dense_vector(cg, scale, shape[axis:])
     cg.dma(cg.ap(gamma), cg.dram_ap(scale_loc, Affine(), [(0, p), (1, length)]))
     norm = StagedRows(cg, rows, p, length, eps, center=False)
-    x_loc, y_loc = cg.dram(x).name, cg.dram(node["outputs"][0]).name
+    x_loc, y_loc = cg.dram(x).name, cg.dram(node.outputs[0]).name
 
     def views(r: Tile):
         window = [(length, r.size), (1, length)]

@@ -19,15 +19,16 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.graph import Node
 
 MAX_DEPTH = 16384
 
 
-def lower_one_hot(cg: BirCodeGen, node: dict) -> None:
-    indices, _, values_name = node["inputs"][:3]
-    out = node["outputs"][0]
+def lower_one_hot(cg: BirCodeGen, node: Node) -> None:
+    indices, _, values_name = node.inputs[:3]
+    out = node.outputs[0]
     out_shape = tuple(cg.graph.tensors[out].shape)
-    axis = int(node["attrs"].get("axis", -1)) % len(out_shape)
+    axis = int(node.attr("axis", -1)) % len(out_shape)
     depth = out_shape[axis]  # the depth input's value, as the static output shape has it
     outer, inner = math.prod(out_shape[:axis]), math.prod(out_shape[axis + 1 :])
     if outer * inner * depth == 0:

@@ -35,19 +35,20 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
+from onnx2bir.graph import Node
 
 POOL_OUT_TILE = 1024
 POOL_BAND_BYTES = 96 * 1024  # SBUF bytes per partition one input band may take
 REDUCE_CHUNK = 8192
 
 
-def lower_maxpool(cg: BirCodeGen, node: dict) -> None:
-    attrs = node["attrs"]
-    if len(node["outputs"]) > 1 and node["outputs"][1]:
+def lower_maxpool(cg: BirCodeGen, node: Node) -> None:
+    attrs = node.attrs
+    if len(node.outputs) > 1 and node.outputs[1]:
         raise cg.fail("MaxPool's Indices output is not supported")
     if attrs.get("storage_order", 0):
         raise cg.fail("MaxPool storage_order=1 is not supported")
-    if len(cg.graph.tensors[node["inputs"][0]].shape) == 5:
+    if len(cg.graph.tensors[node.inputs[0]].shape) == 5:
         return _pool_3d(cg, node)
     geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
     _window_pool(cg, node, geo, AluOp.MAX, float("-inf"), None)
@@ -87,11 +88,11 @@ def divisor_map(
     return (rows[:, None] * cols[None, :]).astype(np.float32)
 
 
-def lower_average_pool(cg: BirCodeGen, node: dict) -> None:
+def lower_average_pool(cg: BirCodeGen, node: Node) -> None:
     """Window sums as MaxPool's window max, then a divide by the divisor map (an immediate
     when every window counts the same)."""
-    attrs = node["attrs"]
-    if len(cg.graph.tensors[node["inputs"][0]].shape) == 5:
+    attrs = node.attrs
+    if len(cg.graph.tensors[node.inputs[0]].shape) == 5:
         return _pool_3d(cg, node)
     geo = window_geometry(cg, node, tuple(attrs["kernel_shape"]))
     # The end pads: SAME_* padding puts the rest of the total there; ceil_mode's extra reach
@@ -118,7 +119,7 @@ def divisor_argument(cg: BirCodeGen, divisors: np.ndarray) -> float | str:
     return name
 
 
-def _pool_3d(cg: BirCodeGen, node: dict) -> None:
+def _pool_3d(cg: BirCodeGen, node: Node) -> None:
     from onnx2bir.codegen.lower.pool3d import lower_pool_3d  # imports this module
 
     lower_pool_3d(cg, node)
@@ -126,13 +127,13 @@ def _pool_3d(cg: BirCodeGen, node: dict) -> None:
 
 def _window_pool(
     cg: BirCodeGen,
-    node: dict,
+    node: Node,
     geo: WindowGeometry,
     op: AluOp,
     fill: float,
     divisor: float | str | None,
 ) -> None:
-    x_name, out_name = node["inputs"][0], node["outputs"][0]
+    x_name, out_name = node.inputs[0], node.outputs[0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     dtype = cg.graph.tensors[x_name].dtype
     window_pool(cg, x_name, out_name, x_shape[0] * x_shape[1], dtype, geo, op, fill, divisor)
@@ -237,9 +238,9 @@ def window_pool(
                 )
 
 
-def lower_global_pool(cg: BirCodeGen, node: dict) -> None:
-    op = AluOp.MAX if node["op_type"] == "GlobalMaxPool" else AluOp.ADD
-    x_name, out_name = node["inputs"][0], node["outputs"][0]
+def lower_global_pool(cg: BirCodeGen, node: Node) -> None:
+    op = AluOp.MAX if node.op_type == "GlobalMaxPool" else AluOp.ADD
+    x_name, out_name = node.inputs[0], node.outputs[0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     planes, size = x_shape[0] * x_shape[1], math.prod(x_shape[2:])
     dtype = cg.graph.tensors[x_name].dtype

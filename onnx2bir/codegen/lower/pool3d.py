@@ -28,6 +28,7 @@ from onnx2bir.codegen.lower.pool import (
 )
 from onnx2bir.codegen.spatial import WindowGeometry, fill_dram
 from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.graph import Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +47,11 @@ class AxisWindow:
         return (out - 1) * self.stride + (self.kernel - 1) * self.dilation + 1
 
 
-def axis_windows(cg: BirCodeGen, node: dict) -> list[AxisWindow]:
+def axis_windows(cg: BirCodeGen, node: Node) -> list[AxisWindow]:
     """The three spatial axes of a 3-D MaxPool/AveragePool node (explicit pads or auto_pad)."""
-    attrs = node["attrs"]
-    in_sp = tuple(cg.graph.tensors[node["inputs"][0]].shape)[2:]
-    out_sp = tuple(cg.graph.tensors[node["outputs"][0]].shape)[2:]
+    attrs = node.attrs
+    in_sp = tuple(cg.graph.tensors[node.inputs[0]].shape)[2:]
+    out_sp = tuple(cg.graph.tensors[node.outputs[0]].shape)[2:]
     kernel = list(attrs["kernel_shape"])
     strides = list(attrs.get("strides") or [1] * 3)
     dilations = list(attrs.get("dilations") or [1] * 3)
@@ -73,12 +74,12 @@ def axis_windows(cg: BirCodeGen, node: dict) -> list[AxisWindow]:
     return axes
 
 
-def lower_pool_3d(cg: BirCodeGen, node: dict) -> None:
-    is_max = node["op_type"] == "MaxPool"
+def lower_pool_3d(cg: BirCodeGen, node: Node) -> None:
+    is_max = node.op_type == "MaxPool"
     op, fill = (AluOp.MAX, float("-inf")) if is_max else (AluOp.ADD, 0.0)
-    include_pad = bool(node["attrs"].get("count_include_pad", 0))
+    include_pad = bool(node.attr("count_include_pad", 0))
     depth, rows, cols = axis_windows(cg, node)
-    x_name = node["inputs"][0]
+    x_name = node.inputs[0]
     shape = tuple(cg.graph.tensors[x_name].shape)
     dtype = cg.graph.tensors[x_name].dtype
     planes = shape[0] * shape[1]
@@ -115,7 +116,7 @@ def lower_pool_3d(cg: BirCodeGen, node: dict) -> None:
     divisor = None
     if not is_max:
         divisor = divisor_argument(cg, divisor_map(geo, rows.end, cols.end, include_pad))
-    out_name = node["outputs"][0]
+    out_name = node.outputs[0]
     window_pool(cg, mid.name, out_name, planes * depth.out, dtype, geo, op, fill, divisor)
 
 

@@ -17,6 +17,7 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scratch_tile
 from onnx2bir.codegen.lower.math_ops import _floor
+from onnx2bir.graph import Node
 
 _RANGES = {
     Dtype.UINT8: (0, 255),
@@ -25,23 +26,23 @@ _RANGES = {
 }
 
 
-def _axis_shapes(cg: BirCodeGen, node: dict) -> dict[str, tuple[int, ...]]:
+def _axis_shapes(cg: BirCodeGen, node: Node) -> dict[str, tuple[int, ...]]:
     """Per-axis scale / zero point seen as [C, 1, …] at `axis` of x."""
-    if node["attrs"].get("block_size", 0):
+    if node.attr("block_size", 0):
         raise cg.fail(f"{node['op_type']} with block_size (blocked quantization) is not supported")
-    x_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)
-    axis = int(node["attrs"].get("axis", 1)) % max(1, len(x_shape))
+    x_shape = tuple(cg.graph.tensors[node.inputs[0]].shape)
+    axis = int(node.attr("axis", 1)) % max(1, len(x_shape))
     shapes = {}
-    for name in node["inputs"][1:]:
+    for name in node.inputs[1:]:
         shape = tuple(cg.graph.tensors[name].shape) if name else ()
         if len(shape) == 1 and shape[0] > 1:
             shapes[name] = (shape[0],) + (1,) * (len(x_shape) - axis - 1)
     return shapes
 
 
-def lower_dequantize(cg: BirCodeGen, node: dict) -> None:
+def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
     shapes = _axis_shapes(cg, node)
-    has_zero = len(node["inputs"]) > 2 and bool(node["inputs"][2])
+    has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         x, scale = srcs[0], srcs[1]
@@ -54,13 +55,13 @@ def lower_dequantize(cg: BirCodeGen, node: dict) -> None:
     emit_elementwise(cg, node, compute, shapes, direct=True)
 
 
-def lower_quantize(cg: BirCodeGen, node: dict) -> None:
-    out_dtype = cg.graph.tensors[node["outputs"][0]].dtype
+def lower_quantize(cg: BirCodeGen, node: Node) -> None:
+    out_dtype = cg.graph.tensors[node.outputs[0]].dtype
     if out_dtype not in _RANGES:
         raise cg.fail(f"QuantizeLinear to {out_dtype} is not supported")
     low, high = _RANGES[out_dtype]
     shapes = _axis_shapes(cg, node)
-    has_zero = len(node["inputs"]) > 2 and bool(node["inputs"][2])
+    has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
     value_t, rem_t, flag_t, more_t = (scratch_tile(cg, t) for t in ("value", "rem", "flag", "more"))
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:

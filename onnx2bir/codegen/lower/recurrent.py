@@ -33,6 +33,7 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.matmul import emit_gemm
 from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView
 from onnx2bir.codegen.tiling import Affine
+from onnx2bir.graph import Node
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
@@ -51,13 +52,13 @@ class _Dims:
     layout: int
 
 
-def _input(node: dict, index: int) -> str:
-    inputs = node["inputs"]
+def _input(node: Node, index: int) -> str:
+    inputs = node.inputs
     return inputs[index] if len(inputs) > index and inputs[index] else ""
 
 
-def _check(cg: BirCodeGen, node: dict, dims: _Dims) -> list[ActFunc]:
-    op, attrs = node["op_type"], node["attrs"]
+def _check(cg: BirCodeGen, node: Node, dims: _Dims) -> list[ActFunc]:
+    op, attrs = node.op_type, node.attrs
     if _input(node, 7) and op == "LSTM":
         raise cg.fail("LSTM peepholes (input P) are not supported")
     if attrs.get("clip") is not None:
@@ -80,10 +81,10 @@ def _check(cg: BirCodeGen, node: dict, dims: _Dims) -> list[ActFunc]:
     return [_ACTS[a] for a in names]
 
 
-def lower_recurrent(cg: BirCodeGen, node: dict) -> None:
-    op, attrs = node["op_type"], node["attrs"]
-    x_shape = tuple(cg.graph.tensors[node["inputs"][0]].shape)
-    w_shape = tuple(cg.graph.tensors[node["inputs"][1]].shape)
+def lower_recurrent(cg: BirCodeGen, node: Node) -> None:
+    op, attrs = node.op_type, node.attrs
+    x_shape = tuple(cg.graph.tensors[node.inputs[0]].shape)
+    w_shape = tuple(cg.graph.tensors[node.inputs[1]].shape)
     layout = int(attrs.get("layout", 0))
     seq, batch = (x_shape[0], x_shape[1]) if layout == 0 else (x_shape[1], x_shape[0])
     dims = _Dims(seq, batch, x_shape[2], w_shape[1] // _GATES[op], _GATES[op], w_shape[0], layout)
@@ -94,7 +95,7 @@ def lower_recurrent(cg: BirCodeGen, node: dict) -> None:
         _direction(cg, node, dims, d, acts[d * per_dir : (d + 1) * per_dir], mm)
 
 
-def _bias(cg: BirCodeGen, node: dict, dims: _Dims, d: int) -> tuple[str, np.ndarray | None]:
+def _bias(cg: BirCodeGen, node: Node, dims: _Dims, d: int) -> tuple[str, np.ndarray | None]:
     """DRAM constant of the input-projection bias [G·H], and GRU's Rb_h kept apart."""
     gh, h = dims.gates * dims.hidden, dims.hidden
     b_name = _input(node, 3)
@@ -107,7 +108,7 @@ def _bias(cg: BirCodeGen, node: dict, dims: _Dims, d: int) -> tuple[str, np.ndar
         both = np.asarray(info.const, np.float32)[d]
     wb, rb = both[:gh].copy(), both[gh:].copy()
     rb_hidden = None
-    if node["op_type"] == "GRU" and node["attrs"].get("linear_before_reset", 0):
+    if node.op_type == "GRU" and node.attr("linear_before_reset", 0):
         rb_hidden = rb[2 * h :].copy()
         rb[2 * h :] = 0.0
     loc = cg.add_dram_const(f"{cg.origin.node}/bias{d}", (wb + rb).astype(np.float32))
@@ -115,9 +116,9 @@ def _bias(cg: BirCodeGen, node: dict, dims: _Dims, d: int) -> tuple[str, np.ndar
 
 
 def _direction(cg, node, dims: _Dims, d: int, acts: list[ActFunc], mm: MatmulTiles) -> None:
-    op = node["op_type"]
+    op = node.op_type
     seq, batch, inp, h, gh = dims.seq, dims.batch, dims.inp, dims.hidden, dims.gates * dims.hidden
-    x_loc, w_loc, r_loc = (cg.dram(name).name for name in node["inputs"][:3])
+    x_loc, w_loc, r_loc = (cg.dram(name).name for name in node.inputs[:3])
     # 1. XW for every step: rows in X's own order (t, b) or (b, t).
     xw = cg.dram_scratch(f"xw{d}", (seq * batch, gh), FP32)
     bias_loc, rb_hidden = _bias(cg, node, dims, d)
@@ -162,11 +163,11 @@ def _direction(cg, node, dims: _Dims, d: int, acts: list[ActFunc], mm: MatmulTil
         cg.dma(cg.ap(state_t), src)
     else:
         cg.memset(cg.ap(state_t), 0.0)
-    y_name = node["outputs"][0] if node["outputs"] else ""
+    y_name = node.outputs[0] if node.outputs else ""
     y_loc = cg.dram(y_name).name if y_name else None
     # 3. The time loop.
     with cg.loop("t", 0, seq) as axis:
-        direction = node["attrs"].get("direction", "forward")
+        direction = node.attr("direction", "forward")
         backwards = direction == "reverse" or (direction == "bidirectional" and d == 1)
         step = Affine(seq - 1) + Affine.axis(axis, -1) if backwards else Affine.axis(axis)
         cg.dma(
@@ -189,7 +190,7 @@ def _direction(cg, node, dims: _Dims, d: int, acts: list[ActFunc], mm: MatmulTil
         _transpose(cg, flip, state, state_t, batch, h)
     # 4. Final states.
     for index, tile in ((1, state), (2, cell)):
-        out = node["outputs"][index] if len(node["outputs"]) > index else ""
+        out = node.outputs[index] if len(node.outputs) > index else ""
         if out and tile is not None:
             if dims.layout == 0:
                 dst = cg.dram_ap(cg.dram(out).name, Affine(d * batch * h), [(h, batch), (1, h)])
@@ -236,7 +237,7 @@ def _gru_cell(cg, node, tiles, h: int, acts: list[ActFunc]) -> None:
     cg.activation(r, r, f_act)
     recur = _cols(cg, acc, 2 * h, h)
     tmp = _cols(cg, work, 0, h)
-    if node["attrs"].get("linear_before_reset", 0):
+    if node.attr("linear_before_reset", 0):
         _recurrent(cg, acc, cg.ap(state_t), r_t, 2 * h, h)
         cg.tensor_tensor(tmp, recur, cg.ap(rb_tile), AluOp.ADD)
         cg.tensor_tensor(tmp, tmp, r, AluOp.MULTIPLY)

@@ -21,6 +21,7 @@ from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import like, scalar_op
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
+from onnx2bir.graph import Node
 
 REDUCE_CHUNK = 8192
 _OPS = {
@@ -37,11 +38,11 @@ _OPS = {
 }
 
 
-def reduce_axes(cg: BirCodeGen, node: dict, rank: int) -> list[int]:
-    attrs = node["attrs"]
+def reduce_axes(cg: BirCodeGen, node: Node, rank: int) -> list[int]:
+    attrs = node.attrs
     axes = attrs.get("axes")
-    if axes is None and len(node["inputs"]) > 1 and node["inputs"][1]:
-        info = cg.graph.tensors[node["inputs"][1]]
+    if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+        info = cg.graph.tensors[node.inputs[1]]
         if not info.is_const:
             raise cg.fail("the reduction axes must be a constant")
         axes = [int(a) for a in info.const.ravel()]
@@ -50,9 +51,9 @@ def reduce_axes(cg: BirCodeGen, node: dict, rank: int) -> list[int]:
     return sorted(a % rank for a in axes)
 
 
-def lower_reduce(cg: BirCodeGen, node: dict) -> None:
-    op = _OPS[node["op_type"]]
-    x_name, out_name = node["inputs"][0], node["outputs"][0]
+def lower_reduce(cg: BirCodeGen, node: Node) -> None:
+    op = _OPS[node.op_type]
+    x_name, out_name = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x_name].shape)
     axes = reduce_axes(cg, node, len(shape))
     strides = contiguous_strides(shape)
@@ -89,7 +90,7 @@ def lower_reduce(cg: BirCodeGen, node: dict) -> None:
     part_dim = kept[-1] if kept else None
     loop_dims = kept[:-1]
 
-    op_type = node["op_type"]
+    op_type = node.op_type
     integer = not dtype.is_float
     aux = cg.sb_tile("aux", NUM_PARTITIONS, step * inner, dtype) if integer else None
 

@@ -31,6 +31,7 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_dram, copy_strided
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tiles
+from onnx2bir.graph import Node
 
 F32 = np.float32
 
@@ -170,11 +171,11 @@ def segments(src: np.ndarray) -> list[tuple[int, int, int, int, int, int, int]]:
     return found
 
 
-def _scales(cg: BirCodeGen, node: dict, in_shape, out_shape) -> list[float]:
+def _scales(cg: BirCodeGen, node: Node, in_shape, out_shape) -> list[float]:
     """Per-axis scale for the coordinate transform."""
     rank = len(in_shape)
-    attrs = node["attrs"]
-    inputs = node["inputs"] + [""] * 4
+    attrs = node.attrs
+    inputs = [*node.inputs, "", "", "", ""]
     scales_name = inputs[1] if cg.graph.opset < 11 else inputs[2]
     axes = [a % rank for a in attrs.get("axes", range(rank))]
     scales = [1.0] * rank
@@ -200,9 +201,9 @@ def _scales(cg: BirCodeGen, node: dict, in_shape, out_shape) -> list[float]:
     return scales
 
 
-def lower_resize(cg: BirCodeGen, node: dict) -> None:
-    attrs = node["attrs"]
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_resize(cg: BirCodeGen, node: Node) -> None:
+    attrs = node.attrs
+    x, out = node.inputs[0], node.outputs[0]
     in_shape = tuple(cg.graph.tensors[x].shape)
     out_shape = tuple(cg.graph.tensors[out].shape)
     if cg.graph.opset < 11:

@@ -24,13 +24,14 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.gather import gather_rows
 from onnx2bir.codegen.tiling import tiles
+from onnx2bir.graph import Node
 
 ROW_ELEMENTS = 4096  # free elements of one x tile (a chunk of whole heads)
 
 
-def lower_rotary_embedding(cg: BirCodeGen, node: dict) -> None:
-    attrs = node["attrs"]
-    inputs = list(node["inputs"]) + [""] * 4
+def lower_rotary_embedding(cg: BirCodeGen, node: Node) -> None:
+    attrs = node.attrs
+    inputs = list(node.inputs) + [""] * 4
     x, cos, sin, position_ids = inputs[:4]
     shape = tuple(cg.graph.tensors[x].shape)
     if len(shape) == 4:
@@ -59,7 +60,7 @@ def lower_rotary_embedding(cg: BirCodeGen, node: dict) -> None:
         cos_loc, sin_loc = cg.dram(cos).name, cg.dram(sin).name
     layout = RotaryLayout(batch, seq, heads, head_size, b_stride, h_stride, s_stride)
     rotate(
-        cg, layout, half, bool(attrs.get("interleaved", 0)), x, node["outputs"][0],
+        cg, layout, half, bool(attrs.get("interleaved", 0)), x, node.outputs[0],
         cos_loc, sin_loc, seq,
     )  # fmt: skip
 

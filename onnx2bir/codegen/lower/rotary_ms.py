@@ -28,6 +28,7 @@ from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.lower.rotary import RotaryLayout, gathered_tables, rotate
 from onnx2bir.codegen.tiling import Affine
+from onnx2bir.graph import Node
 
 OP = "com.microsoft RotaryEmbedding"
 
@@ -90,9 +91,9 @@ def _offset_positions(cg: BirCodeGen, position_ids: str, seq: int) -> str:
     return positions.name
 
 
-def lower_rotary_embedding_ms(cg: BirCodeGen, node: dict) -> None:
-    attrs = node["attrs"]
-    x, position_ids, cos, sin = (list(node["inputs"]) + [""] * 4)[:4]
+def lower_rotary_embedding_ms(cg: BirCodeGen, node: Node) -> None:
+    attrs = node.attrs
+    x, position_ids, cos, sin = (list(node.inputs) + [""] * 4)[:4]
     if not (x and position_ids and cos and sin):
         raise cg.fail(f"{OP} needs its four inputs (input, position_ids, cos_cache, sin_cache)")
     cache_shape = tuple(cg.graph.tensors[cos].shape)
@@ -121,4 +122,4 @@ def lower_rotary_embedding_ms(cg: BirCodeGen, node: dict) -> None:
             f"[{layout.batch}, {layout.seq}]"
         )
     interleaved = bool(attrs.get("interleaved", 0))
-    rotate(cg, layout, half, interleaved, x, node["outputs"][0], cos_loc, sin_loc, table_batch_rows)
+    rotate(cg, layout, half, interleaved, x, node.outputs[0], cos_loc, sin_loc, table_batch_rows)

@@ -13,10 +13,11 @@ import math
 from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.index import _cumsum_dve, _cumsum_layout, scan_axis
+from onnx2bir.graph import Node
 
 
-def lower_cumprod(cg: BirCodeGen, node: dict) -> None:
-    x, out = node["inputs"][0], node["outputs"][0]
+def lower_cumprod(cg: BirCodeGen, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x].shape)
     axis = scan_axis(cg, node)
     if math.prod(shape) == 0:
@@ -27,8 +28,8 @@ def lower_cumprod(cg: BirCodeGen, node: dict) -> None:
         cg.dram(x).name,
         cg.dram(out).name,
         _cumsum_layout(shape, axis),
-        bool(node["attrs"].get("exclusive", 0)),
-        bool(node["attrs"].get("reverse", 0)),
+        bool(node.attr("exclusive", 0)),
+        bool(node.attr("reverse", 0)),
         AluOp.MULTIPLY,
         dtype,
     )

@@ -20,20 +20,21 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.graph import Node
 
 MAX_LENGTH = 8192
 _COMBINE = {"max": AluOp.MAX, "min": AluOp.MIN}
 
 
-def lower_scatter_elements(cg: BirCodeGen, node: dict) -> None:
-    data, indices, updates = node["inputs"][:3]
-    out = node["outputs"][0]
+def lower_scatter_elements(cg: BirCodeGen, node: Node) -> None:
+    data, indices, updates = node.inputs[:3]
+    out = node.outputs[0]
     shape = tuple(cg.graph.tensors[data].shape)
     idx_shape = tuple(cg.graph.tensors[indices].shape)
-    reduction = node["attrs"].get("reduction", "none")
+    reduction = node.attr("reduction", "none")
     if reduction not in ("none", "add", "mul", "max", "min"):
         raise cg.fail(f"ScatterElements reduction {reduction!r} is not supported")
-    axis = int(node["attrs"].get("axis", 0)) % len(shape)
+    axis = int(node.attr("axis", 0)) % len(shape)
     if idx_shape[:axis] != shape[:axis] or idx_shape[axis + 1 :] != shape[axis + 1 :]:
         raise cg.fail("ScatterElements: indices must match data outside the axis")
     outer, length, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])

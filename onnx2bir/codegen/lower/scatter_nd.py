@@ -21,14 +21,15 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.tiling import Affine, contiguous_strides
+from onnx2bir.graph import Node
 
 MAX_TILES = 4096  # (row tiles) x (update tiles) x (column tiles) unrolled
 
 
-def lower_scatter_nd(cg: BirCodeGen, node: dict) -> None:
-    data, indices, updates = node["inputs"][:3]
-    out = node["outputs"][0]
-    reduction = node["attrs"].get("reduction", "none")
+def lower_scatter_nd(cg: BirCodeGen, node: Node) -> None:
+    data, indices, updates = node.inputs[:3]
+    out = node.outputs[0]
+    reduction = node.attr("reduction", "none")
     if reduction not in ("none", "add"):
         raise cg.fail(f"ScatterND reduction {reduction!r} is not supported (none and add are)")
     shape = tuple(cg.graph.tensors[data].shape)

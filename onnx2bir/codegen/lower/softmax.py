@@ -30,15 +30,16 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.row_groups import EngineLoad, emit_staged, plan_groups, row_groups
 from onnx2bir.codegen.tiling import Tile, copy_stride, tile_index, tiles
+from onnx2bir.graph import Node
 
 ROW_CHUNK = 8192
 
 
-def lower_softmax(cg: BirCodeGen, node: dict) -> None:
+def lower_softmax(cg: BirCodeGen, node: Node) -> None:
     _emit_softmax(cg, node, log=False)
 
 
-def lower_log_softmax(cg: BirCodeGen, node: dict) -> None:
+def lower_log_softmax(cg: BirCodeGen, node: Node) -> None:
     """x − max − log Σ exp(x − max): the same passes; the last subtracts instead of dividing."""
     _emit_softmax(cg, node, log=True)
 
@@ -66,12 +67,12 @@ class _Rows:
         return loc, offset, [(self.row_stride, r.size), (self.inner, size)]
 
 
-def _emit_softmax(cg: BirCodeGen, node: dict, log: bool) -> None:
-    x_name, out_name = node["inputs"][0], node["outputs"][0]
+def _emit_softmax(cg: BirCodeGen, node: Node, log: bool) -> None:
+    x_name, out_name = node.inputs[0], node.outputs[0]
     shape = tuple(cg.graph.tensors[x_name].shape)
     rank = max(1, len(shape))
     default_axis = -1 if cg.graph.opset >= 13 else 1
-    axis = node["attrs"].get("axis", default_axis) % rank
+    axis = node.attr("axis", default_axis) % rank
     if cg.graph.opset < 13:
         outer, length, inner = math.prod(shape[:axis]), math.prod(shape[axis:]), 1
     else:

@@ -20,20 +20,21 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.graph import Node
 
 MAX_LENGTH = 8192
 
 
-def lower_topk(cg: BirCodeGen, node: dict) -> None:
-    x_name = node["inputs"][0]
-    values_out, indices_out = (node["outputs"] + ["", ""])[:2]
+def lower_topk(cg: BirCodeGen, node: Node) -> None:
+    x_name = node.inputs[0]
+    values_out, indices_out = node.output(0), node.output(1)
     shape = tuple(cg.graph.tensors[x_name].shape)
-    axis = int(node["attrs"].get("axis", -1)) % len(shape)
+    axis = int(node.attr("axis", -1)) % len(shape)
     some_out = values_out or indices_out
     if not some_out:
         return
     k = cg.graph.tensors[some_out].shape[axis]  # k's value, as the static output shape has it
-    largest = bool(node["attrs"].get("largest", 1))
+    largest = bool(node.attr("largest", 1))
     outer, length, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
     if outer * inner * k == 0:
         return

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import broadcast_strides, merge_broadcast_dims
+from onnx2bir.graph import Node
 from onnx2bir.kernels.attention import ATTENTION
 from onnx2bir.kernels.attention.plan import MAX_K_TILE, MAX_Q_ROWS, tile_sizes
 
@@ -144,10 +145,10 @@ def tile_config(cg: BirCodeGen, attrs: dict, sq: int, sk: int) -> tuple[int, int
     return q_rows, k_tile, config.get("auto_cast") == "all"
 
 
-def attention_args(cg: BirCodeGen, node: dict) -> AttentionArgs:
-    attrs = node["attrs"]
-    q, kt, v, *extra_names = node["inputs"]
-    out = node["outputs"][0]
+def attention_args(cg: BirCodeGen, node: Node) -> AttentionArgs:
+    attrs = node.attrs
+    q, kt, v, *extra_names = node.inputs
+    out = node.outputs[0]
     shape = {name: tuple(cg.graph.tensors[name].shape) for name in (q, kt, v, out, *extra_names)}
     *_, sq, d = shape[q]
     d_k, sk = shape[kt][-2:]

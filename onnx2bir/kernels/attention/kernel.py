@@ -70,6 +70,7 @@ from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_NUM_BANKS
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
 from onnx2bir.codegen.tiling import Affine, Tile, tile_index, tiles
+from onnx2bir.graph import Node
 from onnx2bir.kernels.attention.args import KT, OUT, AttentionArgs, Q, Step, V, attention_args
 from onnx2bir.kernels.attention.args import STORAGE_DTYPES as STORAGE_DTYPES
 from onnx2bir.kernels.attention.args import Extra as Extra
@@ -138,7 +139,7 @@ class AttentionTiles:
         self.o_ps = cg.psum_tile("out", P, -(-a.dv // DV_CHUNK) * DV_CHUNK)
 
 
-def trace_attention(cg: BirCodeGen, node: dict) -> None:
+def trace_attention(cg: BirCodeGen, node: Node) -> None:
     a = attention_args(cg, node)
     if 3 + -(-a.dv // DV_CHUNK) > PSUM_NUM_BANKS:
         raise cg.fail(f"Dv = {a.dv} needs more than the {PSUM_NUM_BANKS} PSUM banks")

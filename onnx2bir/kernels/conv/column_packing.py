@@ -72,6 +72,7 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
+from onnx2bir.graph import Node
 from onnx2bir.kernels.conv.common import (
     ConvKernelArgs,
     conv_attrs_with_out_shape,
@@ -104,8 +105,8 @@ def pixel_tile(args: ConvKernelArgs) -> tuple[int, int]:
     return max(1, min(args.out_h, MATMUL_MAX_MOVING_FREE // cols)), cols
 
 
-def compute_dtype(cg: BirCodeGen, node: dict) -> Dtype:
-    dtype = cg.graph.tensors[node["inputs"][0]].dtype
+def compute_dtype(cg: BirCodeGen, node: Node) -> Dtype:
+    dtype = cg.graph.tensors[node.inputs[0]].dtype
     if not dtype.is_float:
         raise cg.fail(f"column packing computes on the PE array in a float dtype; x is {dtype}")
     return dtype
@@ -227,7 +228,7 @@ def _evict(
 
 
 # --- dense, low C_in --------------------------------------------------------------------------
-def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
+def conv2d_column_packing(cg: BirCodeGen, node: Node) -> None:
     """Dense conv, partitions p = (tap, c_in), tap groups accumulating in PSUM."""
     args = conv_kernel_args(cg, node)
     dtype = compute_dtype(cg, node)
@@ -263,7 +264,7 @@ def conv2d_column_packing(cg: BirCodeGen, node: dict) -> None:
     src = staged_input(cg, args, c_in, dtype)
     # im2col, out and acc rotate over the innermost output-tile loop with more than one tile
     # (docs/buffers.md#lowerings); the C_out loop inside reuses the copy its tile picked.
-    out_dtype = cg.graph.tensors[node["outputs"][0]].dtype
+    out_dtype = cg.graph.tensors[node.outputs[0]].dtype
     mov_stride = copy_stride(len(groups) * tile_pixels, operand)
     out_stride = copy_stride(tile_pixels, out_dtype)
     counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
@@ -330,7 +331,7 @@ def _depthwise_channel_stride(cg: BirCodeGen, args: ConvKernelArgs, channels: in
     raise cg.fail(f"depthwise kernel with {args.c_out} output channels for {channels} channels")
 
 
-def depthwise_column_packing(cg: BirCodeGen, node: dict) -> None:
+def depthwise_column_packing(cg: BirCodeGen, node: Node) -> None:
     """Depthwise conv (any form), partitions p = (c, tap), block-diagonal stationary."""
     args = conv_kernel_args(cg, node)
     dtype = compute_dtype(cg, node)
@@ -384,7 +385,7 @@ def depthwise_column_packing(cg: BirCodeGen, node: dict) -> None:
     bias_sb = load_bias(cg, args.bias, channels, per_tile) if args.bias else None
     src = staged_input(cg, args, channels, dtype)
     mov = cg.sb_tile("im2col", k_max, len(groups) * tile_pixels, operand)
-    out_sb = cg.sb_tile("out", per_tile, tile_pixels, cg.graph.tensors[node["outputs"][0]].dtype)
+    out_sb = cg.sb_tile("out", per_tile, tile_pixels, cg.graph.tensors[node.outputs[0]].dtype)
     acc = cg.psum_tile("acc", per_tile, tile_pixels)
 
     for n in tiles(cg, args.batch, 1, "n"):
@@ -428,11 +429,11 @@ def depthwise_column_packing(cg: BirCodeGen, node: dict) -> None:
                     _evict(cg, args, psum, out_sb, bias, ct.start, ct.size, n, row, col)
 
 
-def conv2d_column_packing_1(cg: BirCodeGen, node: dict) -> None:
+def conv2d_column_packing_1(cg: BirCodeGen, node: Node) -> None:
     """Depthwise transposed conv, kernel stored o-first (oi01)."""
     depthwise_column_packing(cg, node)
 
 
-def conv2d_column_packing_io10(cg: BirCodeGen, node: dict) -> None:
+def conv2d_column_packing_io10(cg: BirCodeGen, node: Node) -> None:
     """Depthwise transposed conv, kernel stored io-first with swapped spatial axes (io10)."""
     depthwise_column_packing(cg, node)

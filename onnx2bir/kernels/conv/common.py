@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import contiguous_strides
+from onnx2bir.graph import Node
 
 
-def conv_attrs_with_out_shape(cg: BirCodeGen, node: dict) -> dict:
-    attrs = json.loads(node["attrs"]["attrs"])
-    attrs["out_shape"] = list(cg.graph.tensors[node["outputs"][0]].shape)
+def conv_attrs_with_out_shape(cg: BirCodeGen, node: Node) -> dict:
+    attrs = json.loads(node.attr("attrs"))
+    attrs["out_shape"] = list(cg.graph.tensors[node.outputs[0]].shape)
     return attrs
 
 
@@ -72,10 +73,10 @@ class ConvKernelArgs:
         return self.k_h * self.k_w
 
 
-def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
+def conv_kernel_args(cg: BirCodeGen, node: Node) -> ConvKernelArgs:
     attrs = conv_attrs_with_out_shape(cg, node)
-    x_name, w_name = node["inputs"][:2]
-    bias = node["inputs"][2] if len(node["inputs"]) > 2 and node["inputs"][2] else None
+    x_name, w_name = node.inputs[:2]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     (batch, c_in, in_h, in_w), x_strides = _canonical(attrs["input_shape"], attrs["in_perm"])
     (c_out, _, k_h, k_w), w_strides = _canonical(attrs["kernel_shape"], attrs["kern_perm"])
     (_, _, out_h, out_w), y_strides = _canonical(attrs["out_shape"], attrs["out_perm"])
@@ -91,7 +92,7 @@ def conv_kernel_args(cg: BirCodeGen, node: dict) -> ConvKernelArgs:
         x=cg.dram(x_name).name,
         w=cg.dram(w_name).name,
         bias=cg.dram(bias).name if bias else None,
-        y=cg.dram(node["outputs"][0]).name,
+        y=cg.dram(node.outputs[0]).name,
         batch=batch,
         c_in=c_in,
         c_out=c_out,

@@ -59,6 +59,7 @@ from onnx2bir.codegen.tiling import (
     tile_count,
     tiles,
 )
+from onnx2bir.graph import Node
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
 
 FP32_BYTES = 4
@@ -102,7 +103,7 @@ def cols_needed(args: ConvKernelArgs, out_cols: int) -> int:
     return (out_cols - 1) * args.stride[1] + (args.k_w - 1) * args.rhs_dilation[1] + 1
 
 
-def check_depthwise(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> None:
+def check_depthwise(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> None:
     """What both kernels assume, beyond what the selector's rows check."""
     if not (args.groups == args.c_in == args.c_out):
         raise cg.fail(
@@ -113,19 +114,19 @@ def check_depthwise(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> None:
         raise cg.fail("forward convolutions only (lhs dilation or a reversed kernel given)")
     if any(side < 0 for pair in args.padding for side in pair):
         raise cg.fail(f"negative padding {args.padding} is not supported")
-    dtype = cg.graph.tensors[node["inputs"][0]].dtype
+    dtype = cg.graph.tensors[node.inputs[0]].dtype
     if not dtype.is_float:
         raise cg.fail(f"the depthwise kernels compute in fp32; input is {dtype}")
 
 
-def framed_input(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> Source:
+def framed_input(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> Source:
     """x framed by zeros in a [C, N, H_pad, W_pad] DRAM scratch (x itself when unpadded)."""
     (top, _), (left, _) = args.padding
     height = max(top + args.in_h, rows_needed(args, args.out_h))
     width = max(left + args.in_w, cols_needed(args, args.out_w))
     if top == left == 0 and (height, width) == (args.in_h, args.in_w):
         return Source(args.x, args.x_strides)
-    dtype = cg.graph.tensors[node["inputs"][0]].dtype
+    dtype = cg.graph.tensors[node.inputs[0]].dtype
     plane = height * width
     scratch = cg.dram_scratch("padded", (args.c_in, args.batch, height, width), dtype)
     total = args.c_in * args.batch * plane
@@ -203,7 +204,7 @@ def load_channel_constants(
         )
 
 
-def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
+def trace_conv2d_depthwise(cg: BirCodeGen, node: Node) -> None:
     args = conv_kernel_args(cg, node)
     check_depthwise(cg, node, args)
     rows, cols = output_tile_2d(cg, args)
@@ -297,7 +298,7 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: dict) -> None:
                     )
 
 
-def trace_conv1d_depthwise(cg: BirCodeGen, node: dict) -> None:
+def trace_conv1d_depthwise(cg: BirCodeGen, node: Node) -> None:
     args = conv_kernel_args(cg, node)
     check_depthwise(cg, node, args)
     if (args.in_h, args.k_h, args.out_h) != (1, 1, 1) or args.padding[0] != (0, 0):

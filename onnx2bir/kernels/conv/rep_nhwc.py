@@ -37,6 +37,7 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
+from onnx2bir.graph import Node
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
 
 
@@ -90,7 +91,7 @@ class _Plan:
         return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
 
 
-def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
+def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
     args = conv_kernel_args(cg, node)
     if args.groups != 1 or any(d != 1 for d in args.lhs_dilation) or args.rhs_reversal:
         raise cg.fail("rep_nhwc takes dense forward convolutions only")
@@ -112,10 +113,10 @@ def trace_rep_nhwc(cg: BirCodeGen, node: dict) -> None:
                     _output_tile(cg, plan, m, n, row, col, slot)
 
 
-def _plan(cg: BirCodeGen, node: dict, args: ConvKernelArgs) -> _Plan:
+def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
     geo = kernel_geometry(args)
     plane = args.in_h * args.in_w
-    src, height, width = padded_input(cg, node["inputs"][0], args.batch * args.c_in, geo, 0.0)
+    src, height, width = padded_input(cg, node.inputs[0], args.batch * args.c_in, geo, 0.0)
     c_tile = min(args.c_in, NUM_PARTITIONS)
     c_tiles = -(-args.c_in // c_tile)
     per_group = max(1, min(args.k_h, NUM_PARTITIONS // c_tile))

@@ -74,6 +74,7 @@ from onnx2bir.codegen.tiling import (
     tile_index,
     tiles,
 )
+from onnx2bir.graph import Node
 
 P = NUM_PARTITIONS
 N_CHUNK = MATMUL_MAX_MOVING_FREE
@@ -128,11 +129,11 @@ def _row_major(loc: str, rows: int, cols: int) -> MatrixView:
     return MatrixView(loc, Affine(), rows, cols, cols, 1)
 
 
-def mlp_args(cg: BirCodeGen, node: dict) -> MlpArgs:
-    attrs = node["attrs"]
-    names = [*node["inputs"], *[""] * 7][:7]
+def mlp_args(cg: BirCodeGen, node: Node) -> MlpArgs:
+    attrs = node.attrs
+    names = [*node.inputs, *[""] * 7][:7]
     x, w1, b1, w2, b2, w_up, b_up = names
-    out = node["outputs"][0]
+    out = node.outputs[0]
     activation = attrs.get("activation", "")
     if activation not in (*ACTIVATIONS, PROGRAM):
         raise cg.fail(
@@ -324,7 +325,7 @@ class MlpTiles:
         return slot * self.strides[tile.name]
 
 
-def trace_mlp(cg: BirCodeGen, node: dict) -> None:
+def trace_mlp(cg: BirCodeGen, node: Node) -> None:
     a = mlp_args(cg, node)
     block = token_block(cg, a)
     MlpEmitter(cg, a, MlpTiles(cg, a, block), block).run()
