@@ -1,4 +1,4 @@
-"""`onnx2bir.validate` and its result (re-exported by `onnx2bir.api.commands`; docs/api.md#validate).
+"""`onnx2bir.validate` and its result (re-exported by `onnx2bir.api`; docs/api.md#validate).
 
 Compile `model`, run it on the machine and compare every output with onnxruntime, as
 `onnx2bir validate` does; `ValidationResult.to_json()` is that command's `--json` document.

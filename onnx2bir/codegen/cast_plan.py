@@ -12,12 +12,12 @@ the machine keeps it, so a run can read it (`Probe`). docs/validation.md#the-emu
 The plan is read off the compile's own decisions, never re-derived from the options:
 
 - **operand casts**: a node whose PE matmuls (not the transposes against the identity) take
-  operands of a narrower dtype rounds its PE-operand inputs (the op traits' `pe_operands`: inputs 0 and
-  1 of MatMul, Gemm, Conv, ConvTranspose and a two-input Einsum; a bias rides on the PSUM
-  eviction in fp32). A raised MLP kernel rounds the PE operands of every matmul of its block
-  (the hidden activation included, which never leaves the kernel); the raised attention kernel
-  rounds its matmul operands too, but its online softmax rounds unnormalised probabilities,
-  which no cast around the ONNX ops reproduces (`exact` is false);
+  operands of a narrower dtype rounds its PE-operand inputs (the op traits' `pe_operands`:
+  inputs 0 and 1 of MatMul, Gemm, Conv, ConvTranspose and a two-input Einsum; a bias rides on
+  the PSUM eviction in fp32). A raised MLP kernel rounds the PE operands of every matmul of
+  its block (the hidden activation included, which never leaves the kernel); the raised
+  attention kernel rounds its matmul operands too, but its online softmax rounds unnormalised
+  probabilities, which no cast around the ONNX ops reproduces (`exact` is false);
 - **storage casts**: a tensor of the model whose BIR location (DRAM or SBUF home) has a
   narrower dtype than the model gives it is rounded for every reader (`--auto-cast all`, and
   the operand-only tensors and weights `codegen/weight_cast.py` stores in the cast dtype).

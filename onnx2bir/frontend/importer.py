@@ -222,7 +222,8 @@ def import_parts(
 
 def check_folded(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
     """The contracts that need static shapes: node attributes and constant indices
-    (`onnx2bir.frontend.node_contracts`), every tensor's bytes (`onnx2bir.frontend.memory_contracts`)."""
+    (`onnx2bir.frontend.node_contracts`), every tensor's bytes
+    (`onnx2bir.frontend.memory_contracts`)."""
     shapes = static_shapes(model)
     shapes.update({name: tuple(value.shape) for name, value in weights.items()})
     contracts_nodes.check_nodes(model, shapes, weights)

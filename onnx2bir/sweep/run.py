@@ -312,7 +312,7 @@ def format_summary(records: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
-# --- command line (registered by onnx2bir.cli.commands) -------------------------------------------------
+# --- command line (registered by onnx2bir.cli.commands) ------------------------------------
 
 
 def add_parser(commands) -> None:

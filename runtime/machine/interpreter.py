@@ -5,9 +5,10 @@ Out: the function's output DRAM locations, in their declared shapes.
 
 The entry block runs in program order; a Loop runs its body for axis = start, start + step, ...
 < stop, binding the axis in `loop_values` for the access patterns' offset terms (loops nest). Each
-instruction runs through the one semantics table, `onnx2bir.runtime.machine.semantics.SEMANTICS`. Input
-locations (ExternalInput, ExternalInputParameter) come from `inputs`, a parameter missing there
-and Const and ExternalOutputParameter locations from `module.constants`; every other location
+instruction runs through the one semantics table,
+`onnx2bir.runtime.machine.semantics.SEMANTICS`. Input locations (ExternalInput,
+ExternalInputParameter) come from `inputs`, a parameter missing there and Const and
+ExternalOutputParameter locations from `module.constants`; every other location
 starts as NaN bytes (see `machine.py`). The observer, if any, is called as
 observer(instruction, loop_values) after each execution; loop_values is the live dict, so copy
 it to keep it. `before` maps chosen instructions to a hook called as hook(machine, instruction,

@@ -1,7 +1,8 @@
 """Machine state of one NeuronCore: DRAM tensors, SBUF and PSUM, and operand views into them.
 
 In: a BIR Function (its memory locations). Out: a `Machine` whose memories the semantics table
-(`onnx2bir.runtime.machine.semantics`) reads and writes through numpy views built from access patterns.
+(`onnx2bir.runtime.machine.semantics`) reads and writes through numpy views built from access
+patterns.
 
 Facts implemented (docs/neuroncore.md#memory, docs/neuroncore.md#partitions): SBUF is 128 partitions
 x 192 KiB and PSUM 128 x 16 KiB (8 banks of 2 KiB); a tile occupies contiguous partitions and the

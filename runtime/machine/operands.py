@@ -6,7 +6,8 @@ function precomputed; `check_common` enforces the opcode table's engines, roles,
 memories and the partition rules (docs/neuroncore.md#partitions); `check_same_tile` and
 `check_column` the shapes elementwise operands must agree on; `enum_attr` and `number_attr`
 read attributes or name the bad one; `store` writes a result into an operand's view with the
-destination dtype's rounding. The semantics functions themselves are in `runtime/machine/semantics.py`.
+destination dtype's rounding. The semantics functions themselves are in
+`runtime/machine/semantics.py`.
 """
 
 from __future__ import annotations

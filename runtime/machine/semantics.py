@@ -13,8 +13,8 @@ bias columns); Matmult K <= 128 on both inputs, M <= 128, N <= 512, dst fp32 in 
 partitions and N elements inside one 2 KiB bank, operand dtypes from `PE_INPUT_DTYPES` paired as
 `pe_operands_pair` allows; two TensorTensor inputs are never both in PSUM. Static rules are
 checked the first time an instruction runs (the rules every opcode shares, and the store of a
-result into its dst, are in `runtime/machine/operands.py`); loop-dependent bounds (and the Matmult bank)
-on every run.
+result into its dst, are in `runtime/machine/operands.py`); loop-dependent bounds (and the
+Matmult bank) on every run.
 
 Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except
 that integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to

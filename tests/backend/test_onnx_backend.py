@@ -1,4 +1,5 @@
-"""The ONNX backend test suite (onnx.backend.test) on `onnx2bir.api.backend`, plus the rep's own tests.
+"""The ONNX backend test suite (onnx.backend.test) on `onnx2bir.api.backend`, plus the rep's own
+tests.
 
 In: every case onnx ships (node, pytorch-converted, pytorch-operator, simple, real). Out: one
 unittest method per case and device, as `BackendTest` builds them. A case runs if onnx2bir

@@ -9,6 +9,7 @@ import each other, and nothing imports the command line.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,14 @@ def test_a_violation_is_seen():
     fake = ast.parse("from onnx2bir.compiler import compile_model")
     target = fake.body[0].module
     assert LAYER[unit_of(target)] > LAYER[unit_of("onnx2bir.runtime.machine.interpreter")]
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists each package of the tree (a package left out is missing from an
+    install, and from `pip install -e`'s mapping of patterns/ and runtime/)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    listed = set(re.findall(r'^\s+"(onnx2bir[a-z_.]*)",$', text, flags=re.M))
+    packages = {module for module, path in MODULES.items() if path.name == "__init__.py"} | {
+        "onnx2bir"
+    }
+    assert packages == listed

@@ -78,6 +78,12 @@ def test_every_opcode_has_semantics():
     assert set(SEMANTICS) == set(Opcode)
 
 
+def test_every_opcode_has_its_rules():
+    from onnx2bir.bir.opcodes import OPCODES
+
+    assert set(OPCODES) == set(Opcode)
+
+
 # ---- Matmult -----------------------------------------------------------------------------------
 
 

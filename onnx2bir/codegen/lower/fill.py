@@ -2,8 +2,8 @@
 
 The importer folds a small ConstantOfShape into an initializer; a large one (a weight the onnx
 light models make at run time, an all-zero cache) stays a node so that its value is never
-materialised on the host (`onnx2bir.frontend.folding`). Here one SBUF tile [128, FILL_TILE] is set by a
-single Memset on GpSimd and then stored over the output, row-tile by row-tile, by DMA: the
+materialised on the host (`onnx2bir.frontend.folding`). Here one SBUF tile [128, FILL_TILE] is
+set by a single Memset on GpSimd and then stored over the output, row-tile by row-tile, by DMA: the
 output's elements are walked as [rows, FILL_TILE] with the rows in a BIR loop.
 """
 

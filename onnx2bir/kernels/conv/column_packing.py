@@ -1,7 +1,7 @@
 """Column-packing convolution kernels: filter taps stacked on the partition dim (K-replication).
 
-In: a NativeKernel node from TransformConvOp (`patterns/conv/selection.py`) with x in bf01, w in oi01
-(`conv2d_column_packing`, `conv2d_column_packing_1`) or io10 (`conv2d_column_packing_io10`),
+In: a NativeKernel node from TransformConvOp (`patterns/conv/selection.py`) with x in bf01, w in
+oi01 (`conv2d_column_packing`, `conv2d_column_packing_1`) or io10 (`conv2d_column_packing_io10`),
 an optional bias [C_out]. Out: y in bf01. Geometry and per-axis strides come from
 `conv_kernel_args`, so the tracers read every tensor through its canonical strides.
 

@@ -1,6 +1,7 @@
 """What every conv kernel tracer reads from its NativeKernel node.
 
-The selector (`onnx2bir.patterns.conv.selection`) writes `func_name` and the JSON of `get_kernel_attr`;
+The selector (`onnx2bir.patterns.conv.selection`) writes `func_name` and the JSON of
+`get_kernel_attr`;
 `conv_attrs_with_out_shape` reads it back and adds the output shape, the counterpart of the
 reference codegen's `_get_conv_attrs_with_out_shape`. `ConvKernelArgs` then gives the
 geometry in canonical terms (batch, channels, spatial sizes), whatever layout the kernel's
