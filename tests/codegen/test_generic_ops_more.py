@@ -96,6 +96,8 @@ ACTIVATIONS = {
     "celu": ("Celu", {"alpha": 0.7}, 18),
     "thresholded_relu": ("ThresholdedRelu", {"alpha": 0.5}, 18),
     "softsign": ("Softsign", {}, 18),
+    "shrink": ("Shrink", {}, 18),
+    "shrink_bias": ("Shrink", {"lambd": 1.5, "bias": 0.25}, 18),
     "mish": ("Mish", {}, 18),
 }
 

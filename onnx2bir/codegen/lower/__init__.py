@@ -142,6 +142,7 @@ GENERIC_LOWERINGS: dict[str, Callable] = {
     "ScatterElements": scatter.lower_scatter_elements,
     "ScatterND": scatter_nd.lower_scatter_nd,
     "Selu": nonlinear.lower_elu,
+    "Shrink": nonlinear.lower_shrink,
     "Sigmoid": elementwise.lower_activation,
     "Sign": elementwise.lower_activation,
     "Sin": math_ops.lower_trig,

@@ -12,6 +12,7 @@ Elementwise (`emit_elementwise`): the transcendental part runs on ScalarE (Activ
 - Elu, Selu, Celu: max(x, 0)·γ + α·γ·(exp(min(x, 0)) − 1) with ACT exp (Celu scales the
   exponent by 1/α and clamps the negative branch at 0).
 - ThresholdedRelu: (x > α)·x. Softsign: x / (1 + |x|). Mish: x · tanh(softplus(x)).
+- Shrink: (x > λ)·(x − bias) + (x < −λ)·(x + bias), two masks and two shifts on VectorE.
 - Clip: max then min with immediates when the bounds are constants (attributes before opset
   11, inputs after); runtime bounds come in as broadcast tiles. Integers clamp exactly.
 """
@@ -124,6 +125,25 @@ def lower_thresholded_relu(cg: BirCodeGen, node: Node) -> None:
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         cg.tensor_scalar(like(dst, mask), srcs[0], AluOp.IS_GT, alpha)
         cg.tensor_tensor(dst, srcs[0], like(dst, mask), AluOp.MULTIPLY)
+
+    emit_elementwise(cg, node, compute, direct=True)
+
+
+def lower_shrink(cg: BirCodeGen, node: Node) -> None:
+    lambd, bias = _attr(node, "lambd", 0.5), _attr(node, "bias", 0.0)
+    if not cg.graph.tensors[node.input(0)].dtype.is_float:
+        raise cg.fail("Shrink of integers is not supported (floats only)")
+    upper, lower, shifted = (scratch_tile(cg, tag) for tag in ("upper", "lower", "shifted"))
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        up, low, shift = like(dst, upper), like(dst, lower), like(dst, shifted)
+        cg.tensor_scalar(up, srcs[0], AluOp.IS_GT, lambd)
+        cg.tensor_scalar(shift, srcs[0], AluOp.SUBTRACT, bias)
+        cg.tensor_tensor(up, up, shift, AluOp.MULTIPLY)
+        cg.tensor_scalar(low, srcs[0], AluOp.IS_LT, -lambd)
+        cg.tensor_scalar(shift, srcs[0], AluOp.ADD, bias)
+        cg.tensor_tensor(low, low, shift, AluOp.MULTIPLY)
+        cg.tensor_tensor(dst, up, low, AluOp.ADD)
 
     emit_elementwise(cg, node, compute, direct=True)
 
