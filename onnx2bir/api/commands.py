@@ -35,7 +35,7 @@ from onnx2bir.api.validate import ValidationResult, read_input_arrays, validate
 from onnx2bir.bir.ir import Module
 from onnx2bir.errors import UserError
 from onnx2bir.options import CompileOptions
-from onnx2bir.reporting import notes as explain
+from onnx2bir.reporting.notes import flag_notes, shape_notes
 
 __all__ = [
     "Compilation",
@@ -125,7 +125,7 @@ def compile(  # noqa: A001 (the API's name for it)
     opts = compile_options(options, **compile_option_values)
     shapes = dict(input_shapes or {})
     details = compiler.compile_model(model, opts, shapes, dict(dims or {}))
-    notes = explain.shape_notes(model, shapes) + explain.flag_notes(opts, details)
+    notes = shape_notes(model, shapes) + flag_notes(opts, details)
     return Compilation(_model_label(model), opts, details, notes=tuple(notes))
 
 
@@ -161,24 +161,24 @@ class Report:
         return self.document
 
     def text(self, all_reasons: bool = False) -> str:
-        from onnx2bir.reporting import document as report_text
+        from onnx2bir.reporting import document
 
-        return report_text.format_report(self.document, all_reasons=all_reasons)
+        return document.format_report(self.document, all_reasons=all_reasons)
 
     def explain(self, node: str) -> str:
         """The whole kernel-registry walk for one convolution (`report --explain NODE`)."""
-        from onnx2bir.reporting import document as report_text
+        from onnx2bir.reporting import document
 
         try:
-            return report_text.explain_conv(self.document, node)
+            return document.explain_conv(self.document, node)
         except KeyError as exc:
             raise UserError(exc.args[0]) from exc
 
     def html(self, path: str | os.PathLike) -> Path:
         """Write the report page (`report --html`): one self-contained HTML file."""
-        from onnx2bir.reporting import html as html_report
+        from onnx2bir.reporting.html import write_page
 
-        return html_report.write_page(path, self.document, None, self.details)
+        return write_page(path, self.document, None, self.details)
 
 
 def report(
@@ -193,7 +193,7 @@ def report(
     """The passes' decisions for `model`, compiled or not (`compiles` says which).
 
     `annotate` also writes the model with each node's decisions as node metadata."""
-    from onnx2bir.reporting import document as report_doc
+    from onnx2bir.reporting.document import build_report
 
     opts = compile_options(options, **compile_option_values)
     shapes, symbols = dict(input_shapes or {}), dict(dims or {})
@@ -205,9 +205,9 @@ def report(
         details = prepared.compilation
     else:
         details = compiler.compile_model(model, opts, shapes, symbols, keep_going=True)
-    doc = report_doc.build_report(_model_label(model), details)
+    doc = build_report(_model_label(model), details)
     doc["compile_options"] = dataclasses.asdict(opts)
-    doc["notes"] = explain.shape_notes(model, shapes) + explain.flag_notes(opts, details)
+    doc["notes"] = shape_notes(model, shapes) + flag_notes(opts, details)
     if prepared is not None:
         from onnx2bir.reporting.annotate import annotate_model
 

@@ -20,7 +20,7 @@ from onnx2bir import compiler
 from onnx2bir.api.options import DEFAULT_LOCALIZE_BUDGET_MB, ModelSource, compile_options
 from onnx2bir.errors import UserError
 from onnx2bir.options import CompileOptions
-from onnx2bir.reporting import notes as explain
+from onnx2bir.reporting.notes import flag_notes, shape_notes
 
 
 # --- validate ------------------------------------------------------------------------------
@@ -45,28 +45,28 @@ class ValidationResult:
         return json_safe(self.document)
 
     def text(self, stats: bool = False) -> str:
-        from onnx2bir.validation import text as validation_text
+        from onnx2bir.validation.text import format_text
 
-        return validation_text.format_text(self.document, stats=stats)
+        return format_text(self.document, stats=stats)
 
     def html(self, path: str | os.PathLike) -> Path:
         """Write the report page with this run's errors (`validate --html`)."""
-        from onnx2bir.reporting import document as report_doc
-        from onnx2bir.reporting import html as html_report
+        from onnx2bir.reporting.document import build_report
+        from onnx2bir.reporting.html import write_page
 
-        doc = report_doc.build_report(self.document["model"], self.details)
+        doc = build_report(self.document["model"], self.details)
         doc["notes"] = self.document.get("notes", [])
-        return html_report.write_page(path, doc, self.document, self.details)
+        return write_page(path, doc, self.document, self.details)
 
     def save_inputs(self, path: str | os.PathLike) -> Path:
-        from onnx2bir.validation import run as validation_report
+        from onnx2bir.validation.run import save_inputs
 
-        return validation_report.save_inputs(path, self.inputs)
+        return save_inputs(path, self.inputs)
 
     def save_outputs(self, path: str | os.PathLike) -> Path:
-        from onnx2bir.validation import run as validation_report
+        from onnx2bir.validation.run import save_outputs
 
-        return validation_report.save_outputs(path, self.outputs)
+        return save_outputs(path, self.outputs)
 
 
 def validate(
@@ -106,7 +106,7 @@ def validate(
     """
     from onnx2bir.runtime.oracle.tolerance import Partial, TolerancePolicy, load_tolerance_file
     from onnx2bir.runtime.oracle.verdict import parse_max_drift
-    from onnx2bir.validation import run as validation_report
+    from onnx2bir.validation.run import run_validate
 
     opts = compile_options(options, **compile_option_values)
     for flag, value in (("atol", atol), ("rtol", rtol)):
@@ -135,7 +135,7 @@ def validate(
         for name, shape in _symbolic_shapes(model, arrays).items():
             shapes.setdefault(name, shape)
     compiled: list[compiler.Compilation] = []
-    doc, feeds, outputs = validation_report.run_validate(
+    doc, feeds, outputs = run_validate(
         model if isinstance(model, onnx.ModelProto) else str(model),
         opts,
         policy,
@@ -154,9 +154,7 @@ def validate(
         max_drift=limits,
     )
     details = compiled[0]
-    doc["notes"] = explain.shape_notes(model, dict(input_shapes or {})) + explain.flag_notes(
-        opts, details
-    )
+    doc["notes"] = shape_notes(model, dict(input_shapes or {})) + flag_notes(opts, details)
     doc["compile_options"] = {
         **doc.get("compile_options", {}),
         **dataclasses.asdict(opts),

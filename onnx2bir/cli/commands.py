@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from onnx2bir import __version__, output_paths
 from onnx2bir import options as compile_options
-from onnx2bir.api import commands as api
+from onnx2bir import api
 from onnx2bir.cli import flag_values
 from onnx2bir.cli import run as run_command
 from onnx2bir.cli.run import add_concurrency_options

@@ -1,7 +1,7 @@
 """Operand views and tiles of the PE matmul lowerings: a `MatrixView` on a DRAM tensor, the SBUF
 and PSUM tiles one matmul reuses (`MatmulTiles`), and `load_tile`, which brings a view into SBUF
 — one DMA when its rows are contiguous, else the contiguous transpose loaded and flipped on the
-PE array against the resident identity (`lower_matmul.py`, `matmul_panels.py`, the MLP kernel).
+PE array against the resident identity (`lower/matmul.py`, `matmul_panels.py`, the MLP kernel).
 """
 
 from __future__ import annotations

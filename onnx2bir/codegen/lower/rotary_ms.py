@@ -14,7 +14,7 @@ change how a [B, S, ...] input is read: both are accepted and change nothing.
 The cache rows of the positions are gathered on the engines into DRAM scratch: [B·S, R/2] for
 [B, S] positions, [S, R/2] shared by the batches for p0 (its S positions p0 + s are made on
 chip: an iota ramp plus p0), then the opset-23 lowering's `rotate` does the rotation, tile by
-tile (`lower_rotary.py`).
+tile (`rotary.py`).
 """
 
 from __future__ import annotations
