@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from onnx2bir import __version__, output_paths
+from onnx2bir import __version__, api, output_paths
 from onnx2bir import options as compile_options
-from onnx2bir import api
 from onnx2bir.cli import flag_values
 from onnx2bir.cli import run as run_command
 from onnx2bir.cli.run import add_concurrency_options
