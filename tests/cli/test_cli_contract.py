@@ -105,7 +105,7 @@ def test_an_internal_error_is_exit_3_and_json(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(onnx2bir.api.commands, "report", broken)
+    monkeypatch.setattr(onnx2bir.api, "report", broken)
     code, out, _ = run(["report", SMALL_CNN, "--json"], capsys)
     doc = json.loads(out)
     assert code == 3 and doc["error"]["kind"] == "internal"
