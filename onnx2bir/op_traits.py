@@ -39,6 +39,7 @@ class Reduction(enum.StrEnum):
     GEMM = "gemm"  # A's inner dim, by transA
     AXIS = "axis"  # the input's `axis` dim (Softmax)
     TO_OUTPUT = "to_output"  # input elements per output element (reductions, global pools)
+    EINSUM = "einsum"  # the sizes of the letters the equation sums away
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ TRAITS: dict[str, OpTraits] = {
     # Matrix ops: matrix rows on partitions.
     "MatMul": OpTraits(layout=Layout.ROW, pe_operands=(0, 1), reduction=Reduction.MATMUL),
     "Gemm": OpTraits(layout=Layout.ROW, pe_operands=(0, 1), reduction=Reduction.GEMM),
-    "Einsum": OpTraits(layout=Layout.ROW, pe_operands=(0, 1)),
+    "Einsum": OpTraits(layout=Layout.ROW, pe_operands=(0, 1), reduction=Reduction.EINSUM),
     "Softmax": OpTraits(layout=Layout.ROW, axis_inclusive=False, reduction=Reduction.AXIS),
     "LogSoftmax": OpTraits(layout=Layout.ROW, axis_inclusive=False, reduction=Reduction.AXIS),
     "LayerNormalization": OpTraits(layout=Layout.ROW, axis_inclusive=False),

@@ -7,7 +7,9 @@ model), the graph after the passes, the BIR module and the memory plan. Out: a `
 every place where an ONNX node reads one of its inputs through storage narrower than the
 model's dtype (`CastPoint`), the nodes whose rounding happens inside one ONNX op and cannot be
 repeated by inserting casts around it (`unemulated`), and for each rounded intermediate where
-the machine keeps it, so a run can read it (`Probe`). docs/validation.md#the-emulating-oracle.
+the machine keeps it, so a run can read it (`Probe`); in a program that rounds, every
+intermediate the program stores is a probe as well (`_intermediates`).
+docs/validation.md#the-emulating-oracle.
 
 The plan is read off the compile's own decisions, never re-derived from the options:
 
@@ -108,7 +110,10 @@ def plan_casts(
             dtype = locations[name].dtype
             unemulated[origin] = f"{op_type} stores values of its own in {dtype} ({name})"
     ordered = [points[key] for key in sorted(points, key=_order_key(source))]
-    probes = _probes(source, compiled, locations, {p.input for p in ordered}, homes or {})
+    watched = {p.input for p in ordered}
+    if ordered:
+        watched |= _intermediates(source)
+    probes = _probes(source, compiled, locations, watched, homes or {})
     boundaries: dict[str, Boundary] = {}
     for point in ordered:
         info = source.tensors.get(point.input)
@@ -130,6 +135,21 @@ def plan_casts(
             boundaries[tensor] = Boundary(tensor, point.node, point.input, position, point.dtype)
     probes.update(_probes(source, compiled, locations, set(boundaries) - set(probes), homes or {}))
     return CastPlan(tuple(ordered), unemulated, probes, boundaries)
+
+
+def _intermediates(source: Graph) -> set[str]:
+    """The model's float intermediates (neither weights, inputs nor outputs): in a program
+    that rounds, each one the program stores is a probe, so every segment between two stored
+    values is checked on its own — a flip, or an fp32 difference that a later cancellation
+    makes large, cannot carry further (docs/validation.md#resynchronisation)."""
+    return {
+        tensor
+        for tensor, info in source.tensors.items()
+        if info.dtype.is_float
+        and not info.is_const
+        and tensor not in source.inputs
+        and tensor not in source.outputs
+    }
 
 
 def _order_key(source: Graph):
@@ -221,11 +241,11 @@ def _source_node(records: Iterable, node: str, source: Graph) -> str | None:
 
 
 def _probes(
-    source: Graph, compiled: Graph, locations: dict, rounded: set[str], homes: dict
+    source: Graph, compiled: Graph, locations: dict, watched: set[str], homes: dict
 ) -> dict[str, Probe]:
-    """Where the machine holds each rounded intermediate the program stores."""
+    """Where the machine holds each watched intermediate the program stores."""
     probes = {}
-    for tensor in sorted(rounded):
+    for tensor in sorted(watched):
         info = source.tensors.get(tensor)
         if info is None or info.is_const or tensor in source.inputs:
             continue  # a weight or an input: the oracle has the same values

@@ -64,14 +64,18 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def validate_host_bytes(sizes: dict[str, int], inputs: list[str], outputs: list[str]) -> int:
+def validate_host_bytes(
+    sizes: dict[str, int], inputs: list[str], outputs: list[str], probes: tuple[str, ...] = ()
+) -> int:
     """About what validate holds at once: the machine's DRAM (every tensor, once),
-    onnxruntime's copies of the inputs and outputs, and the comparison's float64 copies of
-    both sides of each output (twice the bytes of an fp32 output, each)."""
+    onnxruntime's copies of the inputs and outputs, the comparison's float64 copies of both
+    sides of each output (twice the bytes of an fp32 output, each), and for each probed
+    intermediate the machine's copy, the emulating oracle's value and its allowance."""
     machine = sum(sizes.values())
     oracle = sum(sizes.get(name, 0) for name in [*inputs, *outputs])
     comparison = 4 * sum(sizes.get(name, 0) for name in outputs)
-    return machine + oracle + comparison
+    probed = 3 * sum(sizes.get(name, 0) for name in probes)
+    return machine + oracle + comparison + probed
 
 
 def check_host_memory(needed: int, available: int | None = None) -> None:
@@ -83,10 +87,11 @@ def check_host_memory(needed: int, available: int | None = None) -> None:
         )
 
 
-def check_validate_fits(graph) -> None:
-    """Refuse a validate run of `graph` (an `onnx2bir.graph.Graph`) that the host cannot hold."""
+def check_validate_fits(graph, probes=()) -> None:
+    """Refuse a validate run of `graph` (an `onnx2bir.graph.Graph`) that the host cannot hold;
+    `probes`: the intermediates the run reads from the machine (the cast plan's)."""
     sizes = {
         name: math.prod(int(d) for d in info.shape) * np.dtype(info.dtype.numpy).itemsize
         for name, info in graph.tensors.items()
     }
-    check_host_memory(validate_host_bytes(sizes, graph.inputs, graph.outputs))
+    check_host_memory(validate_host_bytes(sizes, graph.inputs, graph.outputs, tuple(probes)))

@@ -108,7 +108,8 @@ def run_validate(
         # Every intermediate must have a DRAM copy to compare (docs/memory_planner.md#localize).
         options = dataclasses.replace(options, memory_plan=False)
     prepared = prepare(model, options, input_shapes, dims)
-    check_validate_fits(prepared.pristine)  # before any input or machine array is made
+    # Before any input or machine array is made.
+    check_validate_fits(prepared.pristine, prepared.compilation.cast_plan.probes)
     if on_compiled is not None:
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine

@@ -21,12 +21,14 @@ Resynchronisation. The machine and onnxruntime sum in different orders, so a val
 machine rounds can sit a few fp32 ULPs from onnxruntime's and round the other way; such a
 flip moves one element by a whole ULP of the narrow type, and downstream it is summed with
 others, so in a deep network flips beget flips until the two sides differ by as much as the
-narrow type's own error (measured: light resnet50's logits). So for every rounded
-intermediate the machine stores (a `Probe`), the oracle takes the machine's own value as the
-input of the rounding — T is replaced there by a graph input fed with the machine's T — and
-the verdict checks that value against onnxruntime's T at the fp32 bound
-(`runtime/oracle/verdict.py`). Every segment between two probes is then checked on its own, at the
-fp32 bound, and a flip cannot carry further.
+narrow type's own error (measured: light resnet50's logits). So for every intermediate the
+machine stores and the plan names (a `Probe`: each rounded tensor, and each matmul's or
+convolution's output), the oracle continues from the machine's own value — every reader of T,
+its rounding included, reads a graph input fed with the machine's T — and the verdict checks
+that value against onnxruntime's T at the fp32 bound (`runtime/oracle/verdict.py`), with the
+reduction's own summation-order allowance (`accumulation_allowance_nodes`). Every segment
+between two probes is then checked on its own, and neither a flip nor a cancellation of two
+large sums can carry an fp32 difference further.
 """
 
 from __future__ import annotations
@@ -41,10 +43,13 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx2bir.bir.cast_plan import CastPlan, CastPoint
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
+from onnx2bir.op_traits import traits
 from onnx2bir.runtime.oracle.ort import run_onnxruntime
+from onnx2bir.runtime.oracle.tolerance import reduction_length
 
 MACHINE_SUFFIX = "::machine"  # the graph input that carries the machine's value of a tensor
 ALLOWANCE_SUFFIX = "::flip_allowance"  # a kernel boundary's allowance (`flip_allowance_nodes`)
+ACCUMULATION_SUFFIX = "::accumulation_allowance"  # a reduction's (`accumulation_allowance_nodes`)
 CAST_OPSET_BF16 = 13  # Cast to and from bfloat16 exists from opset 13
 MIN_OPSET = 9  # Where and IsNaN, which the arithmetic rounding needs
 
@@ -239,6 +244,57 @@ def flip_allowance_nodes(
     return b.nodes, b.consts
 
 
+# The summation-order allowance of a reduction of K terms t (docs/validation.md#reductions).
+# With independent rounding errors, a sum of K terms computed in fp32 in any order lies within
+# about λ·√K·u·Σ|t| of the exact one (Higham and Mary, "A new approach to probabilistic
+# rounding error analysis", 2019); the machine and onnxruntime each have such an error, and
+# products of fp32 operands one rounding more (u·Σ|t|), so they may differ by
+# 2·(λ·√K + 1)·u·Σ|t|. Measured over the sweep (benchmarks/summation_order.py, 6,562 matmul and
+# convolution outputs of 175 models): at most 1.9·u·√K·Σ|t|; λ = 6 leaves a factor of six.
+ACCUMULATION_LAMBDA = 6.0
+FP32_UNIT_ROUNDOFF = 2.0**-24
+
+
+def accumulates(graph: Graph, tensor: str) -> bool:
+    """Whether `tensor` is the output of a node that sums products on the PE (its op has PE
+    operands: MatMul, Gemm, Conv, ConvTranspose, a two-input Einsum)."""
+    producer = graph.producer(tensor)
+    if producer is None:
+        return False
+    data = graph.node(producer)
+    operands = [t for t in data["inputs"] if t]
+    if data["op_type"] == "Einsum":
+        return len(operands) == 2
+    return bool(traits(data["op_type"]).pe_operands) and len(operands) >= 2
+
+
+def accumulation_allowance_nodes(
+    node: onnx.NodeProto, terms: int, result: str
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Nodes computing, for each element of `node`'s output, how far two fp32 evaluations of
+    it in different orders may lie apart: 2·(λ·√K + 1)·u·Σ|t| for its K = `terms` products and
+    its bias t (`ACCUMULATION_LAMBDA`). Σ|t| is `node` itself applied to the absolute values of
+    its operands and bias (|alpha|, |beta| for a Gemm)."""
+    b = _Builder(result)
+    clone = onnx.NodeProto()
+    clone.CopyFrom(node)
+    clone.name = b.name("magnitude")
+    inputs = [b.op("Abs", t) if t else t for t in clone.input]
+    del clone.input[:]
+    clone.input.extend(inputs)
+    magnitude = b.name("sum")
+    del clone.output[:]
+    clone.output.append(magnitude)
+    for attr in clone.attribute:
+        if attr.name in ("alpha", "beta"):
+            attr.f = abs(attr.f)
+    b.nodes.append(clone)
+    scale = 2.0 * (ACCUMULATION_LAMBDA * math.sqrt(max(terms, 1)) + 1.0) * FP32_UNIT_ROUNDOFF
+    scaled = b.op("Mul", magnitude, b.const(scale))
+    b.nodes.append(helper.make_node("Identity", [scaled], [result], name=f"{result}/result"))
+    return b.nodes, b.consts
+
+
 def emulating_model(
     folded: onnx.ModelProto,
     graph: Graph,
@@ -249,7 +305,8 @@ def emulating_model(
     """`folded` with the plan's roundings inserted (module docstring). `graph` is the graph
     built from `folded` (its node names, in the same order). Tensors in `resync` are rounded
     from a graph input `<tensor>::machine` instead of onnxruntime's own value. `outputs`:
-    the tensors to return (default the graph outputs)."""
+    the tensors to return (default the graph outputs); `<tensor>::accumulation_allowance`
+    among them is the allowance of the reduction that produces `tensor`."""
     model = onnx.ModelProto()
     model.CopyFrom(folded)
     proto = model.graph
@@ -268,11 +325,13 @@ def emulating_model(
         by_node.setdefault(point.node, []).append(point)
     rounded: dict[tuple[str, str], str] = {}  # (source tensor, dtype) → its rounded copy
     nodes: list[onnx.NodeProto] = []
-    boundary_tensors = set(plan.boundaries) & resync
     allowances: list[tuple[onnx.NodeProto, object]] = []
+    wanted = list(outputs) if outputs is not None else list(graph.outputs)
+    summed = {t[: -len(ACCUMULATION_SUFFIX)] for t in wanted if t.endswith(ACCUMULATION_SUFFIX)}
+    reductions: list[tuple[onnx.NodeProto, str]] = []
     for name, node in zip((n for n, _ in graph.nodes()), proto.node, strict=True):
         for index, tensor in enumerate(node.input):
-            if tensor in boundary_tensors:  # every reader takes the machine's value
+            if tensor in resync:  # every reader takes the machine's value
                 node.input[index] = tensor + MACHINE_SUFFIX
         for boundary in plan.boundaries.values():
             if boundary.node == name:
@@ -287,9 +346,17 @@ def emulating_model(
                 proto.initializer.extend(consts)
                 rounded[key] = result
             for index, tensor in enumerate(node.input):
-                if tensor == point.input:
+                if tensor in (point.input, point.input + MACHINE_SUFFIX):
                     node.input[index] = rounded[key]
         nodes.append(node)
+        if node.output and node.output[0] in summed:
+            reductions.append((node, name))
+    for node, name in reductions:  # on the operands as the node reads them (rounded)
+        new, consts = accumulation_allowance_nodes(
+            node, reduction_length(graph, name), node.output[0] + ACCUMULATION_SUFFIX
+        )
+        nodes.extend(new)
+        proto.initializer.extend(consts)
     for node, boundary in allowances:
         original = next(  # the node's own copy, before its inputs were rounded
             n for n in folded.graph.node if list(n.output) == list(node.output)
@@ -310,13 +377,12 @@ def emulating_model(
         proto.input.append(
             helper.make_tensor_value_info(tensor + MACHINE_SUFFIX, TensorProto.FLOAT, info.shape)
         )
-    wanted = list(outputs) if outputs is not None else list(graph.outputs)
     known = {vi.name: vi for vi in [*proto.input, *proto.value_info, *proto.output]}
     del proto.output[:]
     for tensor in wanted:
         if tensor in known:
             proto.output.append(known[tensor])
-        elif tensor.endswith(ALLOWANCE_SUFFIX):
+        elif tensor.endswith((ALLOWANCE_SUFFIX, ACCUMULATION_SUFFIX)):
             proto.output.append(helper.make_tensor_value_info(tensor, TensorProto.FLOAT, None))
         else:
             info = graph.tensors[tensor]

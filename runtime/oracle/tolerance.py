@@ -334,9 +334,51 @@ def reduction_length(graph, node: str) -> int:
             return a[0] if attrs.get("transA", 0) else a[-1]
         if kind is Reduction.AXIS:
             return shape(0)[attrs.get("axis", -1)]
+        if kind is Reduction.EINSUM:
+            return einsum_terms(attrs.get("equation", ""), [shape(i) for i in range(len(inputs))])
         if kind is Reduction.TO_OUTPUT:
             out = graph.tensors[data["outputs"][0]].shape
             return max(1, math.prod(shape(0)) // max(1, math.prod(out)))
     except (IndexError, KeyError, TypeError):
         return 1
     return 1
+
+
+def einsum_terms(equation: str, shapes: list[tuple]) -> int:
+    """How many products an Einsum sums into one output element: the product of the sizes of
+    the letters its inputs name and its output does not (the output, when the equation gives
+    none, is the letters named once; `...` dims are never summed away here)."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    operands = lhs.split(",")
+    if not arrow:
+        letters = "".join(operands).replace(".", "")
+        rhs = "".join(c for c in sorted(set(letters)) if letters.count(c) == 1)
+    sizes: dict[str, int] = {}
+    for term, shape in zip(operands, shapes, strict=False):
+        if "..." in term:
+            head, _, tail = term.partition("...")
+            named = list(zip(head, shape[: len(head)], strict=False))
+            named += list(zip(tail, shape[len(shape) - len(tail) :], strict=False))
+        else:
+            named = list(zip(term, shape, strict=False))
+        for letter, size in named:
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    return math.prod(size for letter, size in sizes.items() if letter not in rhs)
+
+
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+
+
+def chained_roundings(graph, node: str) -> int:
+    """How many roundings one evaluation of the node puts on a chain: a recurrent op that
+    rounds its state at every step chains one per step of its sequence (X is [seq, batch,
+    input], or [batch, seq, input] with layout 1); any other op, one."""
+    data = graph.node(node)
+    if data["op_type"] not in RECURRENT_OPS:
+        return 1
+    try:
+        shape = graph.tensors[data["inputs"][0]].shape
+        return max(1, int(shape[1] if data["attrs"].get("layout", 0) else shape[0]))
+    except (IndexError, KeyError, TypeError, ValueError):
+        return 1

@@ -8,12 +8,14 @@ probed intermediate a checkpoint record (docs/validation.md#verdict).
 
 Bounds. The emulating oracle rounds where the machine rounds, so what is left between the two
 is fp32 arithmetic in another order: every compared tensor gets the fp32 bound (atol 1e-4,
-rtol 1e-3, the `--auto-cast none` rule) — unless its oracle value depends, through no probe,
-on a rounding the oracle can only approximate: inside the raised attention kernel, inside an
-op the plan lists as unemulated, or in a model whose own tensors are fp16/bf16 (onnxruntime
-computes those in its own way). Such a tensor is *tainted* and gets the statistical bound of
-`runtime/oracle/tolerance.py` for its path and the count D of approximate nodes on its longest
-chain since the last probe. The user's overrides apply as before.
+rtol 1e-3, the `--auto-cast none` rule), a matmul's or convolution's output with its
+summation order's allowance added per element (docs/validation.md#reductions) — unless its
+oracle value depends, through no probe, on a rounding the oracle can only approximate: inside
+the raised attention kernel, inside an op the plan lists as unemulated, or in a model whose
+own tensors are fp16/bf16 (onnxruntime computes those in its own way). Such a tensor is
+*tainted* and gets the statistical bound of `runtime/oracle/tolerance.py` for its path and the
+count D of approximate roundings on its longest chain since the last probe (a recurrent op
+puts one per step there: `chained_roundings`). The user's overrides apply as before.
 
 Checkpoints. A probed tensor the machine stores in fp32 is compared as an output is. One it
 stores narrow (`--auto-cast all`, operand-only tensors) is compared after rounding: it passes
@@ -36,7 +38,7 @@ machine's error is the casts'). It changes the verdict only through `--max-drift
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,10 +48,11 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 from onnx2bir.runtime.oracle.compare import OutputComparison, compare_output
-from onnx2bir.runtime.oracle.emulating import ALLOWANCE_SUFFIX
+from onnx2bir.runtime.oracle.emulating import ACCUMULATION_SUFFIX, ALLOWANCE_SUFFIX, accumulates
 from onnx2bir.runtime.oracle.tolerance import (
     Tolerance,
     TolerancePolicy,
+    chained_roundings,
     looser,
     path_of_dtype,
     reduction_length,
@@ -78,9 +81,8 @@ def taints(graph: Graph, plan: CastPlan, resynced: set[str]) -> dict[str, Taint]
             inexact[point.node] = (path_of_dtype(point.dtype), point.reason or "approximate")
     for node, reason in plan.unemulated.items():
         inexact[node] = (_plan_path(plan), reason)
-    through_probe = {(p.node, p.input) for p in plan.points if p.input in resynced}
-    for tensor in set(plan.boundaries) & resynced:  # every reader takes the machine's value
-        through_probe.update((node, tensor) for node, _ in graph.consumers(tensor))
+    # Every reader of a resynchronised tensor takes the machine's value.
+    through_probe = {(node, t) for t in resynced for node, _ in graph.consumers(t)}
     found: dict[str, Taint] = {}
     for name, data in graph.nodes():
         carried: Taint | None = None
@@ -97,7 +99,7 @@ def taints(graph: Graph, plan: CastPlan, resynced: set[str]) -> dict[str, Taint]
         own = inexact.get(name) or _native_low_precision(graph, data)
         if own is not None:
             path, cause = own
-            depth = (carried.depth if carried else 0) + 1
+            depth = (carried.depth if carried else 0) + chained_roundings(graph, name)
             carried = Taint(looser(path, carried.path) if carried else path, depth, cause)
         if carried is not None:
             for tensor in data["outputs"]:
@@ -188,8 +190,9 @@ def with_allowance(
     tol: Tolerance,
     allowance: np.ndarray,
 ) -> OutputComparison:
-    """`result` judged again with a kernel boundary's flip allowance added to each element's
-    bound (docs/validation.md#kernel-boundaries)."""
+    """`result` judged again with `allowance` added to each element's bound: a kernel
+    boundary's flips (docs/validation.md#kernel-boundaries) and a reduction's summation order
+    (docs/validation.md#reductions)."""
     if result.shape_error or np.shape(allowance) != np.shape(oracle):
         return result
     o = np.asarray(oracle, np.float64)
@@ -198,8 +201,6 @@ def with_allowance(
         bound = tol.atol + tol.rtol * np.abs(o) + np.asarray(allowance, np.float64)
         finite = np.isfinite(m) & np.isfinite(o)
         bad = np.where(finite, np.abs(m - o) > bound, ~((np.isnan(m) & np.isnan(o)) | (m == o)))
-    from dataclasses import replace
-
     return replace(result, passed=not bool(bad.any()), mismatches=int(bad.sum()))
 
 
@@ -228,8 +229,6 @@ def check_narrow(
         inside = (m >= low) & (m <= high)
         same_special = (np.isnan(m) & np.isnan(o)) | (np.isinf(m) & (m == o))
         bad = ~(inside | same_special)
-    from dataclasses import replace
-
     return replace(plain, passed=not bool(bad.any()), mismatches=int(bad.sum()))
 
 
@@ -348,6 +347,11 @@ def judge(
     tensors of `machine_values`, or plain when it is empty."""
     probed = [t for t in evidence.probes if t in graph.tensors]
     allowances = [t + ALLOWANCE_SUFFIX for t in plan.boundaries if t in evidence.probes]
+    allowances += [
+        t + ACCUMULATION_SUFFIX
+        for t in dict.fromkeys([*probed, *graph.outputs])
+        if accumulates(graph, t)
+    ]
     wanted = list(dict.fromkeys([*graph.outputs, *probed, *allowances]))
     emulated = run_oracle({}, wanted)
     first = taints(graph, plan, set(probed))
@@ -362,6 +366,7 @@ def judge(
         is None
     }
     oracle = run_oracle({t: evidence.probes[t] for t in resync}, wanted) if resync else emulated
+    emulated = {name: emulated[name] for name in graph.outputs}  # for drift; the rest is freed
     final = taints(graph, plan, resync)
     readers: dict[str, list[str]] = {}
     for point in plan.points:
@@ -370,7 +375,7 @@ def judge(
     for tensor in probed:
         tol, kind = bound_for(policy, graph, tensor, oracle[tensor], final.get(tensor))
         stored = evidence.stored.get(tensor, Dtype.FP32)
-        allowance = oracle.get(tensor + ALLOWANCE_SUFFIX)
+        allowance = _allowance(oracle, tensor)
         if stored.mantissa_bits < Dtype.FP32.mantissa_bits:
             result = check_narrow(
                 tensor, evidence.probes[tensor], stored, oracle[tensor], tol, allowance
@@ -384,8 +389,7 @@ def judge(
                     result, evidence.probes[tensor], oracle[tensor], tol, allowance
                 )
         entry = _record(result)
-        if allowance is not None:
-            entry["flip_allowance_max"] = float(np.max(allowance)) if allowance.size else 0.0
+        entry.update(_allowance_record(oracle, tensor))
         why = None if tensor in resync else unverifiable_reason(tol, oracle[tensor])
         entry.update(
             readers=readers.get(tensor, []),
@@ -406,7 +410,11 @@ def judge(
         result = compare_output(
             name, evidence.machine[name], oracle[name], tol.atol, tol.rtol, tol.source
         )
+        allowance = _allowance(oracle, name)
+        if allowance is not None:
+            result = with_allowance(result, evidence.machine[name], oracle[name], tol, allowance)
         entry = result.to_json()
+        entry.update(_allowance_record(oracle, name))
         why = unverifiable_reason(tol, oracle[name])
         producer = graph.producer(name)
         entry.update(
@@ -447,6 +455,36 @@ def judge(
         "statistical": sorted(t for t in [*graph.outputs, *probed] if t in final),
     }
     return outputs, checkpoints, summary
+
+
+def _allowance(oracle: dict[str, np.ndarray], tensor: str) -> np.ndarray | None:
+    """The allowance added to each element's bound: a kernel boundary's flips and a
+    reduction's summation order, where the oracle computed them."""
+    parts = [oracle.get(tensor + s) for s in (ALLOWANCE_SUFFIX, ACCUMULATION_SUFFIX)]
+    # A non-finite allowance (Σ|t| past the fp32 range) is no allowance: it must never accept.
+    parts = [
+        np.nan_to_num(np.asarray(p, np.float64), nan=0, posinf=0) for p in parts if p is not None
+    ]
+    if not parts:
+        return None
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part if np.shape(part) == np.shape(total) else total
+    return total
+
+
+def _allowance_record(oracle: dict[str, np.ndarray], tensor: str) -> dict:
+    record = {}
+    for suffix, key in (
+        (ALLOWANCE_SUFFIX, "flip_allowance_max"),
+        (ACCUMULATION_SUFFIX, "accumulation_allowance_max"),
+    ):
+        values = oracle.get(tensor + suffix)
+        if values is not None:
+            finite = np.asarray(values, np.float64)
+            finite = finite[np.isfinite(finite)]
+            record[key] = float(finite.max()) if finite.size else 0.0
+    return record
 
 
 def _downstream_outputs(graph: Graph, tensors: list[str]) -> dict[str, list[str]]:

@@ -52,7 +52,9 @@ def test_matmult_rounds_the_pe_operands_not_the_biases():
     }
     assert {p.dtype for p in plan.points} == {"bfloat16"}
     assert all(p.exact for p in plan.points) and not plan.unemulated
-    assert set(plan.probes) == {"f"}  # x is an input, w and g weights: the oracle has them
+    # Every intermediate the program stores: the conv's output and the Gemm's rounded operand
+    # (x is an input, w and g weights: the oracle has them).
+    assert set(plan.probes) == {"c", "f"}
 
 
 def test_auto_cast_none_rounds_nothing():

@@ -151,6 +151,10 @@ def test_validate_host_bytes_counts_machine_oracle_and_comparison():
     sizes = {"x": 100, "h": 1000, "y": 10}
     # machine 1110 + onnxruntime (x and y) 110 + comparison 4 x 10
     assert contracts_memory.validate_host_bytes(sizes, ["x"], ["y"]) == 1110 + 110 + 40
+    # A probed intermediate: the machine's copy, the oracle's value and its allowance.
+    assert contracts_memory.validate_host_bytes(sizes, ["x"], ["y"], ("h",)) == (
+        1110 + 110 + 40 + 3 * sizes["h"]
+    )
 
 
 def test_the_device_figure_is_named(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The emulating oracle: its roundings bit for bit against ml_dtypes, where it inserts them,
-what it feeds from the machine, and the flip allowance of a kernel boundary.
+what it feeds from the machine, the flip allowance of a kernel boundary and the summation-order
+allowance of a reduction.
 
 Expected roundings come from ml_dtypes (bf16, fp16, fp8 e4m3fn after clamping to ±448, the
 device's saturation) and, for tf32 (no ml_dtypes type), from integer arithmetic on the fp32 bit
@@ -18,6 +19,7 @@ from onnx import TensorProto, helper
 from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint
 from onnx2bir.compiler import import_graph
 from onnx2bir.runtime.oracle.emulating import (
+    ACCUMULATION_SUFFIX,
     ALLOWANCE_SUFFIX,
     FORMATS,
     MACHINE_SUFFIX,
@@ -169,15 +171,17 @@ def test_a_cast_point_rounds_only_the_edge_it_names():
     assert np.abs(got - plain).max() > 1e-3  # and the MatMul's are
 
 
-def test_a_resynchronised_tensor_is_rounded_from_the_machines_value():
+def test_every_reader_of_a_resynchronised_tensor_takes_the_machines_value():
+    """The MatMul rounds the machine's x (1 + 2^-10 rounds to 1 in bf16); the Add reads the
+    machine's x unrounded."""
     proto, graph, w = _mm_add()
     plan = CastPlan((CastPoint("mm", "x", "bfloat16", "operand"),))
     x = np.zeros((4, 8), np.float32)
-    machine_x = np.full((4, 8), 1.0 + 2**-10, np.float32)  # rounds to 1.0 in bf16
+    machine_x = np.full((4, 8), 1.0 + 2**-10, np.float32)
     model = emulating_model(proto, graph, plan, {"x"})
     assert "x" + MACHINE_SUFFIX in [i.name for i in model.graph.input]
     got = run_emulating(proto, graph, {}, plan, {"x": x}, {"x": machine_x})["y"]
-    np.testing.assert_allclose(got, np.ones((4, 8)) @ w + x, rtol=1e-6)
+    np.testing.assert_allclose(got, np.ones((4, 8)) @ w + machine_x, rtol=1e-6)
 
 
 def test_a_kernel_boundarys_allowance_covers_flips_near_half_way_points_only():
@@ -214,3 +218,74 @@ def test_a_kernel_boundarys_allowance_covers_flips_near_half_way_points_only():
     )["y" + ALLOWANCE_SUFFIX]
     np.testing.assert_array_equal(got[0], [0.0, 0.0])
     np.testing.assert_allclose(got[1], 2**-7 * np.abs(w2[0]), rtol=0)
+
+
+# --- the summation-order allowance of a reduction --------------------------------------------
+def _cancelling_matmul(k: int = 4096, n: int = 16):
+    """y = x·w whose K products are large (|x| about 1e3) and cancel: the last row of w makes
+    every exact sum about 1e-3 of one term, so two fp32 orders differ by far more than the fp32
+    bound of y."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((1, k)) * 1e3).astype(np.float32)
+    w = rng.standard_normal((k, n))
+    w[-1] = -(x[0, :-1].astype(np.float64) @ w[:-1]) / float(x[0, -1])
+    w[-1] += rng.standard_normal(n) * 1e-3
+    w = w.astype(np.float32)
+    proto = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        {"x": (1, k)},
+        {"y": None},
+        initializers={"w": w},
+    )
+    return proto, x, w
+
+
+def _sequential(products: np.ndarray) -> np.ndarray:
+    return np.cumsum(products, axis=0, dtype=np.float32)[-1]  # left to right, in fp32
+
+
+def test_a_reductions_allowance_admits_another_summation_order_and_rejects_a_wrong_sum():
+    proto, x, w = _cancelling_matmul()
+    graph = import_graph(proto)
+    got = run_emulating(
+        proto, graph, {}, CastPlan(), {"x": x}, outputs=["y", "y" + ACCUMULATION_SUFFIX]
+    )
+    allowance = got["y" + ACCUMULATION_SUFFIX][0].astype(np.float64)
+    products = (x[0][:, None] * w).astype(np.float32)
+    forward, backward = _sequential(products), _sequential(products[::-1])
+    exact = x[0].astype(np.float64) @ w.astype(np.float64)
+
+    def within(a, b, extra=0.0):
+        return np.abs(a.astype(np.float64) - b) <= 1e-4 + 1e-3 * np.abs(b) + extra
+
+    assert not within(forward, backward).all()  # the fp32 bound alone rejects a right answer
+    for one, other in ((forward, backward), (forward, got["y"][0]), (backward, exact)):
+        assert within(one, other, allowance).all()
+    # Wrong sums: the largest term dropped, and an error of 1e-4·Σ|t| in either direction.
+    magnitude = np.abs(products).astype(np.float64).sum(axis=0)
+    largest = products[np.abs(products).argmax(axis=0), np.arange(products.shape[1])]
+    assert not within(forward - largest, exact, allowance).any()
+    for sign in (1, -1):
+        assert not within(forward + sign * 1e-4 * magnitude, exact, allowance).any()
+
+
+def test_a_reductions_allowance_grows_with_the_magnitude_of_its_terms_not_its_sum():
+    """The same cancelling sums with the terms ten times larger: ten times the allowance
+    (Σ|t| scales), whatever the sums themselves do."""
+    proto, x, w = _cancelling_matmul(k=256, n=4)
+    graph = import_graph(proto)
+
+    def allowance(scale):
+        return run_emulating(
+            proto,
+            graph,
+            {},
+            CastPlan(),
+            {"x": x * np.float32(scale)},
+            outputs=["y" + ACCUMULATION_SUFFIX],
+        )["y" + ACCUMULATION_SUFFIX]
+
+    magnitude = np.abs(x[0]).astype(np.float64) @ np.abs(w).astype(np.float64)
+    ratio = allowance(1.0)[0] / magnitude
+    assert np.allclose(ratio, ratio[0], rtol=1e-5) and 0 < ratio[0] < 1e-4
+    np.testing.assert_allclose(allowance(10.0), 10 * allowance(1.0), rtol=1e-6)

@@ -22,6 +22,7 @@ from onnx2bir.runtime.oracle.tolerance import (
     Partial,
     Tolerance,
     TolerancePolicy,
+    einsum_terms,
     low_precision_tolerance,
 )
 from onnx2bir.runtime.oracle.verdict import bound_for, taints
@@ -278,3 +279,21 @@ def test_policy_layers_resolve_atol_and_rtol_independently():
     assert tol.source == "atol from --atol/--rtol; rtol from --op-tolerance Conv"
     tol = policy.for_tensor("t", "Relu", "fp32")
     assert (tol.atol, tol.rtol) == (0.5, 0.07)
+
+
+@pytest.mark.parametrize(
+    "equation, shapes",
+    [
+        ("bij,bjk->bik", [(2, 3, 5), (2, 5, 7)]),
+        ("ij,jk", [(3, 5), (5, 7)]),  # implicit output: the letters named once
+        ("...ij,...jk->...ik", [(4, 2, 3, 5), (4, 2, 5, 7)]),
+        ("bhqd,bhkd->bhqk", [(1, 2, 8, 16), (1, 2, 8, 16)]),
+        ("i,i", [(6,), (6,)]),
+        ("bid,bjd->bij", [(2, 3, 4), (2, 5, 4)]),
+    ],
+)
+def test_an_einsums_terms_are_what_numpy_sums_over_ones(equation, shapes):
+    """Summing ones, each output element of the einsum counts its products."""
+    ones = [np.ones(shape) for shape in shapes]
+    counted = np.einsum(equation, *ones)
+    assert np.all(counted == einsum_terms(equation, shapes))

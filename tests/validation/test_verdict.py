@@ -9,9 +9,13 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import make_model
+from onnx import helper
 from validation_helpers import SMALL_CNN, corrupt_node, run, run_json
 
+from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.bir.enums import Dtype
+from onnx2bir.compiler import import_graph
 from onnx2bir.errors import UserError
 from onnx2bir.runtime.oracle.tolerance import Tolerance
 from onnx2bir.runtime.oracle.verdict import (
@@ -19,6 +23,7 @@ from onnx2bir.runtime.oracle.verdict import (
     drift,
     drift_failures,
     parse_max_drift,
+    taints,
     unverifiable_reason,
 )
 
@@ -46,6 +51,35 @@ def test_a_value_no_rounding_of_the_bound_reaches_fails():
     assert check_narrow("t", _bf16([1.0]), Dtype.BF16, oracle, FP32).passed
     assert not check_narrow("t", _bf16([1.0 + 2**-7]), Dtype.BF16, oracle, FP32).passed
     assert not check_narrow("t", _bf16([0.0]), Dtype.BF16, oracle, FP32).passed
+
+
+# --- where the oracle is approximate ---------------------------------------------------------
+@pytest.mark.parametrize("layout", [0, 1])
+def test_an_unemulated_recurrence_chains_one_rounding_per_step(layout):
+    """An LSTM that rounds its state inside the op rounds it once per step of its sequence
+    (7 here, the batch 2): its output's statistical bound counts D = 7, not 1."""
+    hidden, steps, batch = 3, 7, 2
+    shape = (batch, steps, 4) if layout else (steps, batch, 4)
+    rng = np.random.default_rng(0)
+    proto = make_model(
+        [
+            helper.make_node(
+                "LSTM", ["x", "w", "r"], ["y"], name="lstm", hidden_size=hidden, layout=layout
+            ),
+            helper.make_node("Relu", ["y"], ["out"], name="relu"),
+        ],
+        {"x": shape},
+        {"out": None},
+        initializers={
+            "w": rng.standard_normal((1, 4 * hidden, 4)).astype(np.float32),
+            "r": rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32),
+        },
+    )
+    graph = import_graph(proto)
+    found = taints(graph, CastPlan(unemulated={"lstm": "rounds its state"}), set())
+    assert found["y"].depth == steps and found["out"].depth == steps
+    assert found["out"].cause == "rounds its state"
+    assert taints(graph, CastPlan(unemulated={"lstm": "x"}), {"y"}).get("out") is None
 
 
 # --- bounds that cannot fail ------------------------------------------------------------------
