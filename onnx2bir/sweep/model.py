@@ -16,7 +16,7 @@ from pathlib import Path
 from onnx2bir.errors import MachineError, UserError
 
 DEFAULT_TIMEOUT = 1800.0
-META_PREFIX = "onnx2bir.sweep.run."
+META_PREFIX = "onnx2bir.sweep."
 _MB = 1 << 20
 
 

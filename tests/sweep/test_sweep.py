@@ -168,3 +168,27 @@ def test_a_recorded_export_failure_is_run_again_once_the_model_exists(zoo, tmp_p
     _tiny_add(zoo / "broken_export.onnx")
     records, _ = sweep.sweep([str(zoo / "broken_export.onnx")], json_out=out_json, progress=False)
     assert records[0]["passed"] and records[0]["category"] is None
+
+
+def _exporter_meta_prefix() -> str:
+    """The metadata key prefix models/sweep.py writes into each export (read from its source:
+    the exporter needs torch, the test does not)."""
+    import ast
+
+    tree = ast.parse((ROOT / "models" / "sweep.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["META"]:
+            return node.value.value
+    raise AssertionError("models/sweep.py defines no META")
+
+
+def test_a_record_carries_the_source_and_family_the_exporter_wrote(tmp_path):
+    path = tmp_path / "add.onnx"
+    _tiny_add(path)
+    model = onnx.load(path)
+    prefix = _exporter_meta_prefix()
+    for key, value in (("source", "timm"), ("family", "cnn")):
+        model.metadata_props.add(key=prefix + key, value=value)
+    onnx.save(model, path)
+    record = sweep.run_guarded(str(path), timeout=600)
+    assert (record["source"], record["family"]) == ("timm", "cnn")
