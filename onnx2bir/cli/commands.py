@@ -186,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         "validate",
         help="compile, simulate and compare every output with onnxruntime",
         description="Compile MODEL, run it on the NeuronCore model and compare each output, "
-        "and each intermediate the program rounds, with onnxruntime on the same inputs, "
-        "rounding where the program rounds (docs/validation.md). Drift from plain fp32 is "
+        "and (when the program rounds) each intermediate it stores, with onnxruntime on the same "
+        "inputs, rounding where the program rounds (docs/validation.md). Drift from plain fp32 is "
         "reported apart. Exit 0: all match; 1: one does not (or the model does not compile, "
         "or --max-drift is exceeded); 2: bad input.",
     )

@@ -12,7 +12,7 @@ JSON document: {"bir", "function", "schedule", "instances", "streams", "races": 
 "race_count", "outputs": [{"name", "location", "shape", "dtype"}], "saved": path | null}.
 
 With `--model MODEL.onnx` the program is also judged against the model: the outputs and the
-intermediates the program rounds are compared with onnxruntime rounding where the program
+intermediates the program stores are compared with onnxruntime rounding where the program
 rounds, under the cast plan and input shapes the program's metadata records (a program edited
 by hand keeps them), and the document is validate's (`onnx2bir.validation.run`): exit 1
 when an output or a checked intermediate is outside its bound.
@@ -81,7 +81,7 @@ def register(commands) -> None:
     run.add_argument(
         "--model",
         metavar="MODEL.onnx",
-        help="also judge the outputs, and the intermediates the program rounds, against this "
+        help="also judge the outputs, and the intermediates the program stores, against this "
         "model on onnxruntime rounding where the program rounds (the cast plan and options the "
         "program's metadata records; docs/validation.md#verdict): exit 1 on a mismatch",
     )
