@@ -160,11 +160,11 @@ def _validation(validation: dict) -> list[str]:
     if failing:
         parts.append(
             _table(
-                ["intermediate over its bound", "read by", "elements over", "max abs error"],
+                ["intermediate over its bound", "from node", "elements over", "max abs error"],
                 [
                     [
                         _td(c["name"]),
-                        _td(", ".join(c["readers"][:3])),
+                        _td(f"{c.get('op_type', '')} {c.get('producer', '')}"),
                         _td(f"{c['mismatches']} of {c['size']}", "fail"),
                         _td(_num(c["max_abs_err"]), "num"),
                     ]

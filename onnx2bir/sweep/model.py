@@ -138,11 +138,11 @@ def _run(path: Path, report_only: bool, record: dict) -> None:
     if doc.get("races"):
         record.update(category="race", reason=one_line(doc["races"][0]["message"]))
     elif checkpoints:
-        worst = checkpoints[0]
+        worst = checkpoints[0]  # the first in graph order
         record.update(
             category="mismatch",
             reason=one_line(
-                f"intermediate {worst['name']} (read by {', '.join(worst['readers'][:2])}): "
+                f"intermediate {worst['name']} (from {worst['op_type']} {worst['producer']}): "
                 f"{worst['mismatches']} of {worst['size']} elements outside atol "
                 f"{worst['atol']:.3g} + rtol {worst['rtol']:.3g}, max abs err "
                 f"{worst['max_abs_err']:.3g}"

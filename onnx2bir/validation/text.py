@@ -205,10 +205,11 @@ def _checkpoint_text(checkpoints: list[dict]) -> list[str]:
             else ""
         )
     ]
-    for c in failing[:MAX_NODE_ROWS]:
-        readers = ", ".join(c["readers"][:3]) or "-"
+    for c in failing[:MAX_NODE_ROWS]:  # in graph order: the first is where it went wrong
+        rounded = f"; read rounded by {', '.join(c['readers'][:3])}" if c["readers"] else ""
         lines.append(
-            f"    FAIL {c['name']} (read by {readers}, stored {c['stored']}): "
+            f"    FAIL {c['name']} (from {c['op_type']} {c['producer']}, stored {c['stored']}"
+            f"{rounded}): "
             f"{c['mismatches']} of {c['size']} elements over atol {_g(c['atol'], 'g')} + rtol "
             f"{_g(c['rtol'], 'g')}·|ref|, max abs err {_g(c['max_abs_err'])}"
         )

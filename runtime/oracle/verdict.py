@@ -372,7 +372,8 @@ def judge(
     for point in plan.points:
         readers.setdefault(point.input, []).append(point.node)
     checkpoints = []
-    for tensor in probed:
+    rank = {name: index for index, (name, _) in enumerate(graph.nodes())}
+    for tensor in sorted(probed, key=lambda t: rank.get(graph.producer(t), len(rank))):
         tol, kind = bound_for(policy, graph, tensor, oracle[tensor], final.get(tensor))
         stored = evidence.stored.get(tensor, Dtype.FP32)
         allowance = _allowance(oracle, tensor)
@@ -392,6 +393,8 @@ def judge(
         entry.update(_allowance_record(oracle, tensor))
         why = None if tensor in resync else unverifiable_reason(tol, oracle[tensor])
         entry.update(
+            producer=graph.producer(tensor),
+            op_type=graph.node(graph.producer(tensor))["op_type"],
             readers=readers.get(tensor, []),
             stored=str(stored),
             bound=kind,
