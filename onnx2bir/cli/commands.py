@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from onnx2bir import __version__, api, output_paths
 from onnx2bir import options as compile_options
+from onnx2bir.cli import debug as debug_command
 from onnx2bir.cli import flag_values
 from onnx2bir.cli import run as run_command
 from onnx2bir.cli.run import add_concurrency_options
@@ -158,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  onnx2bir report model.onnx --html report.html\n"
         "  onnx2bir profile model.onnx --trace trace.json --svg timeline.svg\n"
         "  onnx2bir sweep models/ --jobs 2 --json sweep.json --md sweep.md\n"
-        "  onnx2bir run out/model.bir.json --inputs in.npz --check-races\n\n"
+        "  onnx2bir run out/model.bir.json --inputs in.npz --check-races\n"
+        "  onnx2bir debug reduce model.onnx -o small.onnx   # the smallest model that fails\n\n"
         "exit status (every command): 0 ok; 1 the model reads but fails (validate: a "
         "mismatch or a race;\n  any command: it does not compile, or the machine rejects the "
         "program); 2 bad input\n  or usage (one line; docs/input_contracts.md lists what is "
@@ -236,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep.add_parser(commands)
     run_command.register(commands)
+    debug_command.register(commands, _common)
     return parser
 
 
@@ -493,6 +496,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_debug(args: argparse.Namespace) -> int:
+    return debug_command.cmd_debug(args, _options(args))
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from onnx2bir.sweep import run as sweep
 
@@ -506,6 +513,7 @@ COMMANDS = {
     "profile": cmd_profile,
     "sweep": cmd_sweep,
     "run": run_command.cmd_run,
+    "debug": cmd_debug,
 }
 
 
@@ -570,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, argv: list[str], debug: bool) -> int:
+    args.argv = argv  # a command may repeat its flags (debug reduce's "shown by")
     try:
         return COMMANDS[args.command](args)
     except (UserError, MachineError) as exc:

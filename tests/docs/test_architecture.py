@@ -29,7 +29,7 @@ LAYERS = [
     ["onnx2bir.compiler"],
     ["onnx2bir.validation"],
     ["onnx2bir.reporting"],
-    ["onnx2bir.api", "onnx2bir.sweep"],
+    ["onnx2bir.api", "onnx2bir.sweep", "onnx2bir.debug"],
     ["onnx2bir.cli"],
     ["onnx2bir.__main__"],
 ]
