@@ -6,7 +6,6 @@ the pass manager (with its statistics), and the BIR module.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.bir.ir import Module
 from onnx2bir.bir.verify import check_module
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
-from onnx2bir.codegen.cast_plan import plan_casts
+from onnx2bir.codegen.cast_plan import kernel_hosts, plan_casts
+from onnx2bir.codegen.casting import check_exclusions, resolve_exclusions
 from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
@@ -134,7 +134,7 @@ def record_provenance(
     """Write into the module's metadata what it was compiled from and with, so a saved
     program can be checked against its model later (`onnx2bir run --model`): the compile
     options, the input shapes, and the cast plan."""
-    module.metadata["compile_options"] = dataclasses.asdict(options)
+    module.metadata["compile_options"] = options.to_json()
     module.metadata["input_shapes"] = {
         name: list(source.tensors[name].shape) for name in source.inputs
     }
@@ -168,8 +168,11 @@ def compile_graph(
         vendor_error = str(exc)
     start = time.perf_counter()
     source = graph.snapshot()  # the model's names, for the cast plan
+    check_exclusions(source, options.auto_cast_exclude)
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
+    hosts, _ = kernel_hosts(manager.records, graph)
+    graph.keep_fp32 = resolve_exclusions(source, graph, hosts, options.auto_cast_exclude)
     timings["passes"] = time.perf_counter() - start
     compilation = Compilation(graph, manager, None, timings, source_ops=source_ops, options=options)
     start = time.perf_counter()

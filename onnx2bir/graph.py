@@ -105,6 +105,9 @@ class Graph:
     # The tensors of the model as imported; the passes add others (a kernel's layout copies).
     # None for a graph built by hand: every tensor is the model's.
     imported: frozenset[str] | None = None
+    # Nodes whose PE operands the general autocast leaves in fp32 (`--auto-cast-exclude`,
+    # resolved by `codegen/casting.py` after the passes).
+    keep_fp32: frozenset[str] = frozenset()
     # topological_order's last answer and the graph's state it answered for.
     _order: tuple[tuple[int, int, int], list[str]] | None = field(
         default=None, repr=False, compare=False

@@ -16,10 +16,13 @@ stores every fp32 intermediate tensor in it; `none` keeps the model's dtypes. Th
 matmult / bf16, is the reference compiler's documented default: what the device computes.
 The raised attention kernel does not follow them: it follows `native_kernel_cast_type`, as
 the reference compiler runs no general autocast over native kernels.
+`auto_cast_exclude` names nodes and op types the general autocast leaves in fp32; the reference
+compiler has no such option (docs/autocast.md#exclude).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from onnx2bir.errors import UserError
@@ -67,6 +70,10 @@ class CompileOptions:
     # Keep tensors that fit in SBUF between producer and consumers (docs/memory_planner.md);
     # off, every node's result goes back to DRAM (what `validate --localize` reads).
     memory_plan: bool = True
+    # Nodes (by name) and op types whose PE operands the general autocast leaves in fp32
+    # (`--auto-cast-exclude`, docs/autocast.md#exclude); each must name a node or an op type
+    # of the model.
+    auto_cast_exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         parse_cast_type(self.native_kernel_cast_type)
@@ -81,6 +88,14 @@ class CompileOptions:
                 f"--dynamic-dma-sbuf-bytes {self.dynamic_dma_sbuf_bytes!r} is not valid: "
                 "expected a byte count >= 0"
             )
+        if isinstance(self.auto_cast_exclude, str) or not all(
+            isinstance(entry, str) and entry for entry in self.auto_cast_exclude
+        ):
+            raise UserError(
+                f"--auto-cast-exclude {self.auto_cast_exclude!r} is not valid: expected node "
+                "names or op types"
+            )
+        object.__setattr__(self, "auto_cast_exclude", tuple(self.auto_cast_exclude))
         for flag, value, valid in (
             ("--auto-cast", self.auto_cast, AUTO_CAST_CHOICES),
             ("--auto-cast-type", self.auto_cast_type, AUTO_CAST_TYPES),
@@ -90,10 +105,25 @@ class CompileOptions:
                     f"{flag} {value!r} is not valid: expected one of {', '.join(valid)}"
                 )
 
+    def to_json(self) -> dict:
+        """The options as JSON values (the exclusion list a list)."""
+        doc = dataclasses.asdict(self)
+        doc["auto_cast_exclude"] = list(self.auto_cast_exclude)
+        return doc
+
     @property
     def autocast_text(self) -> str:
-        """How the report and validate show the general autocast: "matmult -> bf16", "none"."""
-        return "none" if self.auto_cast == "none" else f"{self.auto_cast} -> {self.auto_cast_type}"
+        """How the report and validate show the general autocast: "matmult -> bf16", "none"
+        ("matmult -> bf16, 3 excluded" with --auto-cast-exclude)."""
+        if self.auto_cast == "none":
+            return "none"
+        text = f"{self.auto_cast} -> {self.auto_cast_type}"
+        names = self.auto_cast_exclude
+        if names:
+            text += ", excluding " + (
+                ", ".join(names) if len(names) <= 3 else f"{len(names)} names (--json lists them)"
+            )
+        return text
 
     @property
     def what_to_cast(self) -> str:
@@ -102,3 +132,20 @@ class CompileOptions:
     @property
     def cast_type(self) -> str:
         return parse_cast_type(self.native_kernel_cast_type)[1]
+
+
+def read_exclude_file(path) -> list[str]:
+    """The names of an `--auto-cast-exclude-file`: one per line, `#` starts a comment, blank
+    lines are skipped."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--auto-cast-exclude-file {path}: cannot be read ({exc})") from None
+    names = []
+    for line in text.splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names

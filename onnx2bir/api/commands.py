@@ -93,7 +93,7 @@ class Compilation:
             },
             "ops": dict(sorted(self.details.source_ops.items())),
             "pass_statistics": [s.to_json() for s in self.details.passes.statistics],
-            "compile_options": dataclasses.asdict(self.options),
+            "compile_options": self.options.to_json(),
             "notes": list(self.notes),
             "timings": {k: round(v, 6) for k, v in self.details.timings.items()},
         }
@@ -206,7 +206,7 @@ def report(
     else:
         details = compiler.compile_model(model, opts, shapes, symbols, keep_going=True)
     doc = build_report(_model_label(model), details)
-    doc["compile_options"] = dataclasses.asdict(opts)
+    doc["compile_options"] = opts.to_json()
     doc["notes"] = shape_notes(model, shapes) + flag_notes(opts, details)
     if prepared is not None:
         from onnx2bir.reporting.annotate import annotate_model

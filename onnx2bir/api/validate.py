@@ -6,7 +6,6 @@ Compile `model`, run it on the machine and compare every output with onnxruntime
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -157,7 +156,7 @@ def validate(
     doc["notes"] = shape_notes(model, dict(input_shapes or {})) + flag_notes(opts, details)
     doc["compile_options"] = {
         **doc.get("compile_options", {}),
-        **dataclasses.asdict(opts),
+        **opts.to_json(),
     }
     return ValidationResult(doc, feeds, outputs, details)
 

@@ -84,6 +84,21 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="dtype --auto-cast stores in; fp8_e4m3 saturates at +-448 (default %(default)s)",
     )
     group.add_argument(
+        "--auto-cast-exclude",
+        action="append",
+        type=flag_values.exclude_list,
+        default=[],
+        metavar="NODE|OP_TYPE[,...]",
+        help="keep these nodes, or every node of these op types, in fp32 under the general "
+        "autocast (repeatable; each must name a node or an op type of the model; "
+        "docs/autocast.md#exclude)",
+    )
+    group.add_argument(
+        "--auto-cast-exclude-file",
+        metavar="FILE",
+        help="the same, one name per line (# starts a comment); debug precision writes one",
+    )
+    group.add_argument(
         "--native-kernel-cast-type",
         default=compile_options.DEFAULT_CAST_TYPE,
         metavar="WHAT-to-TYPE",
@@ -376,7 +391,16 @@ def _options(args: argparse.Namespace) -> dict:
         "auto_cast": args.auto_cast,
         "auto_cast_type": args.auto_cast_type,
         "memory_plan": not args.no_memory_plan,
+        "auto_cast_exclude": _exclusions(args),
     }
+
+
+def _exclusions(args: argparse.Namespace) -> tuple[str, ...]:
+    """The names of --auto-cast-exclude (flattened) and of --auto-cast-exclude-file."""
+    names = [name for group in args.auto_cast_exclude for name in group]
+    if args.auto_cast_exclude_file is not None:
+        names += compile_options.read_exclude_file(args.auto_cast_exclude_file)
+    return tuple(dict.fromkeys(names))
 
 
 def _emit(args: argparse.Namespace, doc: dict, text: str) -> None:

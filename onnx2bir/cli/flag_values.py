@@ -78,3 +78,13 @@ def tolerance(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
     return value
+
+
+def exclude_list(text: str) -> list[str]:
+    """`--auto-cast-exclude NODE|OP_TYPE[,...]`: names separated by commas, none empty."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"expected NODE|OP_TYPE[,...] without empty names: {text!r}"
+        )
+    return names

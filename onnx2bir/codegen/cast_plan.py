@@ -58,7 +58,7 @@ def plan_casts(
     plan's SBUF homes by tensor."""
     function = module.functions[0]
     locations = function.memory_locations
-    hosts, attention_hosts = _kernel_hosts(records, compiled)
+    hosts, attention_hosts = kernel_hosts(records, compiled)
     narrow = _narrow_pe_nodes(module, set(compiled.nx))
     points: dict[tuple[str, str], CastPoint] = {}
     unemulated: dict[str, str] = {}
@@ -211,7 +211,7 @@ def _narrow_pe_nodes(module: Module, nodes: set[str]) -> dict[str, str]:
     return found
 
 
-def _kernel_hosts(records: Iterable, compiled: Graph) -> tuple[dict[str, str], set[str]]:
+def kernel_hosts(records: Iterable, compiled: Graph) -> tuple[dict[str, str], set[str]]:
     """Node of the imported graph → the raised kernel node its block became, and the kernel
     nodes that are attention blocks (their findings say `is_attention`)."""
     hosts: dict[str, str] = {}

@@ -406,6 +406,14 @@ class BirCodeGen(InstructionBuilders):
             return MemoryKind.CONST
         return MemoryKind.INTERNAL
 
+    def _kept_fp32(self, tensor: str) -> bool:
+        """Whether a node `--auto-cast-exclude` keeps in fp32 reads or writes `tensor`."""
+        keep = self.graph.keep_fp32
+        if not keep:
+            return False
+        nodes = [node for node, _ in self.graph.consumers(tensor)]
+        return self.graph.producer(tensor) in keep or any(node in keep for node in nodes)
+
     def dram(self, tensor: str) -> MemoryLocation:
         """The DRAM location holding graph tensor `tensor` (created on first use)."""
         fn = self.function
@@ -418,7 +426,7 @@ class BirCodeGen(InstructionBuilders):
         # `--auto-cast all` stores the model's intermediates narrow, not a pass's copies of
         # them (a graph output's layout copy would round the output).
         dtype = (
-            storage_dtype(self.options, kind, info.dtype)
+            storage_dtype(self.options, kind, info.dtype, self._kept_fp32(tensor))
             if self.graph.is_model_tensor(tensor)
             else info.dtype
         )

@@ -23,7 +23,8 @@ DESIGN.md's contract:
         of more than one trip; multi_buffered counts those whose iterations rotate buffer
         copies, docs/buffers.md#reporting),
      "cost": {"estimated_seconds", "busy_seconds", "dma_bytes", "model"} | null,
-     "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type",
+     "autocast": {"auto_cast", "auto_cast_type", "text", "native_kernel_cast_type", "excluded",
+                  "kept_fp32",
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
      "casts": [{"node", "input", "dtype", "kind", "exact", "reason"?}] (the cast plan: node
         reads input rounded to dtype; docs/validation.md#the-emulating-oracle),
@@ -183,7 +184,14 @@ def autocast_summary(compilation: Compilation) -> dict:
         "text": options.autocast_text,
         "native_kernel_cast_type": options.native_kernel_cast_type,
         "matmul_operand_dtypes": pairs,
+        "excluded": list(options.auto_cast_exclude),
+        "kept_fp32": _kept_fp32(compilation.graph.keep_fp32),
     }
+
+
+def _kept_fp32(names) -> list[str]:
+    """The nodes kept in fp32, without the ones a pass made from another listed node."""
+    return sorted(n for n in names if not any(n.startswith(other + "/") for other in names))
 
 
 def _backward(conv: dict) -> bool:
@@ -270,6 +278,10 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         if cast["matmul_operand_dtypes"]:
             listing = ", ".join(f"{k} x{v}" for k, v in cast["matmul_operand_dtypes"].items())
             lines.append(f"  PE matmul operand dtypes (stationary x moving): {listing}")
+        if cast.get("excluded"):
+            kept = cast["kept_fp32"]
+            shown = ", ".join(kept[:8]) + (f", ... ({len(kept)} in all)" if len(kept) > 8 else "")
+            lines.append(f"  kept in fp32 (--auto-cast-exclude): {shown or 'nothing compiled'}")
     plan = doc.get("cast_plan") or {}
     if plan.get("casts"):
         kinds = Counter(point["dtype"] for point in plan["casts"])
