@@ -16,7 +16,7 @@ def register(commands, common) -> None:
     """Add `debug` and its subcommands; `common(parser)` adds the model and compile options."""
     debug = commands.add_parser(
         "debug",
-        help="find what makes a failing model fail (reduce)",
+        help="find what makes a failing model fail (reduce) or drift (precision)",
         description="Tools for a model that fails to compile, mismatches or races. docs/debug.md.",
     )
     tools = debug.add_subparsers(dest="debug_command", required=True, parser_class=type(debug))
@@ -34,6 +34,7 @@ def register(commands, common) -> None:
         "or MODEL does not fail (nothing to reduce).",
     )
     common(reduce)
+    _register_precision(tools, common)
     reduce.add_argument(
         "-o", "--output", required=True, metavar="OUT.onnx", help="the reduced model to write"
     )
@@ -67,6 +68,42 @@ def register(commands, common) -> None:
     reduce.add_argument(
         "--quiet", action="store_true", help="no progress lines on stderr (one per candidate)"
     )
+
+
+def _register_precision(tools, common) -> None:
+    precision = tools.add_parser(
+        "precision",
+        help="find the nodes to keep in fp32 for the autocast's drift to meet a target",
+        description="Find a small set of the nodes MODEL's program rounds (under --auto-cast "
+        "and --auto-cast-type) that, kept in fp32, make every output's drift from fp32 "
+        "onnxruntime meet --max-drift: bisection over those nodes in the model's order (the "
+        "first N, or with --dir reverse the last N), then a greedy pass that drops each one "
+        "the target holds without. Writes EXCLUDE.txt for --auto-cast-exclude-file. Exit 0: "
+        "written (the target is met); 1: not even every node in fp32 meets it; 2: bad input.",
+    )
+    common(precision)
+    precision.add_argument(
+        "-o", "--output", required=True, metavar="EXCLUDE.txt", help="the exclusion file to write"
+    )
+    precision.add_argument(
+        "--max-drift",
+        required=True,
+        metavar="KEY=VALUE[,...]",
+        help="the drift every output must meet: cosine=C (at least), snr=DB (at least), "
+        "r=R (at most), comma-separated (docs/validation.md#drift)",
+    )
+    precision.add_argument("--mode", choices=("bisect", "linear"), default="bisect")
+    precision.add_argument(
+        "--dir",
+        dest="direction",
+        choices=("forward", "reverse"),
+        default="forward",
+        help="keep the first N casting nodes in fp32 (forward) or the last N (reverse) "
+        "before the greedy pass (default %(default)s)",
+    )
+    precision.add_argument("--inputs", metavar="FILE.npz|DIR", help="the model's inputs")
+    precision.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    precision.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def _compile_flags(argv: list[str]) -> list[str]:
@@ -129,6 +166,8 @@ def cmd_debug(args: argparse.Namespace, options: dict) -> int:
 
     shapes, dims = options.pop("input_shapes"), options.pop("dims")
     progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
+    if args.debug_command == "precision":
+        return _precision(args, CompileOptions(**options), shapes, dims, progress)
     doc = reduce_model(
         args.model,
         CompileOptions(**options),
@@ -156,5 +195,60 @@ def cmd_debug(args: argparse.Namespace, options: dict) -> int:
         f"  shown by: {doc['command']}",
     ]
     lines += [f"  note: {note}" for note in doc["notes"]]
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def _drift_text(result: dict) -> str:
+    parts = []
+    for name, record in result["drift"].items():
+        r = "-" if record["r"] is None else f"{record['r']:.3f}"
+        parts.append(f"{name}: cosine {record['cosine']:.6f}, SNR {record['snr_db']:.1f} dB, R {r}")
+    return "; ".join(parts)
+
+
+def _precision(args, options, shapes, dims, progress) -> int:
+    from onnx2bir.debug.precision import search_precision
+
+    doc = search_precision(
+        args.model,
+        options,
+        args.output,
+        max_drift=args.max_drift,
+        mode=args.mode,
+        direction=args.direction,
+        inputs=args.inputs,
+        seed=args.seed,
+        input_shapes=shapes,
+        dims=dims,
+        progress=progress,
+    )
+    if args.json:
+        print(json.dumps(json_safe(doc), indent=1))
+        return EXIT_OK if doc["meets"] else 1
+    lines = [
+        f"{doc['model']} under --auto-cast {doc['autocast']}: {doc['casting_nodes']} casting "
+        f"nodes; {doc['evaluations']} validations ({doc['mode']}, {doc['direction']}, "
+        f"{doc['wall_seconds']:.1f} s)",
+        f"  before: {_drift_text(doc['before'])}",
+    ]
+    if not doc["meets"]:
+        every = doc["all_fp32"]
+        lines.append(
+            "  not met even with every casting node in fp32"
+            + (f": {_drift_text(every)}" if every else "")
+        )
+        print("\n".join(lines))
+        return 1
+    lines += [
+        f"  after:  {_drift_text(doc['after'])}",
+        f"  kept in fp32: {len(doc['excluded'])} of {doc['casting_nodes']} casting nodes ("
+        f"{doc['prefix']} before the greedy pass): "
+        + ", ".join(f"{e['node']} ({e['op_type']})" for e in doc["excluded"][:12])
+        + (" ..." if len(doc["excluded"]) > 12 else ""),
+        f"  wrote {doc['output']}; use it with --auto-cast-exclude-file {doc['output']}",
+    ]
+    if not doc["passed"]:
+        lines.append("  note: the program does not match the emulating oracle (run validate)")
     print("\n".join(lines))
     return EXIT_OK
