@@ -7,7 +7,7 @@ Compile `model`, run it on the machine and compare every output with onnxruntime
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +32,10 @@ class ValidationResult:
     inputs: dict[str, np.ndarray] = field(repr=False, compare=False)
     outputs: dict[str, np.ndarray] = field(repr=False, compare=False)
     details: compiler.Compilation | None = field(default=None, repr=False, compare=False)
+    # --segments: no whole-model compilation was made; the page's report sections make one.
+    compile_whole: Callable[[], compiler.Compilation] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def passed(self) -> bool:
@@ -44,8 +48,10 @@ class ValidationResult:
         return json_safe(self.document)
 
     def text(self, stats: bool = False) -> str:
-        from onnx2bir.validation.text import format_text
+        from onnx2bir.validation.text import format_segments_text, format_text
 
+        if "segments" in self.document:
+            return format_segments_text(self.document)
         return format_text(self.document, stats=stats)
 
     def html(self, path: str | os.PathLike) -> Path:
@@ -53,9 +59,12 @@ class ValidationResult:
         from onnx2bir.reporting.document import build_report
         from onnx2bir.reporting.html import write_page
 
-        doc = build_report(self.document["model"], self.details)
+        details = self.details
+        if details is None and self.compile_whole is not None:
+            details = self.compile_whole()
+        doc = build_report(self.document["model"], details)
         doc["notes"] = self.document.get("notes", [])
-        return write_page(path, doc, self.document, self.details)
+        return write_page(path, doc, self.document, details)
 
     def save_inputs(self, path: str | os.PathLike) -> Path:
         from onnx2bir.validation.run import save_inputs
@@ -87,6 +96,10 @@ def validate(
     check_races: bool = False,
     reference: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
     max_drift: str | list[str] | Mapping[str, float] | None = None,
+    segments: int | None = None,
+    jobs: int | None = None,
+    use_ray: bool = False,
+    ray_address: str | None = None,
     options: CompileOptions | None = None,
     **compile_option_values,
 ) -> ValidationResult:
@@ -101,7 +114,9 @@ def validate(
     `reference`: outputs to measure drift against instead of plain fp32 onnxruntime (an .npz,
     a test_data_set folder — whose inputs are used when `inputs` is not given — or arrays);
     `max_drift`: "cosine=0.999,snr=30,r=1.2" (or {"cosine": 0.999, ...}), limits on the drift
-    that fail the validation (docs/validation.md#drift).
+    that fail the validation (docs/validation.md#drift). `segments`: cut the model into that
+    many pieces and validate each from onnxruntime's values at its inputs, `jobs` processes at
+    a time or as Ray tasks (`use_ray`, `ray_address`; docs/validation.md#segments).
     """
     from onnx2bir.runtime.oracle.tolerance import Partial, TolerancePolicy, load_tolerance_file
     from onnx2bir.runtime.oracle.verdict import parse_max_drift
@@ -133,6 +148,25 @@ def validate(
         arrays = read_input_arrays(inputs, model)
         for name, shape in _symbolic_shapes(model, arrays).items():
             shapes.setdefault(name, shape)
+    if segments is not None:
+        return _validate_segmented(
+            model,
+            opts,
+            policy,
+            segments,
+            input_shapes=shapes,
+            dims=dict(dims or {}),
+            inputs=arrays,
+            inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
+            seed=seed,
+            jobs=jobs,
+            use_ray=use_ray,
+            ray_address=ray_address,
+            schedule=schedule,
+            check_races=check_races,
+            progress=progress,
+            refused={"--localize": localize, "--reference": reference, "--max-drift": limits},
+        )
     compiled: list[compiler.Compilation] = []
     doc, feeds, outputs = run_validate(
         model if isinstance(model, onnx.ModelProto) else str(model),
@@ -159,6 +193,35 @@ def validate(
         **opts.to_json(),
     }
     return ValidationResult(doc, feeds, outputs, details)
+
+
+def _validate_segmented(model, opts, policy, segments, *, refused, progress, **how):
+    import sys
+
+    from onnx2bir.validation.segments import check_compatible, run_segmented
+
+    check_compatible(**refused)
+    if how["jobs"] is not None and how["jobs"] < 1:
+        raise UserError(f"--jobs {how['jobs']}: must be at least 1")
+    lines = (lambda line: print(line, file=sys.stderr)) if progress else (lambda line: None)
+    doc, feeds, outputs = run_segmented(
+        model if isinstance(model, onnx.ModelProto) else str(model),
+        opts,
+        policy,
+        segments,
+        progress=lines,
+        **how,
+    )
+    if doc["internal_errors"]:
+        raise RuntimeError("; ".join(doc["internal_errors"]))
+    doc["notes"] = []
+    doc["compile_options"] = opts.to_json()
+    shapes = {name: tuple(value.shape) for name, value in feeds.items()}
+
+    def compile_whole() -> compiler.Compilation:
+        return compiler.compile_model(model, opts, shapes, how["dims"], keep_going=True)
+
+    return ValidationResult(doc, feeds, outputs, None, compile_whole)
 
 
 def read_input_arrays(

@@ -368,6 +368,32 @@ def _validate_options(validate: argparse.ArgumentParser) -> None:
         help="also write the report page with this run's errors (with --localize, the error "
         "of every node along the graph as a chart)",
     )
+    seg = validate.add_argument_group(
+        "segments",
+        "Cut the model into N consecutive pieces of about equal work and validate each on its "
+        "own, from onnxruntime's values at its inputs, in parallel (docs/validation.md#segments)",
+    )
+    seg.add_argument(
+        "--segments",
+        type=flag_values.segment_count,
+        metavar="N",
+        help="validate in N segments; each one's error and wall time are reported",
+    )
+    seg.add_argument(
+        "--jobs",
+        type=flag_values.count,
+        metavar="N",
+        help="segments at a time, each in its own process (default: the CPU count)",
+    )
+    seg.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run each segment as a Ray task (a local Ray instance without ADDRESS); needs the "
+        "extra onnx2bir[ray]",
+    )
     add_concurrency_options(validate)
     validate.add_argument(
         "--no-progress",
@@ -469,6 +495,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check_races=args.check_races,
         reference=args.reference,
         max_drift=args.max_drift,
+        segments=args.segments,
+        jobs=args.jobs,
+        use_ray=args.ray is not None,
+        ray_address=args.ray or None,
         **_options(args),
     )
     if args.save_inputs is not None:

@@ -88,3 +88,16 @@ def exclude_list(text: str) -> list[str]:
             f"expected NODE|OP_TYPE[,...] without empty names: {text!r}"
         )
     return names
+
+
+def count(text: str) -> int:
+    """A positive integer (`--jobs`)."""
+    return _positive_int(text, "N", text)
+
+
+def segment_count(text: str) -> int:
+    """An integer of at least 2 (`--segments`: one segment is the whole model)."""
+    value = _positive_int(text, "N", text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"N: at least 2 (one segment is the whole model): {text}")
+    return value

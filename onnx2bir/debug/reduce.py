@@ -2,7 +2,8 @@
 
 In: a model that fails (by onnx2bir's judgement or a check command, `failure.py`), its inputs,
 and onnxruntime's value of every tensor on them. Out: a `Reduction` — the smallest failing cut
-found (`subgraph.py`), the node it ends at (the culprit), and every candidate judged.
+found (`onnx2bir/validation/subgraph.py`), the node it ends at (the culprit), and every
+candidate judged.
 
 Three phases over the nodes in the model's (topological) order:
 
@@ -16,8 +17,8 @@ Three phases over the nodes in the model's (topological) order:
    (`Cutter.upstream`); kept only if the cut still fails.
 3. **Inputs later.** The cut begins at node j instead of the model's inputs: what it reads
    from before j becomes graph inputs fed with onnxruntime's values, or constants
-   (`subgraph.py`); find the largest j that still fails: node k alone first, then by bisection,
-   or one node at a time from k down.
+   (`onnx2bir/validation/subgraph.py`); find the largest j that still fails: node k alone
+   first, then by bisection, or one node at a time from k down.
 
 Each candidate is written as an ONNX model (and its inputs as `.inputs.npz`) into a work folder
 and judged; a candidate judged before is not judged again.
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onnx2bir.debug.failure import Failure, save_candidate
-from onnx2bir.debug.subgraph import Cut, Cutter
+from onnx2bir.validation.subgraph import Cut, Cutter
 
 MODES = ("bisect", "linear")
 
@@ -197,11 +198,11 @@ def reduce_model(
     import tempfile
 
     from onnx2bir.debug.failure import CommandJudge, OwnJudge
-    from onnx2bir.debug.subgraph import all_values
     from onnx2bir.errors import UserError
     from onnx2bir.frontend.importer import import_model, load_model
     from onnx2bir.output_paths import check_file
     from onnx2bir.runtime.oracle import ort as oracle
+    from onnx2bir.validation.subgraph import all_values
 
     if mode not in MODES:
         raise UserError(f"--mode {mode!r}: expected one of {', '.join(MODES)}")

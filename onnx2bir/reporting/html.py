@@ -4,7 +4,8 @@ In: the report document (`onnx2bir.reporting.document`), optionally the validate
 `--localize`, the per-node errors), and the compilation (for the engine timeline). Out: one
 HTML file with inline CSS and inline SVG — no script, no external resource — so it opens
 offline and can be mailed as it is. Sections: model summary and notes, validation (outputs,
-the error of each node along the graph), convolutions (kernels per conv, fallback reasons),
+the error of each node along the graph; with `--segments`, each segment's own error and wall
+time), convolutions (kernels per conv, fallback reasons),
 attention and MLP blocks, the engine timeline of the cost model, the ops.
 
 Written atomically: a temporary file in the same folder, then renamed over the target.
@@ -193,6 +194,45 @@ def _validation(validation: dict) -> list[str]:
     return parts
 
 
+def _segments(validation: dict) -> list[str]:
+    """`validate --segments`: each segment's nodes, cut tensors, verdict, worst error and wall
+    time."""
+    how = validation["segmenting"]
+    runner = "Ray tasks" if how["runner"] == "ray" else f"{how['workers']} processes"
+    parts = [
+        '<h2 id="segments">Segments</h2>',
+        f"<p>The model was cut into {len(validation['segments'])} consecutive pieces of about "
+        "equal work, each validated on its own from onnxruntime's values at its inputs, so each "
+        f"error below is that segment's own ({runner}, {how['segments_wall_seconds']:.1f} s).</p>",
+    ]
+    rows = []
+    for piece in validation["segments"]:
+        judged = [*piece["outputs"], *[c for c in piece["checkpoints"] if c["verifiable"]]]
+        worst = max(judged, key=lambda e: e["max_abs_err"] or 0.0, default=None)
+        verdict, cls = ("ok", "ok") if piece["passed"] else ("FAIL", "fail")
+        if piece["error"]:
+            verdict = f"error: {piece['error']['message']}"
+        failing = [e["name"] for e in judged if not e["passed"]]
+        rows.append(
+            [
+                _td(f"segment {piece['index']}"),
+                _td(
+                    f"{piece['first_node']}-{piece['last_node']} "
+                    f"({piece['first_name']} … {piece['last_name']})"
+                ),
+                _td(f"{piece['work_share'] * 100:.1f}%", "num"),
+                _td(", ".join(piece["inputs"])),
+                _td(", ".join(piece["outputs_cut"])),
+                _td(verdict + (f" ({', '.join(failing[:3])})" if failing else ""), cls),
+                _td("-" if worst is None else f"{_num(worst['max_abs_err'])} ({worst['name']})"),
+                _td(f"{piece['wall_seconds']:.2f} s", "num"),
+            ]
+        )
+    headers = ["", "nodes", "work", "inputs", "outputs", "verdict", "worst |m − o|", "wall"]
+    parts.append(_table(headers, rows))
+    return parts
+
+
 def _convs(doc: dict) -> list[str]:
     convs = doc["convs"]
     if not convs:
@@ -294,6 +334,8 @@ def render_page(doc: dict, validation: dict | None, compilation: Compilation | N
     body = _summary(doc, validation)
     if validation is not None:
         body += _validation(validation)
+    if validation is not None and "segments" in validation:
+        body += _segments(validation)
     body += _convs(doc) + _blocks(doc) + _timeline(compilation) + _ops(doc)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -127,15 +127,9 @@ def run_ray(
 ) -> None:
     """Each model a Ray task asking for one CPU and its memory estimate (`memory_estimate`);
     the task runs the model in a child process with the timeout, as locally."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise UserError("--ray needs Ray: pip install 'onnx2bir[ray]'") from exc
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address or None, log_to_driver=False)
-        except Exception as exc:
-            raise UserError(f"--ray: cannot start or reach Ray ({one_line(str(exc))})") from exc
+    from onnx2bir.ray_cluster import connect
+
+    ray = connect(address)
     task = ray.remote(run_guarded)
     refs = {
         task.options(num_cpus=1, memory=memory_estimate(job.path), max_retries=0).remote(

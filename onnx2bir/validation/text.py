@@ -170,6 +170,62 @@ def format_text(doc: dict, stats: bool = False) -> str:
     return "\n".join(lines)
 
 
+def format_segments_text(doc: dict) -> str:
+    """`validate --segments`: a line per segment (its own worst error and wall time), then the
+    graph outputs as `format_text` shows them, each from its segment."""
+    pieces, how = doc["segments"], doc["segmenting"]
+    failed = [p for p in pieces if not p["passed"]]
+    runner = "Ray tasks" if how["runner"] == "ray" else f"{how['workers']} processes"
+    orc = doc["oracle"]
+    lines = [
+        f"{'PASS' if doc['passed'] else 'FAIL'}  {doc['model']}: "
+        f"{len(pieces) - len(failed)}/{len(pieces)} segments match {orc['name']} "
+        f"{orc['version']}, each from onnxruntime's values at its inputs ({runner}, "
+        f"{how['segments_wall_seconds']:.1f} s; docs/validation.md#segments)"
+    ]
+    seed = "" if doc["seed"] is None else f", seed {doc['seed']}"
+    for entry in doc["inputs"]:
+        lines.append(
+            f"  input {entry['name']} {entry['dtype']}{entry['shape']}: {entry['source']}{seed}"
+        )
+    lines.append(f"  autocast: {doc['autocast']}; schedule: {doc['schedule']}")
+    lines.append(
+        f"  {'segment':<8}{'nodes':<16}{'work':>6}  {'in':>3} {'out':>4}  {'verdict':<9}"
+        f"{'worst |m - o| (tensor)':<42}{'wall':>7}"
+    )
+    for piece in pieces:
+        lines.append(_segment_line(piece))
+        if piece["error"]:
+            lines.append(f"      {piece['error']['message']}")
+        lines += ["    " + line for line in _checkpoint_text(piece["checkpoints"])[1:]]
+        for entry in piece["outputs"]:
+            if not entry["passed"]:
+                lines += ["    " + line for line in format_output(entry)[:1]]
+    for entry in doc["outputs"]:
+        block = format_output(entry)
+        block[0] += f"  (segment {entry['segment']})"
+        lines += ["", *block]
+    lines += [
+        "",
+        f"  timings: onnxruntime (every tensor, once) {how['onnxruntime_seconds']:.3f}s, "
+        f"segments {how['segments_wall_seconds']:.3f}s, total {doc['timings']['total']:.3f}s",
+    ]
+    return "\n".join(lines)
+
+
+def _segment_line(piece: dict) -> str:
+    span = f"{piece['first_node']}-{piece['last_node']} ({piece['nodes']})"
+    verdict = "ok" if piece["passed"] else ("error" if piece["error"] else "FAIL")
+    judged = [*piece["outputs"], *[c for c in piece["checkpoints"] if c["verifiable"]]]
+    worst = max(judged, key=lambda e: e["max_abs_err"] or 0.0, default=None)
+    where = "-" if worst is None else f"{_g(worst['max_abs_err'])} ({worst['name'][:28]})"
+    return (
+        f"  {piece['index']:<8}{span:<16}{piece['work_share'] * 100:>5.1f}%  "
+        f"{len(piece['inputs']):>3} {len(piece['outputs_cut']):>4}  {verdict:<9}{where:<42}"
+        f"{piece['wall_seconds']:>6.1f}s"
+    )
+
+
 def _emulation_text(doc: dict) -> list[str]:
     emulation = doc["emulation"]
     if not emulation["casts"] and not emulation["unemulated"]:

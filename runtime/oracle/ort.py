@@ -337,11 +337,27 @@ def save_arrays(path: str | Path, arrays: dict[str, np.ndarray], stem: str) -> P
 
 
 # --- onnxruntime ---------------------------------------------------------------------------
+# Threads of a session's intra-op pool; None: onnxruntime's default (one per core, spinning
+# while idle). Processes that share the cores (`validate --segments`) set a share of them,
+# without spinning, through `share_cores`.
+_THREADS: int | None = None
+
+
+def share_cores(threads: int) -> None:
+    """Sessions made from now on in this process use `threads` threads and do not spin."""
+    global _THREADS
+    _THREADS = max(1, threads)
+
+
 def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.InferenceSession:
     """A CPU session with graph optimisations off; `model` may be serialised bytes."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVEL)
     options.log_severity_level = 4  # errors come back as exceptions; we report them
+    if _THREADS is not None:
+        options.intra_op_num_threads = _THREADS
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if isinstance(model, onnx.ModelProto):
         source = model.SerializeToString()
     else:

@@ -20,7 +20,7 @@ import pytest
 from onnx import helper
 
 from onnx2bir.cli.commands import main
-from onnx2bir.debug.subgraph import Cutter, all_values
+from onnx2bir.validation.subgraph import Cutter, all_values
 
 ROOT = Path(__file__).resolve().parents[2]
 RESNET18 = ROOT / "models" / "resnet18.onnx"

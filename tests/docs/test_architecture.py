@@ -20,7 +20,13 @@ SOURCE = {"onnx2bir": "onnx2bir", "patterns": "onnx2bir.patterns", "runtime": "o
 # Bottom to top: the picture and the list of docs/architecture.md.
 LAYERS = [
     ["onnx2bir.errors", "onnx2bir.gc_pause"],
-    ["onnx2bir.options", "onnx2bir.output_paths", "onnx2bir.bir", "onnx2bir.op_traits"],
+    [
+        "onnx2bir.options",
+        "onnx2bir.output_paths",
+        "onnx2bir.bir",
+        "onnx2bir.op_traits",
+        "onnx2bir.ray_cluster",
+    ],
     ["onnx2bir.graph"],
     ["onnx2bir.frontend", "onnx2bir.runtime.timing"],
     ["onnx2bir.codegen", "onnx2bir.runtime.machine", "onnx2bir.runtime.oracle"],

@@ -12,7 +12,8 @@ In: the model as the user gave it and onnxruntime's value of every tensor on one
 - the model's opset imports, functions and initializers that the kept nodes read.
 
 The node order is the model's (ONNX requires it topological), so "node k" means the same node in
-every cut. docs/debug.md#reduce.
+every cut. docs/debug.md#reduce; `validate --segments` (docs/validation.md#segments) cuts a
+model into consecutive pieces with `Cutter.segment`.
 """
 
 from __future__ import annotations
@@ -41,15 +42,18 @@ def subgraph_reads(node: onnx.NodeProto) -> list[str]:
     return list(dict.fromkeys(reads))
 
 
-def all_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def all_values(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], only: set[str] | None = None
+) -> dict[str, np.ndarray]:
     """onnxruntime's value of every tensor of the model (inputs, initializers and each node's
-    outputs) on `feeds`."""
+    outputs) on `feeds`; with `only`, of the node outputs among `only` and the graph outputs
+    (onnxruntime returns fewer tensors, which is faster)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     listed = {output.name for output in proto.graph.output}
     for node in proto.graph.node:
         for name in node.output:
-            if name and name not in listed:
+            if name and name not in listed and (only is None or name in only):
                 proto.graph.output.append(onnx.ValueInfoProto(name=name))
                 listed.add(name)
     values = dict(feeds)
@@ -120,6 +124,17 @@ class Cutter:
         kept.reverse()
         return self._build(kept, [t for t in self.nodes[last].output if t], first)
 
+    def segment(self, first: int, last: int) -> Cut:
+        """Nodes first..last, all of them; its outputs are every tensor they make that a later
+        node or the graph reads. Tensors it reads from before `first` become inputs or
+        constants, as in `upstream`."""
+        if first > 0 and self.values is None:
+            raise UserError("onnxruntime cannot run the model, so a cut cannot begin later")
+        later = {t for reads in self.reads[last + 1 :] for t in reads} | set(self.graph_outputs)
+        kept = list(range(first, last + 1))
+        made = [t for i in kept for t in self.nodes[i].output if t]
+        return self._build(kept, [t for t in made if t in later], first)
+
     # --- building one ---------------------------------------------------------------------------
     def _build(self, kept: list[int], outputs: list[str], first: int) -> Cut:
         made = {t for i in kept for t in self.nodes[i].output if t}
@@ -153,7 +168,7 @@ class Cutter:
             graph,
             opset_imports=list(self.model.opset_import),
             ir_version=self.model.ir_version,
-            producer_name="onnx2bir debug reduce",
+            producer_name=f"onnx2bir (a cut of {self.model.graph.name or 'a model'})",
         )
         model.functions.extend(self.model.functions)
         return Cut(model, feeds, kept, frozen)
