@@ -51,7 +51,7 @@ from onnx2bir.runtime.machine.probes import ProbeReader
 from onnx2bir.runtime.machine.progress import progress_for
 from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle import ort as oracle
-from onnx2bir.runtime.oracle.emulating import run_emulating
+from onnx2bir.runtime.oracle.emulating import round_weights, run_emulating
 from onnx2bir.runtime.oracle.tolerance import (
     FP32_ATOL,
     FP32_RTOL,
@@ -255,17 +255,23 @@ def run_validate(
 
 def oracle_runner(prepared, feeds: dict[str, np.ndarray]):
     """The emulating oracle of a prepared model on `feeds`, as `runtime/oracle/verdict.py`'s `judge`
-    calls it: run(machine_values, wanted) → arrays by name."""
+    calls it: run(machine_values, wanted) → arrays by name. The weights' roundings are
+    computed on the first run and fed to the others (`emulating.round_weights`)."""
+    plan = prepared.compilation.cast_plan
+    rounded: dict[str, np.ndarray] = {}
 
     def run(machine_values, wanted):
+        if not rounded:
+            rounded.update(round_weights(prepared.folded, prepared.weights, plan))
         return run_emulating(
             prepared.folded,
             prepared.pristine,
             prepared.weights,
-            prepared.compilation.cast_plan,
+            plan,
             feeds,
             machine_values,
             wanted,
+            rounded,
         )
 
     return run
@@ -331,9 +337,11 @@ def check_program(
         "onnxruntime fp32",
     )
 
+    rounded = round_weights(imported.folded, imported.weights, plan)
+
     def run_oracle(machine_values, wanted):
         return run_emulating(
-            imported.folded, graph, imported.weights, plan, feeds, machine_values, wanted
+            imported.folded, graph, imported.weights, plan, feeds, machine_values, wanted, rounded
         )
 
     outputs, checkpoints, emulation = judge(

@@ -42,10 +42,10 @@ from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
 from onnx2bir.validation.subgraph import Cutter, all_values
 
 # What one weight element costs a segment's validation, in multiply-accumulates: the oracle
-# rounds every weight the program rounds, in each of its two runs, with a dozen elementwise
-# onnxruntime ops when the rounding is arithmetic. On light resnet50 (opset 9) the four
-# segments' walls spread 2.4-5.5 s without it and 2.9-4.9 s with it (docs/validation.md#segments).
-WEIGHT_COST = 100
+# rounds each weight the program rounds once per validation, with a dozen elementwise
+# onnxruntime ops when the rounding is arithmetic (old opsets, fp8, tf32). On light resnet50
+# (opset 9) the four segments' walls spread 1.6-3.6 s without it and 1.6-3.0 s with it.
+WEIGHT_COST = 20
 WINDOW = 1 / 8  # how far from its ideal place a cut may move, as a share of a segment's work
 
 

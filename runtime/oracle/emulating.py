@@ -301,12 +301,16 @@ def emulating_model(
     plan: CastPlan,
     resync: Iterable[str] = (),
     outputs: list[str] | None = None,
+    prerounded: dict[str, tuple[int, ...]] | None = None,
 ) -> onnx.ModelProto:
     """`folded` with the plan's roundings inserted (module docstring). `graph` is the graph
     built from `folded` (its node names, in the same order). Tensors in `resync` are rounded
     from a graph input `<tensor>::machine` instead of onnxruntime's own value. `outputs`:
     the tensors to return (default the graph outputs); `<tensor>::accumulation_allowance`
-    among them is the allowance of the reduction that produces `tensor`."""
+    among them is the allowance of the reduction that produces `tensor`. `prerounded`: the
+    rounded copies (`<tensor>::<dtype>`, with their shapes) fed as graph inputs instead of
+    computed (`round_weights`)."""
+    prerounded = prerounded or {}
     model = onnx.ModelProto()
     model.CopyFrom(folded)
     proto = model.graph
@@ -341,9 +345,16 @@ def emulating_model(
             if key not in rounded:
                 source = point.input + MACHINE_SUFFIX if point.input in resync else point.input
                 result = f"{point.input}::{point.dtype}"
-                new, consts = rounding_nodes(source, result, point.dtype, opset, result)
-                nodes.extend(new)
-                proto.initializer.extend(consts)
+                if result in prerounded and point.input not in resync:
+                    proto.input.append(
+                        helper.make_tensor_value_info(
+                            result, TensorProto.FLOAT, list(prerounded[result])
+                        )
+                    )
+                else:
+                    new, consts = rounding_nodes(source, result, point.dtype, opset, result)
+                    nodes.extend(new)
+                    proto.initializer.extend(consts)
                 rounded[key] = result
             for index, tensor in enumerate(node.input):
                 if tensor in (point.input, point.input + MACHINE_SUFFIX):
@@ -391,6 +402,49 @@ def emulating_model(
     return model
 
 
+def round_weights(
+    folded: onnx.ModelProto, weights: dict[str, np.ndarray], plan: CastPlan
+) -> dict[str, np.ndarray]:
+    """The plan's roundings of the held-aside weights, `<weight>::<dtype>` → value, computed
+    once for every run of the oracle (a validation runs it at least twice; an arithmetic
+    rounding of resnet50's 25M weights is a dozen elementwise ops each time). onnxruntime runs
+    the very nodes `emulating_model` would insert, at the model's opset, so each value is the
+    one the emulating model would compute."""
+    opset = next(
+        (entry.version for entry in folded.opset_import if entry.domain in ("", "ai.onnx")), 0
+    )
+    pairs = sorted({(p.input, p.dtype) for p in plan.points if p.input in weights})
+    if not pairs or opset < MIN_OPSET:
+        return {}
+    nodes, consts, inputs, results = [], [], {}, []
+    for tensor, dtype in pairs:
+        value = weights[tensor]
+        if np.asarray(value).dtype != np.float32:
+            continue
+        result = f"{tensor}::{dtype}"
+        new, made = rounding_nodes(tensor, result, dtype, opset, result)
+        nodes.extend(new)
+        consts.extend(made)
+        inputs[tensor] = value
+        results.append(result)
+    if not results:
+        return {}
+    graph = helper.make_graph(
+        nodes,
+        "round_weights",
+        [
+            helper.make_tensor_value_info(t, TensorProto.FLOAT, list(v.shape))
+            for t, v in inputs.items()
+        ],
+        [helper.make_tensor_value_info(r, TensorProto.FLOAT, None) for r in results],
+        consts,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=folded.ir_version
+    )
+    return run_onnxruntime(model.SerializeToString(), inputs, results)
+
+
 def run_emulating(
     folded: onnx.ModelProto,
     graph: Graph,
@@ -399,14 +453,19 @@ def run_emulating(
     feeds: dict[str, np.ndarray],
     machine_values: dict[str, np.ndarray] | None = None,
     outputs: list[str] | None = None,
+    prerounded: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run the emulating model on onnxruntime: `feeds` the graph inputs, `machine_values`
-    the resynchronised tensors (module docstring; none: the plain emulation)."""
+    the resynchronised tensors (module docstring; none: the plain emulation); `prerounded`
+    the weights' roundings from `round_weights`, fed instead of computed."""
     machine_values = machine_values or {}
+    prerounded = prerounded or {}
     wanted = list(outputs) if outputs is not None else list(graph.outputs)
-    model = emulating_model(folded, graph, plan, machine_values, wanted)
+    shapes = {name: tuple(value.shape) for name, value in prerounded.items()}
+    model = emulating_model(folded, graph, plan, machine_values, wanted, shapes)
     extra = {
         tensor + MACHINE_SUFFIX: np.asarray(value, np.float32)
         for tensor, value in machine_values.items()
     }
-    return run_onnxruntime(model.SerializeToString(), {**feeds, **weights, **extra}, wanted)
+    fed = {**feeds, **weights, **extra, **prerounded}
+    return run_onnxruntime(model.SerializeToString(), fed, wanted)

@@ -25,6 +25,7 @@ from onnx2bir.runtime.oracle.emulating import (
     MACHINE_SUFFIX,
     arithmetic_rounding,
     emulating_model,
+    round_weights,
     rounding_nodes,
     run_emulating,
 )
@@ -169,6 +170,34 @@ def test_a_cast_point_rounds_only_the_edge_it_names():
     np.testing.assert_allclose(got, bf + x, rtol=1e-6, atol=1e-6)  # the Add's x is not rounded
     plain = x.astype(np.float64) @ w.astype(np.float64) + x
     assert np.abs(got - plain).max() > 1e-3  # and the MatMul's are
+
+
+@pytest.mark.parametrize("opset", [9, 18])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weights_rounded_once_are_the_devices_rounding_and_feed_every_run(dtype, opset):
+    """A held-aside weight's rounding, computed once for all the oracle's runs, has the device's
+    bits (ml_dtypes), in the Cast form and the arithmetic one; the oracle fed it gives what it
+    computes rounding the weight itself."""
+    proto, graph, w = _mm_add()
+    del proto.opset_import[:]
+    proto.opset_import.append(helper.make_opsetid("", opset))
+    plan = CastPlan((CastPoint("mm", "w", dtype, "operand"),))
+    key = f"w::{dtype}"
+    bits = _values()  # every kind of bit pattern, tie and edge, as a weight
+    rounded = round_weights(proto, {"w": bits}, plan)
+    assert list(rounded) == [key]
+    assert _same_bits(rounded[key], expected(bits, dtype)).all()
+    rounded = round_weights(proto, {"w": w}, plan)
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    del proto.graph.initializer[:]  # held aside: fed at run time, as the import does
+    proto.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 8]))
+    itself = run_emulating(proto, graph, {"w": w}, plan, {"x": x})["y"]
+    fed = run_emulating(proto, graph, {"w": w}, plan, {"x": x}, prerounded=rounded)["y"]
+    assert _same_bits(fed, itself).all()
+    wrong = {key: rounded[key] * np.float32(1.01)}  # the fed value is the one used
+    assert not _same_bits(
+        run_emulating(proto, graph, {"w": w}, plan, {"x": x}, prerounded=wrong)["y"], itself
+    ).all()
 
 
 def test_every_reader_of_a_resynchronised_tensor_takes_the_machines_value():

@@ -21,7 +21,7 @@ from validation_helpers import corrupt_node
 from onnx2bir.cli.commands import main
 from onnx2bir.frontend.importer import import_model, load_model
 from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
-from onnx2bir.validation.segments import choose_cuts, crossings, node_costs
+from onnx2bir.validation.segments import WEIGHT_COST, choose_cuts, crossings, node_costs
 from onnx2bir.validation.subgraph import Cutter, all_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_node_costs_count_multiply_accumulates():
     shapes = {"x": (1, 3, 8, 8), "w": (4, 3, 3, 3), "c": (1, 4, 8, 8), "y": (1, 4, 8, 8)}
     conv, relu = node_costs(model, shapes)
     # 256 outputs x 27 products each, the 256 outputs written, 108 weights read.
-    assert conv == 256 * 27 + 256 + 100 * 108
+    assert conv == 256 * 27 + 256 + WEIGHT_COST * 108
     assert relu == 256
 
 
