@@ -26,7 +26,9 @@ Checked, per function:
 - runtime loops (DynamicFor, DoWhile): the runtime value names an element of a DRAM location,
   the step is positive, a dynamic loop is not parallel, and a location local to the loop region
   is touched by no instruction outside it. Spans of operands that move with a runtime axis
-  are checked for its first trip only (the machine checks every trip).
+  are checked for its first trip only (the machine checks every trip);
+- a loop marked `parallel` has no two accesses in different iterations that can touch a common
+  byte, one writing (`parallel.py`, rule PARALLEL-HAZARD).
 
 Per module: every Const location has a payload in `module.constants` of its dtype and shape (a
 parameter location may have one, of its dtype and shape, or leave it to the caller), and every
@@ -57,6 +59,7 @@ from onnx2bir.bir.opcodes import (
     SBUF_BYTES_PER_PARTITION,
     partition_start_allowed,
 )
+from onnx2bir.bir.parallel import parallel_hazards
 from onnx2bir.bir.predicates import predicate_cases
 from onnx2bir.errors import UserError
 
@@ -72,6 +75,7 @@ def verify_module(module: Module) -> list[str]:
         problems += _check_io(fn)
         _FunctionWalk(fn, problems).block(fn.entry, [])
         problems += _check_runtime_loops(fn)
+        problems += [hazard.message() for hazard in parallel_hazards(fn)]
     problems += _check_constants(module)
     return problems
 

@@ -5,7 +5,7 @@ the edges computed here order one stream against another (docs/dependencies.md#a
 For each pair of instructions on different streams whose accesses can overlap in bytes, one
 of them writing, the later one gets an edge from the earlier: Flow (read after write),
 Output (write after write) or Anti (write after read). Pairs on one stream need no edge: the
-stream orders them. Where two accesses can meet is `deps_overlap.may_overlap`, per relation
+stream orders them. Where two accesses can meet is `bir/overlap.py` `may_overlap`, per relation
 of their loop iterations, so a loop body gets:
 
 - a plain edge when the earlier instruction's execution can conflict with a later-or-equal
@@ -42,7 +42,7 @@ import numpy as np
 
 from onnx2bir.bir.enums import DepKind
 from onnx2bir.bir.ir import Dependency, Instruction, Loop, MemoryLocation
-from onnx2bir.codegen.deps_overlap import Footprint, LoopRange, footprint, may_overlap
+from onnx2bir.bir.overlap import Footprint, LoopRange, footprint, may_overlap
 
 BUCKET_BYTES = 8192  # on-chip accesses are indexed by 8 KiB slices of the partition
 DRAM_BUCKETS = 16  # a DRAM location is indexed by at most this many slices

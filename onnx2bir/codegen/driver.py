@@ -54,6 +54,7 @@ from onnx2bir.bir.ir import (
     Origin,
     Predicate,
     RuntimeValue,
+    all_loops,
 )
 from onnx2bir.bir.opcodes import (
     NUM_PARTITIONS,
@@ -62,6 +63,7 @@ from onnx2bir.bir.opcodes import (
     SB_ALIGN,
     SBUF_BYTES_PER_PARTITION,
 )
+from onnx2bir.bir.parallel import parallel_hazards
 from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
@@ -269,6 +271,12 @@ class BirCodeGen(InstructionBuilders):
         with self.scope("epilogue", no_reorder=True):  # outputs are published in order
             self._copy_outputs(written)
         self.block_stack.pop()
+        # A closing loop sees the hazards of a later iteration on an earlier one (its carried
+        # edges); a parallel loop must have none in either direction (bir/parallel.py).
+        unsound = {hazard.axis for hazard in parallel_hazards(self.function)}
+        for loop in all_loops(self.function.entry):
+            if loop.axis in unsound:
+                loop.parallel = False
         stamp_loop_modes(self.function.entry)
 
     def _copy_outputs(self, written: set[str]) -> None:

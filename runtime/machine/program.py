@@ -31,6 +31,7 @@ from onnx2bir.bir.ir import (
     Function,
     Instruction,
     Loop,
+    runtime_loops,
 )
 from onnx2bir.errors import MachineError, UserError
 
@@ -63,20 +64,34 @@ class Program:
         return clocks
 
 
-def unroll(function: Function, trips: dict[int, list[int]] | None = None) -> Program:
+def unroll(
+    function: Function,
+    trips: dict[int, list[int]] | None = None,
+    permute: np.random.Generator | None = None,
+) -> Program:
     """Every instance of `function`'s instructions in program order, with its predecessors.
 
     A runtime loop (DynamicFor, DoWhile) runs as many trips as `trips` recorded for it
-    (`interpreter.record_trips`, one count per instance in the order the instances start)."""
-    builder = _Builder(function, trips)
+    (`interpreter.record_trips`, one count per instance in the order the instances start).
+    With `permute`, the iterations of every loop marked `parallel` come in a random order
+    drawn from it — the order a scheduler free to reorder them might pick (docs/dependencies.md
+    #parallel-loops); a parallel loop holding a runtime loop keeps its order, the recorded
+    trips being per instance in program order."""
+    builder = _Builder(function, trips, permute)
     builder.block(function.entry, {})
     return builder.program
 
 
 class _Builder:
-    def __init__(self, function: Function, trips: dict[int, list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        function: Function,
+        trips: dict[int, list[int]] | None = None,
+        permute: np.random.Generator | None = None,
+    ) -> None:
         self.program = Program(function)
         self.trips = trips
+        self.permute = permute
         self.trip_index: dict[int, int] = {}
         self.stream_index: dict[str, int] = {}
         self.stream_last: list[int] = []
@@ -109,7 +124,11 @@ class _Builder:
         tracked = axis in self.carried_sources
         if tracked:
             self.history[axis] = deque(maxlen=self.max_distance[axis])
-        for value in self._values(loop):
+        order = self._values(loop)
+        if self.permute is not None and loop.parallel and len(order) > 1:
+            if next(runtime_loops(loop.body), None) is None:
+                order = [order[i] for i in self.permute.permutation(len(order))]
+        for value in order:
             inner = dict(values)
             inner[axis] = value
             if tracked:

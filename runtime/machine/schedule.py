@@ -5,15 +5,17 @@ the races found (`run_scheduled`).
 
 Schedules (docs/dependencies.md#schedules):
 - `program`: every instance in program order, the order the plain interpreter uses.
-- `random:SEED`: a seeded random interleaving of the streams: at each step one stream is
-  picked at random among those whose next instance has every predecessor done (its stream
-  predecessor and the sources of its edges, `runtime/machine/program.py`); nothing else orders them.
+- `random:SEED`: the iterations of every `parallel` loop in a seeded random order, then a
+  seeded random interleaving of the streams: at each step one stream is picked at random among
+  those whose next instance has every predecessor done (its stream predecessor and the sources
+  of its edges, `runtime/machine/program.py`); nothing else orders them.
 - `timeline`: the order in which a list schedule with the cost model's per-instruction costs
   (`runtime/timing/cost.py`) starts the instances: each starts when its stream is free and its edge
   sources have finished, every loop iteration scheduled in full; ties keep program order.
 
-Every schedule respects each stream's order and every edge, so a race-free program computes
-bit-identical outputs under all of them.
+Every schedule respects each stream's order and every edge, and permutes only iterations the
+verifier proved independent (`bir/parallel.py`), so a race-free program computes bit-identical
+outputs under all of them.
 """
 
 from __future__ import annotations
@@ -135,7 +137,10 @@ def run_scheduled(
         # whose counts depended on the schedule would race on the values that decide them.
         trips = record_trips(module, inputs, function_name)
     machine = load_machine(module, function, inputs)
-    program = unroll(function, trips)
+    # A random schedule also reorders the iterations of parallel loops (a second stream of
+    # the seed's numbers, so the interleaving draws stay those of the seed).
+    permute = np.random.default_rng([schedule.seed, 1]) if schedule.kind == "random" else None
+    program = unroll(function, trips, permute)
     detector = RaceDetector(program) if check_races else None
     run = {inst.id: semantics_for(inst) for inst in function.instructions()}
     for inst, hook in (before or {}).items():
