@@ -36,6 +36,9 @@ class CostTable:
     dma_partitions_per_engine: int = 8  # 128 partitions over 16 DMA engines
     dma_engines: int = 16  # DMA engines (and queues) per NeuronCore
     dma_core_bytes_per_s: float = 272e9  # 16 engines x 17 B/ns: the core's shared DMA bandwidth
+    # docs/device_time.md#dma: transfers under 256 bytes a partition are dominated by overhead;
+    # an indirect DMA's descriptor (one gathered row) is charged at least this many bytes.
+    dma_descriptor_min_bytes: int = 256
     # docs/device_time.md#semaphores: an engine waiting on another stream's semaphore
     semaphore_cycles: int = 100
     loop_warmup: int = 3  # loop trips simulated one by one before the steady state

@@ -66,6 +66,7 @@ class DepKind(enum.StrEnum):
 
 class Opcode(enum.StrEnum):
     DMA_COPY = "DmaCopy"
+    DMA_GATHER = "DmaGather"
     MATMULT = "Matmult"
     ACTIVATION = "Activation"
     TENSOR_TENSOR = "TensorTensor"

@@ -5,6 +5,11 @@ Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
 
 - DmaCopy: copies `in` to `dst`, element by element in row-major order of each side's shape;
   element counts must match. DRAM and SB on either side. A dtype change goes through fp32.
+- DmaGather: `dst[p, :] = in[indices[p], :]`, an indirect DMA: `in` views a DRAM table as
+  [rows, row] (one row per descriptor), `indices` is an integer [P, 1] SBUF tile holding one
+  row number per partition, `dst` an SB tile [P, row] of the table's dtype. A row number
+  outside the table is refused (the DMA's bounds check), naming the index and the table.
+  Descriptors are generated at run time from the index tile (docs/neuroncore.md#dma).
 - Matmult: `dst[M, N] (+)= stationary[K, M]ᵀ · moving[K, N]`. K = partitions of both inputs
   (≤ 128), M = stationary free size (≤ 128), N = moving free size (≤ 512). Inputs in SB, dst in
   PSUM (fp32, M partitions, N elements inside one 2 KiB bank). Accumulation is fp32 whatever
@@ -56,6 +61,9 @@ _COMPUTE = frozenset({Engine.DVE, Engine.POOL})
 OPCODES: dict[Opcode, OpcodeSpec] = {
     Opcode.DMA_COPY: OpcodeSpec(
         frozenset({Engine.DMA}), ("in",), (), ("queue",), DMA_MEMORY, DMA_MEMORY
+    ),
+    Opcode.DMA_GATHER: OpcodeSpec(
+        frozenset({Engine.DMA}), ("in", "indices"), (), ("queue",), SB_ONLY, DMA_MEMORY
     ),
     Opcode.MATMULT: OpcodeSpec(
         frozenset({Engine.PE}),

@@ -30,6 +30,16 @@ class InstructionBuilders:
         self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
         return self.emit(Opcode.DMA_COPY, Engine.DMA, dst, {"in": src}, queue=queue)
 
+    def dma_gather(
+        self, dst: AccessPattern, table: AccessPattern, indices: AccessPattern
+    ) -> Instruction:
+        """dst[p, :] = table[indices[p], :]: an indirect DMA (one descriptor per row)."""
+        queue = self._dma_queue
+        self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
+        return self.emit(
+            Opcode.DMA_GATHER, Engine.DMA, dst, {"in": table, "indices": indices}, queue=queue
+        )
+
     def matmul(
         self, dst: AccessPattern, stationary: AccessPattern, moving: AccessPattern, accumulate: bool
     ) -> Instruction:

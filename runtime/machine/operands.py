@@ -71,7 +71,7 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
             raise instruction_error(ins, f"operand {role!r} may not be in {op.memory}")
         if ins.engine is Engine.POOL and op.memory is MemoryType.PSUM:
             raise instruction_error(ins, f"POOL (GpSimd) cannot access PSUM (operand {role!r})")
-        if ins.opcode is Opcode.DMA_COPY:
+        if ins.opcode in (Opcode.DMA_COPY, Opcode.DMA_GATHER):
             continue
         if not partition_start_allowed(op.ap.partition_start, op.partitions):
             raise instruction_error(

@@ -110,6 +110,48 @@ def dma_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     store(dst, loop_values, src.view(loop_values))
 
 
+def _prep_dma_gather(ins: Instruction, ops: dict[str, Operand]) -> tuple:
+    table, index, dst = ops["in"], ops["indices"], ops["dst"]
+    if table.memory is not MemoryType.DRAM:
+        raise instruction_error(ins, "an indirect DMA gathers rows of a DRAM table")
+    if index.memory is not MemoryType.SB or index.loc.dtype.is_float:
+        raise instruction_error(
+            ins, f"indices must be an integer SBUF tile, are {index.loc.dtype} in {index.memory}"
+        )
+    shape = table.ap.shape
+    if len(shape) != 2:
+        raise instruction_error(ins, f"the table view must be [rows, row], is {list(shape)}")
+    rows, row = shape
+    if (index.partitions, index.free_size) != (dst.partitions, 1):
+        raise instruction_error(
+            ins,
+            f"indices are {index.partitions} x {index.free_size}; one row number per "
+            f"partition of dst ({dst.partitions}) is needed",
+        )
+    if dst.free_size != row:
+        raise instruction_error(ins, f"dst holds {dst.free_size} elements a row, the table {row}")
+    if dst.loc.dtype is not table.loc.dtype:
+        raise instruction_error(
+            ins, f"dst is {dst.loc.dtype}, the table {table.loc.dtype}: a gather copies bits"
+        )
+    return table, index, dst, rows
+
+
+def dma_gather(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
+    """DmaGather: dst[p, :] = table[indices[p], :], refusing a row outside the table."""
+    table, index, dst, rows = m.prepared.get(ins) or prepare(m, ins, _prep_dma_gather)
+    picks = np.asarray(index.view(loop_values)).reshape(-1).astype(np.int64)
+    outside = np.flatnonzero((picks < 0) | (picks >= rows))
+    if outside.size:
+        p = int(outside[0])
+        raise instruction_error(
+            ins,
+            f"index {picks[p]} (partition {p}) is outside table {table.loc.name!r} of {rows} "
+            "rows: the indirect DMA's bounds check refuses it",
+        )
+    store(dst, loop_values, table.view(loop_values)[picks])
+
+
 def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     stat, mov, dst = ops["stationary"], ops["moving"], ops["dst"]
     k, m_size, n_size = stat.partitions, stat.free_size, mov.free_size
@@ -391,6 +433,7 @@ def iota(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
 
 SEMANTICS: dict[Opcode, Semantics] = {
     Opcode.DMA_COPY: dma_copy,
+    Opcode.DMA_GATHER: dma_gather,
     Opcode.MATMULT: matmult,
     Opcode.ACTIVATION: activation,
     Opcode.TENSOR_TENSOR: tensor_tensor,

@@ -90,6 +90,19 @@ def instruction_cost(
     the wait for the core's shared bandwidth."""
     locations = function.memory_locations
     operands = list(ins.srcs.values()) + ([ins.dst] if ins.dst is not None else [])
+    if ins.opcode is Opcode.DMA_GATHER:
+        # One descriptor per gathered row: its bytes, at least the size below which a
+        # transfer is all overhead; never the table's size (docs/device_time.md#dma).
+        dst = ins.dst
+        row_bytes = dst.free_size * locations[dst.loc].dtype.itemsize
+        rows = max(1, dst.num_partitions)
+        charged = rows * max(row_bytes, table.dma_descriptor_min_bytes)
+        engines = min(table.dma_engines, math.ceil(rows / table.dma_partitions_per_engine))
+        return (
+            0.0,
+            table.dma_issue_s + charged / (engines * table.dma_bytes_per_s),
+            rows * row_bytes,
+        )
     if ins.engine is Engine.DMA:
         moved = max(ap.num_elements * locations[ap.loc].dtype.itemsize for ap in operands)
         partitions = max((ap.num_partitions for ap in operands), default=0)

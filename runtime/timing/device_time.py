@@ -27,7 +27,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from onnx2bir.bir.enums import Engine
+from onnx2bir.bir.enums import Engine, Opcode
 from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop
 from onnx2bir.runtime.timing.cost import CostTable, instruction_cost, matmul_flops
 
@@ -117,9 +117,13 @@ class _Simulator:
             compulsory: tuple[str, ...] = ()
             if ins.engine is Engine.DMA:
                 locations = self.function.memory_locations
+                # An indirect DMA reads the rows it gathers, not its whole table.
+                touched = [ins.dst, *(ap for r, ap in ins.srcs.items() if r != "in")]
+                if ins.opcode is not Opcode.DMA_GATHER:
+                    touched = [*ins.srcs.values(), ins.dst]
                 compulsory = tuple(
                     ap.loc
-                    for ap in [*ins.srcs.values(), ins.dst]
+                    for ap in touched
                     if ap is not None
                     and ap.loc in locations
                     and locations[ap.loc].kind.value in _COMPULSORY_KINDS

@@ -27,6 +27,7 @@ from onnx2bir.runtime.oracle.ort import save_arrays, synthesize_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 BERT = ROOT / "models" / "bert.onnx"
+LONG_ATTENTION = ROOT / "models" / "long_attention.onnx"
 MODELS = sorted((ROOT / "models").glob("*.onnx"))
 
 
@@ -58,10 +59,10 @@ def test_every_sequential_loop_marked_parallel_is_refused():
 
 
 def test_run_refuses_a_hand_marked_accumulating_loop(tmp_path, capsys):
-    assert main(["convert", str(BERT), "-o", str(tmp_path)]) == 0
-    program = tmp_path / "bert.bir.json"
-    module = compile_model(BERT, CompileOptions()).module
-    feeds = synthesize_inputs(import_model(BERT), 0)
+    assert main(["convert", str(LONG_ATTENTION), "-o", str(tmp_path)]) == 0
+    program = tmp_path / "long_attention.bir.json"
+    module = compile_model(LONG_ATTENTION, CompileOptions()).module
+    feeds = synthesize_inputs(import_model(LONG_ATTENTION), 0)
     inputs = save_arrays(tmp_path / "in.npz", feeds, "input")
     assert main(["run", str(program), "--inputs", str(inputs)]) == 0  # as written, it runs
 
@@ -74,7 +75,7 @@ def test_run_refuses_a_hand_marked_accumulating_loop(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", str(program), "--inputs", str(inputs)]) == 2
     message = capsys.readouterr().err
-    assert RULE in message and repr(axis) in message and "Matmult" in message
+    assert RULE in message and repr(axis) in message
 
 
 def _json_loops(block: dict):
@@ -87,9 +88,8 @@ def _json_loops(block: dict):
 def test_a_permutation_changes_what_a_wrongly_parallel_loop_computes():
     """With the check bypassed, a permuted order sums the accumulation in another order and
     the answer changes: the check refuses exactly what a reordering scheduler would break."""
-    model = ROOT / "models" / "long_attention.onnx"
-    module = compile_model(model, CompileOptions()).module
-    feeds = synthesize_inputs(import_model(model), 0)
+    module = compile_model(LONG_ATTENTION, CompileOptions()).module
+    feeds = synthesize_inputs(import_model(LONG_ATTENTION), 0)
     reference = run_function(module, feeds)
     changed = []
     for loop in _accumulating(module.functions[0]):

@@ -3,8 +3,11 @@
 Constant indices are resolved at compile time into source offsets, and consecutive picks whose
 offsets step evenly (a slice, a repeat, a single index) become one strided DRAM→DRAM DMA each.
 When the indices are too irregular for that (more than MAX_CONST_RUNS runs), or are computed
-at run time, the gather runs on the engines; the machine has no indirect DMA, so a pick is a
-one-hot selection:
+at run time, each pick is an **indirect DMA** (`_gather_rows_dma`): one pick per partition, its
+index components folded to a row number on VectorE (int64, negative indices normalised), and a
+DmaGather brings that row of the DRAM table into its partition — one descriptor per row, so the
+cost follows the picks, not the table (docs/device_time.md#dma). A table the memory plan keeps
+in SBUF has no DRAM rows to gather; there a pick is a one-hot selection:
 
 - Rows of a float table (Gather, GatherND): one-hot matmul on the PE array. Every partition
   holds the index row (a broadcasting DMA, converted to fp32), VectorE compares it with the
@@ -112,10 +115,63 @@ def gather_rows(
     Each pick has len(dims) index components (1 for Gather), which fold to a row number.
     """
     dtype = cg.graph.tensors[data].dtype
-    if dtype.is_float:
-        _gather_rows_pe(cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out)
+    args = (cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out)
+    if cg.dram(data).name not in cg.homes:
+        _gather_rows_dma(*args)
+    elif dtype.is_float:
+        _gather_rows_pe(*args)
     else:
-        _gather_rows_dve(cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out)
+        _gather_rows_dve(*args)
+
+
+ROW_CHUNK = 4096  # table elements per partition an indirect DMA gathers at once
+
+
+def _gather_rows_dma(
+    cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out
+) -> None:
+    """One pick per partition: its index components (int64) fold to a row number on VectorE,
+    and an indirect DMA brings that row of the DRAM table into the partition."""
+    p, i64 = NUM_PARTITIONS, Dtype.INT64
+    k_parts = len(dims)
+    cols = min(inner, ROW_CHUNK)
+    idx_sb = cg.sb_tile("indices", p, k_parts, i64)
+    flat_sb = cg.sb_tile("flat", p, 1, i64)
+    tmp_sb = cg.sb_tile("tmp", p, 1, i64)
+    gathered = cg.sb_tile("rows", p, cols, cg.graph.tensors[data].dtype)
+    idx_loc, data_loc, out_loc = cg.dram(indices).name, cg.dram(data).name, cg.dram(out).name
+    for o in tiles(cg, outer, 1, "o"):
+        for j in tiles(cg, picks, p, "j"):
+            cg.dma(
+                cg.ap(idx_sb, [(1, k_parts)], partitions=j.size),
+                cg.dram_ap(
+                    idx_loc,
+                    o.start * idx_outer_stride + j.start * k_parts,
+                    [(k_parts, j.size), (1, k_parts)],
+                ),
+            )
+            flat = fold_index(
+                cg,
+                lambda m, j=j: cg.ap(idx_sb, [(1, 1)], m, partitions=j.size),
+                cg.ap(flat_sb, partitions=j.size),
+                cg.ap(tmp_sb, partitions=j.size),
+                dims,
+                integer=True,
+            )
+            for c in tiles(cg, inner, cols, "c"):
+                row = cg.ap(gathered, [(1, c.size)], partitions=j.size)
+                table = cg.dram_ap(
+                    data_loc, o.start * (rows * inner) + c.start, [(inner, rows), (1, c.size)]
+                )
+                cg.dma_gather(row, table, flat)
+                cg.dma(
+                    cg.dram_ap(
+                        out_loc,
+                        o.start * (picks * inner) + j.start * inner + c.start,
+                        [(inner, j.size), (1, c.size)],
+                    ),
+                    row,
+                )
 
 
 def _gather_rows_pe(
