@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from onnx2bir.bir.ir import BasicBlock, DoWhile, DynamicLoop, Function, Instruction, Loop
 from onnx2bir.bir.overlap import Footprint, LoopRange, footprint, may_overlap
+from onnx2bir.bir.rules import cite
 
 RULE = "PARALLEL-HAZARD"
 
@@ -33,12 +34,12 @@ class ParallelHazard:
     kind: str  # "write/write", "write/read", "read/write" (first's access / second's)
 
     def message(self) -> str:
-        return (
-            f"{RULE}: loop {self.axis!r} is marked parallel, but instruction {self.first.id} "
+        return cite(
+            RULE,
+            f"loop {self.axis!r} is marked parallel, but instruction {self.first.id} "
             f"{self.first.opcode} (node {self.first.origin.node!r}) and instruction "
             f"{self.second.id} {self.second.opcode} (node {self.second.origin.node!r}) touch "
-            f"the same bytes of {self.memory} in different iterations ({self.kind}): the "
-            "iterations cannot run in any order"
+            f"the same bytes of {self.memory} in different iterations ({self.kind})",
         )
 
 

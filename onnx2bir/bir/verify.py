@@ -61,7 +61,8 @@ from onnx2bir.bir.opcodes import (
 )
 from onnx2bir.bir.parallel import parallel_hazards
 from onnx2bir.bir.predicates import predicate_cases
-from onnx2bir.errors import UserError
+from onnx2bir.bir.rules import cite, rule_of
+from onnx2bir.errors import MachineError, UserError
 
 _CAPACITY = {MemoryType.SB: SBUF_BYTES_PER_PARTITION, MemoryType.PSUM: PSUM_BYTES_PER_PARTITION}
 _DEP_KINDS = frozenset(DepKind)
@@ -84,9 +85,19 @@ class VerificationError(UserError):
     """A module that fails `verify_module`; the message lists the first problems."""
 
 
+class HardwareRuleError(MachineError):
+    """A module that breaks a hardware rule (`rules.py`): refused as the machine refuses a
+    program, exit status 1, the rule ids in the message."""
+
+
 def check_module(module: Module, what: str = "BIR") -> None:
-    """Raise `VerificationError` naming the first problems when `module` does not verify."""
+    """Raise `HardwareRuleError` when `module` breaks a hardware rule and nothing else, else
+    `VerificationError` naming the first problems when it does not verify."""
     problems = verify_module(module)
+    if problems and all(rule_of(problem) for problem in problems):
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise HardwareRuleError(f"{what} breaks {len(problems)} hardware rule(s): {shown}{more}")
     if problems:
         shown = "; ".join(problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -299,7 +310,9 @@ class _FunctionWalk:
             return
         if inst.engine not in spec.engines:
             allowed = ", ".join(sorted(str(engine) for engine in spec.engines))
-            found.append(f"runs on {inst.engine}; {inst.opcode} runs on {allowed}")
+            found.append(
+                cite("ENGINE-OPCODE", f"runs on {inst.engine}; {inst.opcode} runs on {allowed}")
+            )
         for role in spec.required_srcs:
             if role not in inst.srcs:
                 found.append(f"lacks required src {role!r}")
@@ -329,7 +342,11 @@ class _FunctionWalk:
             allowed = spec.dst_memory if role == "dst" else spec.src_memory
             if loc.memory not in allowed:
                 names = ", ".join(sorted(str(memory) for memory in allowed))
-                found.append(f"{role} {ap.loc!r} is in {loc.memory}, allowed: {names}")
+                found.append(
+                    cite(
+                        "OPERAND-MEMORY", f"{role} {ap.loc!r} is in {loc.memory}, allowed: {names}"
+                    )
+                )
         if loc.memory == MemoryType.DRAM:
             if ap.num_partitions or ap.partition_start:
                 found.append(f"{role} {ap.loc!r} is DRAM but selects partitions")
@@ -344,8 +361,11 @@ class _FunctionWalk:
                 ap.partition_start, ap.num_partitions
             ):
                 found.append(
-                    f"{role} {ap.loc!r} starts at partition {ap.partition_start} with "
-                    f"{ap.num_partitions} partitions, against the partition-start rule"
+                    cite(
+                        "PARTITION-START",
+                        f"{role} {ap.loc!r} starts at partition {ap.partition_start} with "
+                        f"{ap.num_partitions} partitions",
+                    )
                 )
         touches = ranges is not None and all(count > 0 for _, count in ap.pattern)
         if touches and all(axis in ranges for axis, _ in ap.offset_terms):

@@ -30,6 +30,7 @@ from onnx2bir.bir.opcodes import (
     PSUM_BYTES_PER_PARTITION,
     SBUF_BYTES_PER_PARTITION,
 )
+from onnx2bir.bir.rules import cite
 from onnx2bir.errors import MachineError
 
 SENTINEL_BYTE = 0xFF  # all-ones bytes are a NaN in fp32, bf16 and fp16
@@ -39,8 +40,11 @@ PARTITION_BYTES = {
 }
 
 
-def instruction_error(ins: Instruction, message: str) -> MachineError:
-    """A MachineError naming the instruction id, opcode, origin node and rule."""
+def instruction_error(ins: Instruction, message: str, rule: str | None = None) -> MachineError:
+    """A MachineError naming the instruction id, opcode, origin node and rule; with `rule`, the
+    hardware rule broken, cited with its id and fact (`onnx2bir/bir/rules.py`)."""
+    if rule is not None:
+        message = cite(rule, message)
     return MachineError(
         f"instruction {ins.id} {ins.opcode} (node {ins.origin.node!r}, "
         f"rule {ins.origin.rule!r}): {message}"

@@ -52,7 +52,9 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
     spec = OPCODES[ins.opcode]
     if ins.engine not in spec.engines:
         allowed = ", ".join(sorted(spec.engines))
-        raise instruction_error(ins, f"engine {ins.engine} cannot run it (allowed: {allowed})")
+        raise instruction_error(
+            ins, f"engine {ins.engine} cannot run it (allowed: {allowed})", "ENGINE-OPCODE"
+        )
     roles = set(ins.srcs)
     missing = set(spec.required_srcs) - roles
     unknown = roles - set(spec.required_srcs) - set(spec.optional_srcs)
@@ -68,9 +70,11 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
     for role, op in ops.items():
         allowed = spec.dst_memory if role == "dst" else spec.src_memory
         if op.memory not in allowed:
-            raise instruction_error(ins, f"operand {role!r} may not be in {op.memory}")
+            raise instruction_error(
+                ins, f"operand {role!r} may not be in {op.memory}", "OPERAND-MEMORY"
+            )
         if ins.engine is Engine.POOL and op.memory is MemoryType.PSUM:
-            raise instruction_error(ins, f"POOL (GpSimd) cannot access PSUM (operand {role!r})")
+            raise instruction_error(ins, f"operand {role!r} is in PSUM", "POOL-PSUM")
         if ins.opcode in (Opcode.DMA_COPY, Opcode.DMA_GATHER):
             continue
         if not partition_start_allowed(op.ap.partition_start, op.partitions):
@@ -78,10 +82,13 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
                 ins,
                 f"operand {role!r}: a {op.partitions}-partition tile cannot start at partition "
                 f"{op.ap.partition_start}",
+                "PARTITION-START",
             )
         if len(op.ap.pattern) > MAX_FREE_DIMS:
             raise instruction_error(
-                ins, f"operand {role!r} has {len(op.ap.pattern)} free dims, max {MAX_FREE_DIMS}"
+                ins,
+                f"operand {role!r} has {len(op.ap.pattern)} free dims, max {MAX_FREE_DIMS}",
+                "FREE-DIMS",
             )
 
 

@@ -81,7 +81,9 @@ def _check_bank(ins: Instruction, dst: Operand, offset: int) -> None:
     last = dst.loc.address + (offset + dst.high + 1) * dst.itemsize - 1
     if first // PSUM_BANK_BYTES != last // PSUM_BANK_BYTES:
         raise instruction_error(
-            ins, f"matmul output bytes [{first}, {last}] cross a {PSUM_BANK_BYTES}-byte PSUM bank"
+            ins,
+            f"matmul output bytes [{first}, {last}] cross a {PSUM_BANK_BYTES}-byte PSUM bank",
+            "PSUM-BANK",
         )
 
 
@@ -146,8 +148,8 @@ def dma_gather(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> Non
         p = int(outside[0])
         raise instruction_error(
             ins,
-            f"index {picks[p]} (partition {p}) is outside table {table.loc.name!r} of {rows} "
-            "rows: the indirect DMA's bounds check refuses it",
+            f"index {picks[p]} (partition {p}) is outside table {table.loc.name!r} of {rows} rows",
+            "DMA-OOB",
         )
     store(dst, loop_values, table.view(loop_values)[picks])
 
@@ -156,21 +158,28 @@ def _prep_matmult(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     stat, mov, dst = ops["stationary"], ops["moving"], ops["dst"]
     k, m_size, n_size = stat.partitions, stat.free_size, mov.free_size
     if mov.partitions != k or k > NUM_PARTITIONS:
-        raise instruction_error(ins, f"contraction K: stationary {k}, moving {mov.partitions}")
+        raise instruction_error(
+            ins, f"contraction K: stationary {k}, moving {mov.partitions}", "PE-SHAPE"
+        )
     if m_size > MATMUL_MAX_STATIONARY_FREE or n_size > MATMUL_MAX_MOVING_FREE:
-        raise instruction_error(ins, f"M = {m_size} (max 128) or N = {n_size} (max 512) too big")
+        raise instruction_error(
+            ins, f"M = {m_size} (max 128) or N = {n_size} (max 512) too big", "PE-SHAPE"
+        )
     if (dst.partitions, dst.free_size) != (m_size, n_size):
         raise instruction_error(
-            ins, f"dst is {dst.partitions} x {dst.free_size}, result is {m_size} x {n_size}"
+            ins,
+            f"dst is {dst.partitions} x {dst.free_size}, result is {m_size} x {n_size}",
+            "PE-SHAPE",
         )
     if dst.loc.dtype is not Dtype.FP32:
-        raise instruction_error(ins, f"PSUM dst must be float32, is {dst.loc.dtype}")
+        raise instruction_error(ins, f"the PSUM dst is {dst.loc.dtype}", "PE-PSUM-FP32")
     if not pe_operands_pair(stat.loc.dtype, mov.loc.dtype):
         raise instruction_error(
             ins,
             f"input dtypes {stat.loc.dtype}, {mov.loc.dtype} cannot pair on the PE array "
             f"(inputs among {', '.join(sorted(PE_INPUT_DTYPES))}; fp32/tfloat32 pair only "
             "with fp32/tfloat32)",
+            "PE-DTYPE",
         )
     accumulate = ins.attrs["accumulate"]
     if not isinstance(accumulate, bool | np.bool_):
@@ -277,7 +286,7 @@ def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     a, b, dst = ops["in0"], ops["in1"], ops["dst"]
     check_same_tile(ins, dst, a, b)
     if a.memory is MemoryType.PSUM and b.memory is MemoryType.PSUM:
-        raise instruction_error(ins, "both inputs are in PSUM")
+        raise instruction_error(ins, "both inputs are in PSUM", "TT-PSUM-INPUTS")
     math_dtype = I64 if int_like(a.dtype) and int_like(b.dtype) else F32
     return a, b, dst, enum_attr(ins, AluOp, "op"), math_dtype
 

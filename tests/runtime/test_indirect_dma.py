@@ -90,7 +90,8 @@ def test_an_index_outside_the_table_is_refused(tmp_path: Path, capsys):
     inputs = save_arrays(tmp_path / "bad.npz", {"ids": np.array([0, -51, 1, 2])}, "input")
     capsys.readouterr()
     assert main(["run", str(tmp_path / "gather.bir.json"), "--inputs", str(inputs)]) == 1
-    assert "outside table" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "DMA-OOB: " in err and "outside table" in err
 
 
 def test_its_cost_follows_the_rows_gathered_not_the_table():

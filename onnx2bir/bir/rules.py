@@ -1,0 +1,87 @@
+"""The hardware rules a program must keep, each with a stable id (docs/neuroncore.md#rules).
+
+Beside the opcode table (`opcodes.py`: roles, engines, memories), this is what the verifier and
+the machine refuse in the hardware's name. A refusal names the rule id, the instruction (id,
+opcode, node, rule of the emitter) and the fact it breaks, so that "does not compile for the
+device" comes with the reason a NeuronCore would give. Each fact's source is cited in
+docs/neuroncore.md#rules. A program that breaks a rule is refused with exit status 1 (the
+machine rejects it), as a NeuronCore would; a program that is malformed (an unknown location,
+a missing operand) stays a verification error, exit 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    id: str
+    applies_to: str
+    fact: str
+
+
+RULES: dict[str, Rule] = {
+    rule.id: rule
+    for rule in (
+        Rule("ENGINE-OPCODE", "every instruction", "each opcode runs only on its engines"),
+        Rule(
+            "OPERAND-MEMORY",
+            "every instruction",
+            "each operand role lives in the memories its engine reaches (a matmul reads SBUF "
+            "and writes PSUM; a DMA moves between DRAM and SBUF)",
+        ),
+        Rule("POOL-PSUM", "GpSimd instructions", "GpSimd cannot access PSUM"),
+        Rule(
+            "PARTITION-START",
+            "compute-engine operands on SBUF/PSUM",
+            "a tile of more than 64 partitions starts at partition 0, of 33-64 at 0 or 64, of "
+            "at most 32 at 0, 32, 64 or 96",
+        ),
+        Rule(
+            "FREE-DIMS",
+            "compute-engine operands",
+            "an access pattern has at most 4 free dimensions",
+        ),
+        Rule(
+            "PE-SHAPE",
+            "Matmult",
+            "both inputs have the same K <= 128 partitions; the stationary free size M <= 128, "
+            "the moving free size N <= 512, the result M x N",
+        ),
+        Rule(
+            "PE-DTYPE",
+            "Matmult",
+            "inputs are float8/bfloat16/float16/tfloat32/float32 (no integers); fp32 pairs "
+            "only with fp32 or tf32",
+        ),
+        Rule("PE-PSUM-FP32", "Matmult", "accumulation and results are float32 in PSUM"),
+        Rule("PSUM-BANK", "Matmult", "a result lies inside one 2 KiB PSUM bank"),
+        Rule("TT-PSUM-INPUTS", "TensorTensor", "the two inputs are not both in PSUM"),
+        Rule(
+            "DMA-OOB",
+            "DmaGather",
+            "an address computed at run time outside its tensor is a runtime error",
+        ),
+        Rule(
+            "PARALLEL-HAZARD",
+            "loops marked parallel",
+            "no two iterations touch a common byte, one writing (docs/dependencies.md"
+            "#parallel-loops)",
+        ),
+    )
+}
+
+
+def cite(rule_id: str, detail: str) -> str:
+    """`<ID>: <detail> (<the fact>)`, the form every refusal takes."""
+    rule = RULES[rule_id]
+    return f"{rule.id}: {detail} ({rule.fact})"
+
+
+def rule_of(problem: str) -> str | None:
+    """The rule id a problem message cites, if any."""
+    for rule_id in RULES:
+        if f"{rule_id}: " in problem:
+            return rule_id
+    return None
