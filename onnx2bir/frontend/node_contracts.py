@@ -4,8 +4,8 @@ constant gather indices. Checked on the folded model, before the graph is built.
 onnx's shape inference does not check everything onnxruntime (or the lowerings) rely on: a
 Conv whose weight disagrees with its input channels, a `group` that does not divide them, an
 `auto_pad` value that does not exist, a LayerNormalization axis out of range, a constant Gather
-index far outside its table. Each is refused here with one line naming the node and the
-attribute or input (`docs/input_contracts.md#model`).
+index far outside its table, a Reshape to a shape of another element count. Each is refused
+here with one line naming the node and the attribute or input (`docs/input_contracts.md#model`).
 """
 
 from __future__ import annotations
@@ -163,6 +163,27 @@ def _check_gather(n: _Node) -> None:
             )
 
 
+def _check_reshape(n: _Node) -> None:
+    """A constant target shape keeps the element count (0 copies the input's dim unless
+    `allowzero`; one -1 takes what is left): onnxruntime refuses the model otherwise."""
+    x = n.shape(0)
+    target = n.constant(n.proto.input[1]) if len(n.proto.input) > 1 else None
+    if x is None or target is None:
+        return
+    wanted = [int(v) for v in np.asarray(target).reshape(-1)]
+    keep_zero = n.attrs.get("allowzero", 0)
+    dims = [x[i] if v == 0 and not keep_zero and i < len(x) else v for i, v in enumerate(wanted)]
+    count = int(np.prod(x, dtype=np.int64))
+    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        n.refuse(f"shape {wanted} in {n.proto.input[1]!r} is not a valid Reshape target")
+    if -1 in dims and (known == 0 or count % known) or -1 not in dims and known != count:
+        n.refuse(
+            f"cannot reshape {list(x)} ({count} elements) to {wanted} in "
+            f"{n.proto.input[1]!r}: the number of elements changes"
+        )
+
+
 _CHECKS: dict[str, list[Callable[[_Node], None]]] = {}
 for _op in _SPATIAL:
     _CHECKS.setdefault(_op, []).append(_check_spatial)
@@ -171,6 +192,7 @@ for _op in ("Conv", "ConvTranspose"):
 for _op in _AXIS_OPS:
     _CHECKS.setdefault(_op, []).append(_check_axis)
 _CHECKS["Transpose"] = [_check_transpose]
+_CHECKS["Reshape"] = [_check_reshape]
 for _op in ("Gather", "GatherElements", "GatherND"):
     _CHECKS.setdefault(_op, []).append(_check_gather)
 

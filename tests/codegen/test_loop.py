@@ -274,3 +274,36 @@ def test_body_with_its_own_constant_and_an_outer_computed_tensor():
     # The folded constant travels as a payload; it is not a loop-region local.
     consts = [name for name in module.constants if name.endswith("/half")]
     assert consts and not set(consts) & set(loop.local_locations)
+
+
+def test_a_body_with_initializers_of_its_own_matches_onnxruntime():
+    """Valid ONNX (the checker passes, onnxruntime runs it): the body's own initializers are
+    constants of the body; one shares a name with an outer tensor and must not be confused."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["acc", "half"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "x"], ["acc_out"]),  # the outer x
+            helper.make_node("Identity", ["cond"], ["cond_out"]),
+        ],
+        "body",
+        [
+            _scalar("i", TensorProto.INT64),
+            _scalar("cond", TensorProto.BOOL),
+            helper.make_tensor_value_info("acc", TensorProto.FLOAT, [N]),
+        ],
+        [
+            _scalar("cond_out", TensorProto.BOOL),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [N]),
+        ],
+        [numpy_helper.from_array(np.linspace(0.25, 1.0, N).astype(np.float32), "half")],
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["half"]),  # an outer tensor of the same name
+        helper.make_node("Loop", ["M", "", "half"], ["y"], body=body),
+    ]
+    graph = helper.make_graph(nodes, "body_inits", [X, _scalar("M", TensorProto.INT64)], [Y])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION
+    )
+    onnx.checker.check_model(model, full_check=True)
+    run_and_compare(model, {"x": x_feed(5), "M": np.array(3, np.int64)})

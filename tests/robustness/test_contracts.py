@@ -193,3 +193,39 @@ def test_a_vendor_add_is_not_absorbed_into_an_mlp_bias(tmp_path, capsys):
     assert main(["convert", str(path), "-o", str(tmp_path / "out")]) == 2
     assert "unsupported ops in vit_ms: com.microsoft.Add x1" in capsys.readouterr().err
     assert not _ort_loads(model)
+
+
+@pytest.mark.parametrize(
+    "target, fragments",
+    [
+        # onnx's shape inference does not compare the counts: the contract does.
+        ([5, 3], ("node 'rs' (Reshape)", "cannot reshape [2, 6] (12 elements) to [5, 3]")),
+        # These the shape inference refuses first, naming the node too.
+        ([-1, 5], ("node name: rs", "incompatible shapes")),
+        ([-1, -1], ("node name: rs", "multiple -1")),
+    ],
+)
+def test_a_reshape_that_changes_the_element_count_is_bad_input(target, fragments):
+    node = helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")
+    model = _model([node], {"x": [2, 6]}, {"y": None}, {"s": np.array(target, np.int64)})
+    _refused(model, *fragments)
+    assert not _ort_runs(model, {"x": np.zeros((2, 6), np.float32)})
+
+
+@pytest.mark.parametrize("target", [[3, 4], [0, -1], [-1], [1, 12]])
+def test_a_reshape_that_keeps_the_count_is_accepted(target):
+    node = helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")
+    model = _model([node], {"x": [2, 6]}, {"y": None}, {"s": np.array(target, np.int64)})
+    assert import_model(model).outputs == ["y"]
+    assert _ort_runs(model, {"x": np.zeros((2, 6), np.float32)})
+
+
+def _ort_runs(model, feeds) -> bool:
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        session.run(None, feeds)
+    except Exception:
+        return False
+    return True

@@ -282,6 +282,15 @@ def _import_body(cg: BirCodeGen, node: Node, states: list[str]):
         for out in body_node.output:
             if out:
                 rename[out] = prefix + out
+    # A body's own initializers (valid ONNX: the body is a graph like any other) are constants
+    # of the body, named apart from the enclosing graph's.
+    own = []
+    for init in body.initializer:
+        rename[init.name] = prefix + init.name
+        constant = onnx.TensorProto()
+        constant.CopyFrom(init)
+        constant.name = prefix + init.name
+        own.append(constant)
     defined = set(rename)
     outer_refs = []
     for body_node in body.node:
@@ -310,7 +319,7 @@ def _import_body(cg: BirCodeGen, node: Node, states: list[str]):
     initial = list(node.inputs[2:])
     for state, init in zip(states, initial, strict=True):
         inputs.append(value_info(state, outer.tensors[init]))
-    initializers = []
+    initializers = own
     for name in outer_refs:
         info = outer.tensors[name]
         if info.is_const:
