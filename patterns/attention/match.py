@@ -9,8 +9,8 @@ or the first reason the match is not an attention block. The gates and the raise
 
 Pattern. Anchored on Softmax: `QK = MatMul(q, kᵀ)`, then up to four score steps, each a Mul or
 Div by a scalar (the scale), an Add of any tensor (mask, position bias), a Where with a scalar
-fill (masked_fill) or a Cast, then Softmax, an optional tail (Cast, Dropout/Identity, or the
-NaN guard `Where(IsNaN(P), 0, P)`), then `MatMul(P, v)`. The variants are concrete graphs
+fill (masked_fill) or a Cast, then Softmax, an optional tail (one Cast or two, Dropout/Identity,
+or the NaN guard `Where(IsNaN(P), 0, P)`), then `MatMul(P, v)`. The variants are concrete graphs
 matched by subgraph monomorphism, longest first (most specific first); they are written as
 the ops they match (`_attention`, with `patterns/builder.py`), one variant per
 choice. Q/K/V paths — where a scale may also sit (on Q, or √scale on both Q and Kᵀ), how
@@ -46,7 +46,9 @@ MAX_SCORE_STEPS = 4
 _SCORE_OPS = ("Mul", "Div", "Add", "Where", "Cast")
 
 
-TAILS = ("none", "cast", "identity", "nan_guard")
+# "cast_cast": softmax(scores, dtype=float32).to(query.dtype), as current transformers
+# releases write eager attention, exports as Softmax → Cast → Cast.
+TAILS = ("none", "cast", "cast_cast", "identity", "nan_guard")
 
 
 def _attention(op: PatternOps) -> str:
@@ -59,6 +61,8 @@ def _attention(op: PatternOps) -> str:
     tail = TAILS[op.choose(len(TAILS))]
     if tail == "cast":
         p = op.Cast(p, key="tail_cast")
+    elif tail == "cast_cast":
+        p = op.Cast(op.Cast(p, key="tail_cast"), key="tail_cast2")
     elif tail == "identity":
         p = op.any_of("Dropout", "Identity")(p, key="tail_identity")
     elif tail == "nan_guard":
@@ -129,8 +133,12 @@ def check_block(
             return None, "Where after softmax is not the NaN guard (fill is not 0)"
         block.post_steps.append({"op": "nan_to_zero"})
         block.variant.append("NaN guard after softmax")
-    if "tail_cast" in match:
-        block.variant.append("Cast after softmax")
+    casts = [match[key] for key in ("tail_cast", "tail_cast2") if key in match]
+    for cast in casts:
+        if not graph.tensors[graph.node(cast)["outputs"][0]].dtype.is_float:
+            return None, "casts the probabilities to a non-float type"
+    if casts:
+        block.variant.append("Cast after softmax" + (f" (x{len(casts)})" if len(casts) > 1 else ""))
     nodes = set(match.values())
     problem = validity_problem(graph, nodes, {block.output})
     if problem:

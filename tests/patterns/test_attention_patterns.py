@@ -8,6 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import assert_matches_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import Dtype
@@ -130,6 +131,34 @@ def test_score_step_variants_match(steps, fragment):
     (block,) = findings
     assert block["is_attention"] and fragment in block["variant"]
     assert block["nodes"][0] == "qk" and "pv" in block["nodes"] and "softmax" in block["nodes"]
+
+
+@pytest.mark.parametrize("casts", [1, 2])
+def test_casts_after_the_softmax_do_not_hide_the_block(casts):
+    """softmax(scores, dtype=float32).to(query.dtype), as transformers' eager attention writes
+    it: Softmax → Cast → Cast → MatMul. An identity Cast must never hide an idiom."""
+    b = Builder()
+    q, k, v = b.qkv()
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
+    p = b.op("Softmax", [b.op("Mul", [s, b.const(D**-0.5)])], name="softmax", axis=-1)
+    for _ in range(casts):
+        p = b.op("Cast", [p], to=TensorProto.FLOAT)
+    model = b.model(b.op("MatMul", [p, v], name="pv"))
+    _, findings = run_pass(model)
+    (block,) = findings
+    assert block["is_attention"] and "Cast after softmax" in block["variant"]
+    assert "pv" in block["nodes"] and len(block["nodes"]) >= 4 + casts
+    assert_matches_onnxruntime(model)
+
+
+def test_a_cast_of_the_probabilities_to_integers_is_not_attention():
+    b = Builder()
+    q, k, v = b.qkv()
+    s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
+    p = b.op("Softmax", [s], name="softmax", axis=-1)
+    p = b.op("Cast", [b.op("Cast", [p], to=TensorProto.INT32)], to=TensorProto.FLOAT)
+    _, findings = run_pass(b.model(b.op("MatMul", [p, v], name="pv")))
+    assert not any(f.get("is_attention") for f in findings)
 
 
 def test_nan_guard_after_softmax_is_part_of_the_block():
