@@ -57,6 +57,14 @@ class Footprint:
     last_byte: int
 
 
+def shared_loops(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """The loops two loop nests have in common: their longest common prefix."""
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 def _dense(pattern: tuple[tuple[int, int], ...]) -> bool:
     if len(pattern) == 1:
         stride, count = pattern[0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnx2bir.bir.ir import BasicBlock, DoWhile, DynamicLoop, Function, Instruction, Loop
-from onnx2bir.bir.overlap import Footprint, LoopRange, footprint, may_overlap
+from onnx2bir.bir.overlap import Footprint, LoopRange, footprint, may_overlap, shared_loops
 from onnx2bir.bir.rules import cite
 
 RULE = "PARALLEL-HAZARD"
@@ -118,7 +118,7 @@ class _Walk:
                         return
 
     def _conflict(self, early: _Access, late: _Access, axis: str, level: int) -> bool:
-        shared = _shared(early.loopnest, late.loopnest)
+        shared = shared_loops(early.loopnest, late.loopnest)
         if len(shared) <= level or shared[level] != axis:
             return False  # cannot happen: both are in the loop's body
         # Overlap is symmetric: "early in an earlier iteration" is "late in a later one", and the
@@ -127,10 +127,3 @@ class _Walk:
         return may_overlap(
             early.footprint, late.footprint, shared, level, +1, self.loops, self.cache
         ) or may_overlap(late.footprint, early.footprint, shared, level, +1, self.loops, self.cache)
-
-
-def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
-    n = 0
-    while n < len(a) and n < len(b) and a[n] == b[n]:
-        n += 1
-    return a[:n]

@@ -42,7 +42,7 @@ import numpy as np
 
 from onnx2bir.bir.enums import DepKind
 from onnx2bir.bir.ir import Dependency, Instruction, Loop, MemoryLocation
-from onnx2bir.bir.overlap import Footprint, LoopRange, footprint, may_overlap
+from onnx2bir.bir.overlap import Footprint, LoopRange, footprint, may_overlap, shared_loops
 
 BUCKET_BYTES = 8192  # on-chip accesses are indexed by 8 KiB slices of the partition
 DRAM_BUCKETS = 16  # a DRAM location is indexed by at most this many slices
@@ -82,13 +82,6 @@ def _kind(early_writes: bool, late_writes: bool) -> DepKind:
     if early_writes:
         return DepKind.OUTPUT if late_writes else DepKind.FLOW
     return DepKind.ANTI
-
-
-def _shared(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
-    n = 0
-    while n < len(a) and n < len(b) and a[n] == b[n]:
-        n += 1
-    return a[:n]
 
 
 def _holds(loop: Loop, inst: Instruction) -> bool:
@@ -157,7 +150,7 @@ class DependencyTracker:
         return hazard
 
     def _carried(self, early: _Record, late: _Record, axis: str) -> DepKind | None:
-        shared = _shared(early.loopnest, late.loopnest)
+        shared = shared_loops(early.loopnest, late.loopnest)
         level = shared.index(axis)
         found = None
         for fe in early.footprints:
@@ -240,7 +233,7 @@ class DependencyTracker:
         return dep
 
     def _forward(self, early: _Record, efp: Footprint, late: _Record, lfp: Footprint) -> bool:
-        shared = _shared(early.loopnest, late.loopnest)
+        shared = shared_loops(early.loopnest, late.loopnest)
         if may_overlap(efp, lfp, shared, len(shared), 0, self.loops, self._starts):
             return True
         return any(

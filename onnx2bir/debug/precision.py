@@ -133,8 +133,8 @@ def search_precision(
     from onnx2bir.errors import UserError
     from onnx2bir.frontend.importer import import_model, load_model
     from onnx2bir.output_paths import check_file
-    from onnx2bir.runtime.oracle import ort as oracle
     from onnx2bir.runtime.oracle.verdict import parse_max_drift
+    from onnx2bir.validation.inputs import model_feeds
 
     limits = parse_max_drift(max_drift)
     if not limits:
@@ -147,11 +147,7 @@ def search_precision(
     start = time.perf_counter()
     model = load_model(model_path)
     graph = import_model(model, input_shapes, dims)
-    feeds = (
-        oracle.load_inputs(inputs, graph)
-        if inputs is not None
-        else oracle.synthesize_inputs(graph, seed)
-    )
+    feeds, _ = model_feeds(graph, inputs, seed=seed)
     shapes = {name: tuple(value.shape) for name, value in feeds.items()}
     compilation = compile_model(model, options, input_shapes=shapes)
     casting = casting_nodes(compilation)

@@ -201,7 +201,7 @@ def reduce_model(
     from onnx2bir.errors import UserError
     from onnx2bir.frontend.importer import import_model, load_model
     from onnx2bir.output_paths import check_file
-    from onnx2bir.runtime.oracle import ort as oracle
+    from onnx2bir.validation.inputs import model_feeds
     from onnx2bir.validation.subgraph import all_values
 
     if mode not in MODES:
@@ -210,11 +210,7 @@ def reduce_model(
     start = time.perf_counter()
     model = load_model(model_path)
     graph = import_model(model, input_shapes, dims)
-    feeds = (
-        oracle.load_inputs(inputs, graph)
-        if inputs is not None
-        else oracle.synthesize_inputs(graph, seed)
-    )
+    feeds, _ = model_feeds(graph, inputs, seed=seed)
     notes = []
     try:
         values = all_values(model, feeds)

@@ -3,7 +3,9 @@
 `check_policy_names` refuses a `--tolerance` for a tensor the model lacks and an
 `--op-tolerance` for an op type it does not use, listing the valid names; `check_arrays` holds
 arrays given in memory (the Python API) to the rules `oracle.load_inputs` applies to a file;
-`TIMINGS_EXPLAINED` says what each figure of the document's `timings` measures.
+`model_feeds` reads or makes the model's inputs and says where each came from,
+`describe_inputs` lists them for a document; `TIMINGS_EXPLAINED` says what each figure of the
+document's `timings` measures.
 """
 
 from __future__ import annotations
@@ -58,6 +60,32 @@ def check_arrays(arrays: dict[str, np.ndarray], graph, label: str) -> dict[str, 
             return oracle.load_inputs(path, graph)
         except UserError as exc:
             raise UserError(str(exc).replace(str(path), label)) from None
+
+
+def model_feeds(
+    graph, inputs=None, inputs_label: str | None = None, seed: int = 0
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(feeds, where each came from): `inputs` arrays already read (checked as a file would
+    be), a file or folder, or None for seeded random ones (`oracle.synthesize_inputs`)."""
+    if isinstance(inputs, dict):
+        feeds = check_arrays(inputs, graph, inputs_label or "inputs")
+        return feeds, dict.fromkeys(graph.inputs, f"from {inputs_label or 'the given arrays'}")
+    if inputs is not None:
+        return oracle.load_inputs(inputs, graph), dict.fromkeys(graph.inputs, f"from {inputs}")
+    return oracle.synthesize_inputs(graph, seed), oracle.input_rules(graph)
+
+
+def describe_inputs(graph, feeds: dict[str, np.ndarray], sources: dict[str, str]) -> list[dict]:
+    """The document's `inputs`: name, shape, dtype and source of each graph input."""
+    return [
+        {
+            "name": name,
+            "shape": list(feeds[name].shape),
+            "dtype": str(feeds[name].dtype),
+            "source": sources[name],
+        }
+        for name in graph.inputs
+    ]
 
 
 def check_reference(arrays: dict, graph) -> dict[str, np.ndarray]:

@@ -61,9 +61,10 @@ from onnx2bir.runtime.oracle.tolerance import (
 from onnx2bir.runtime.oracle.verdict import Evidence, judge
 from onnx2bir.validation.inputs import (
     TIMINGS_EXPLAINED,
-    check_arrays,
     check_policy_names,
     check_reference,
+    describe_inputs,
+    model_feeds,
 )
 from onnx2bir.validation.localize import DEFAULT_BUDGET_BYTES, localize
 from onnx2bir.validation.prepared import output_values, prepare, simulate
@@ -120,15 +121,7 @@ def run_validate(
     elif reference is not None:
         supplied = (oracle.load_reference(reference, graph), f"the reference {reference}")
     timings = dict(compilation.timings)
-    if isinstance(inputs, dict):
-        feeds = check_arrays(inputs, graph, inputs_label or "inputs")
-        sources = dict.fromkeys(graph.inputs, f"from {inputs_label or 'the given arrays'}")
-    elif inputs is not None:
-        feeds = oracle.load_inputs(inputs, graph)
-        sources = dict.fromkeys(graph.inputs, f"from {inputs}")
-    else:
-        feeds = oracle.synthesize_inputs(graph, seed)
-        sources = oracle.input_rules(graph)
+    feeds, sources = model_feeds(graph, inputs, inputs_label, seed)
     function = compilation.module.functions[0]
     plan = compilation.cast_plan
     reader = ProbeReader(function, plan.probes, {t: graph.tensors[t].shape for t in plan.probes})
@@ -204,15 +197,7 @@ def run_validate(
         "drift_limits": max_drift or {},
         "timings": {},
         "seed": None if inputs is not None else seed,
-        "inputs": [
-            {
-                "name": name,
-                "shape": list(feeds[name].shape),
-                "dtype": str(feeds[name].dtype),
-                "source": sources[name],
-            }
-            for name in graph.inputs
-        ],
+        "inputs": describe_inputs(graph, feeds, sources),
         "oracle": oracle.oracle_info(),
         "tolerance": {
             "rule": RULE,

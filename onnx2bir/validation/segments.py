@@ -147,6 +147,7 @@ def validate_segment(task: SegmentTask) -> dict:
     """Validate one segment; never raises for the model's own failures: {"index", "document"
     (the validate document, or None), "error" ({"kind", "message"} or None), "outputs" (the
     machine's), "wall_seconds"}."""
+    from onnx2bir.runtime.machine.blas import blas_threads
     from onnx2bir.runtime.oracle.ort import share_cores
     from onnx2bir.validation.run import run_validate
 
@@ -155,7 +156,7 @@ def validate_segment(task: SegmentTask) -> dict:
         # Workers share the cores: idle BLAS and onnxruntime threads that spin while they wait
         # for work slow every process down (a BERT segment's verdict took 4x longer).
         share_cores(task.threads)
-        limits = _blas_threads(task.threads)
+        limits = blas_threads(task.threads)
     start = time.perf_counter()
     document, outputs, error = None, {}, None
     try:
@@ -181,14 +182,6 @@ def validate_segment(task: SegmentTask) -> dict:
         "outputs": outputs,
         "wall_seconds": time.perf_counter() - start,
     }
-
-
-def _blas_threads(threads: int):
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional: only the speed depends on it
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=threads, user_api="blas")
 
 
 def _segment_policy(policy: TolerancePolicy, model: onnx.ModelProto) -> TolerancePolicy:
@@ -389,18 +382,13 @@ def run_segmented(
     from onnx2bir.codegen.casting import check_exclusions
     from onnx2bir.frontend.importer import import_model, load_model
     from onnx2bir.runtime.oracle import ort as oracle
-    from onnx2bir.validation.inputs import check_arrays, check_policy_names
+    from onnx2bir.validation.inputs import check_policy_names, describe_inputs, model_feeds
 
     model = load_model(source)
     graph = import_model(model, input_shapes, dims)
     check_policy_names(policy, graph)
     check_exclusions(graph, options.auto_cast_exclude)
-    if inputs is not None:
-        feeds = check_arrays(inputs, graph, inputs_label or "inputs")
-        sources = dict.fromkeys(graph.inputs, f"from {inputs_label or 'the given arrays'}")
-    else:
-        feeds = oracle.synthesize_inputs(graph, seed)
-        sources = oracle.input_rules(graph)
+    feeds, sources = model_feeds(graph, inputs, inputs_label, seed)
     start = time.perf_counter()
     shapes = {name: tuple(info.shape) for name, info in graph.tensors.items()}
     document, outputs = validate_segments(model, feeds, shapes, options, policy, segments, **how)
@@ -408,15 +396,7 @@ def run_segmented(
         "model": source if isinstance(source, str) else "<ModelProto>",
         **document,
         "seed": None if inputs is not None else seed,
-        "inputs": [
-            {
-                "name": name,
-                "shape": list(feeds[name].shape),
-                "dtype": str(feeds[name].dtype),
-                "source": sources[name],
-            }
-            for name in graph.inputs
-        ],
+        "inputs": describe_inputs(graph, feeds, sources),
         "oracle": oracle.oracle_info(),
         "autocast": options.autocast_text,
         "schedule": how.get("schedule", "program"),

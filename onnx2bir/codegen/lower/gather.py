@@ -127,37 +127,49 @@ def gather_rows(
 ROW_CHUNK = 4096  # table elements per partition an indirect DMA gathers at once
 
 
+def index_tiles(cg, components: int) -> tuple:
+    """The int64 tiles `rows_per_partition` works in: the index components, the row number and
+    a scratch column, one pick per partition."""
+    p, i64 = NUM_PARTITIONS, Dtype.INT64
+    return (
+        cg.sb_tile("indices", p, components, i64),
+        cg.sb_tile("flat", p, 1, i64),
+        cg.sb_tile("tmp", p, 1, i64),
+    )
+
+
+def rows_per_partition(cg, scratch, idx_loc: str, offset, j, dims: list[int]) -> AccessPattern:
+    """Picks j of the index tensor (from element `offset`), one per partition, folded to the
+    row number each names (int64 on VectorE, negative indices normalised)."""
+    idx_sb, flat_sb, tmp_sb = scratch
+    k_parts = len(dims)
+    cg.dma(
+        cg.ap(idx_sb, [(1, k_parts)], partitions=j.size),
+        cg.dram_ap(idx_loc, offset + j.start * k_parts, [(k_parts, j.size), (1, k_parts)]),
+    )
+    return fold_index(
+        cg,
+        lambda m: cg.ap(idx_sb, [(1, 1)], m, partitions=j.size),
+        cg.ap(flat_sb, partitions=j.size),
+        cg.ap(tmp_sb, partitions=j.size),
+        dims,
+        integer=True,
+    )
+
+
 def _gather_rows_dma(
     cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out
 ) -> None:
     """One pick per partition: its index components (int64) fold to a row number on VectorE,
     and an indirect DMA brings that row of the DRAM table into the partition."""
-    p, i64 = NUM_PARTITIONS, Dtype.INT64
-    k_parts = len(dims)
+    p = NUM_PARTITIONS
     cols = min(inner, ROW_CHUNK)
-    idx_sb = cg.sb_tile("indices", p, k_parts, i64)
-    flat_sb = cg.sb_tile("flat", p, 1, i64)
-    tmp_sb = cg.sb_tile("tmp", p, 1, i64)
+    scratch = index_tiles(cg, len(dims))
     gathered = cg.sb_tile("rows", p, cols, cg.graph.tensors[data].dtype)
     idx_loc, data_loc, out_loc = cg.dram(indices).name, cg.dram(data).name, cg.dram(out).name
     for o in tiles(cg, outer, 1, "o"):
         for j in tiles(cg, picks, p, "j"):
-            cg.dma(
-                cg.ap(idx_sb, [(1, k_parts)], partitions=j.size),
-                cg.dram_ap(
-                    idx_loc,
-                    o.start * idx_outer_stride + j.start * k_parts,
-                    [(k_parts, j.size), (1, k_parts)],
-                ),
-            )
-            flat = fold_index(
-                cg,
-                lambda m, j=j: cg.ap(idx_sb, [(1, 1)], m, partitions=j.size),
-                cg.ap(flat_sb, partitions=j.size),
-                cg.ap(tmp_sb, partitions=j.size),
-                dims,
-                integer=True,
-            )
+            flat = rows_per_partition(cg, scratch, idx_loc, o.start * idx_outer_stride, j, dims)
             for c in tiles(cg, inner, cols, "c"):
                 row = cg.ap(gathered, [(1, c.size)], partitions=j.size)
                 table = cg.dram_ap(
@@ -282,9 +294,7 @@ def _gather_rows_dve(
     k_parts = len(dims)
     cols = min(inner, 256)
     chunk = max(1, min(rows, SELECT_CHUNK // cols))
-    idx_sb = cg.sb_tile("indices", p, k_parts, i64)
-    flat_sb = cg.sb_tile("flat", p, 1, i64)
-    tmp_sb = cg.sb_tile("tmp", p, 1, i64)
+    scratch = index_tiles(cg, k_parts)
     onehot = cg.sb_tile("onehot", p, chunk, i64)
     table = cg.sb_tile("table", p, chunk * cols, i64)
     product = cg.sb_tile("product", p, chunk * cols, i64)
@@ -293,22 +303,7 @@ def _gather_rows_dve(
     idx_loc, data_loc, out_loc = cg.dram(indices).name, cg.dram(data).name, cg.dram(out).name
     for o in tiles(cg, outer, 1, "o"):
         for j in tiles(cg, picks, p, "j"):
-            cg.dma(
-                cg.ap(idx_sb, [(1, k_parts)], partitions=j.size),
-                cg.dram_ap(
-                    idx_loc,
-                    o.start * idx_outer_stride + j.start * k_parts,
-                    [(k_parts, j.size), (1, k_parts)],
-                ),
-            )
-            flat = fold_index(
-                cg,
-                lambda m, j=j: cg.ap(idx_sb, [(1, 1)], m, partitions=j.size),
-                cg.ap(flat_sb, partitions=j.size),
-                cg.ap(tmp_sb, partitions=j.size),
-                dims,
-                integer=True,
-            )
+            flat = rows_per_partition(cg, scratch, idx_loc, o.start * idx_outer_stride, j, dims)
             for c in tiles(cg, inner, cols, "c"):
                 total = cg.ap(acc, [(1, c.size)], partitions=j.size)
                 for first in range(0, rows, chunk):
