@@ -20,6 +20,7 @@ from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
 from onnx2bir.codegen.cast_plan import kernel_hosts, plan_casts
 from onnx2bir.codegen.casting import check_exclusions, resolve_exclusions
 from onnx2bir.codegen.driver import kernel_name_of
+from onnx2bir.codegen.narrowing import Narrowing, narrowings
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.weight_cast import store_in_cast_dtype
@@ -72,6 +73,9 @@ class Compilation:
     # Where the program rounds the model's values (docs/validation.md#the-emulating-oracle);
     # None when code generation failed.
     cast_plan: CastPlan | None = None
+    # Every int64 tensor, narrowed to int32 on the device, and whether that is proven safe
+    # (onnx2bir/codegen/narrowing.py, docs/neuroncore.md#integers).
+    int64: list[Narrowing] = field(default_factory=list)
 
 
 def unsupported_ops(graph: Graph) -> Counter:
@@ -175,6 +179,7 @@ def compile_graph(
     graph.keep_fp32 = resolve_exclusions(source, graph, hosts, options.auto_cast_exclude)
     timings["passes"] = time.perf_counter() - start
     compilation = Compilation(graph, manager, None, timings, source_ops=source_ops, options=options)
+    compilation.int64 = narrowings(graph)
     start = time.perf_counter()
     try:
         if vendor_error:

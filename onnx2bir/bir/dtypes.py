@@ -22,14 +22,31 @@ def int_like(dtype: np.dtype) -> bool:
 
 
 def cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Convert to dtype: integers to integers directly, anything else through fp32
+    """Convert to dtype: integers to integers directly (two's complement, wrapping), anything
+    else through fp32; fp32 to an integer truncates toward zero and saturates, NaN becoming 0
     (docs/neuroncore.md#dma)."""
     values = np.asarray(values)
     if values.dtype == dtype:
         return values
     if int_like(values.dtype) and int_like(dtype):
         return values.astype(dtype)
-    return values.astype(F32, copy=False).astype(dtype)
+    values = values.astype(F32, copy=False)
+    if int_like(dtype) and dtype != np.bool_:
+        return float_to_int(values, dtype)
+    return values.astype(dtype)
+
+
+def float_to_int(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """fp32 to an integer dtype: truncated toward zero, saturated at the dtype's range, NaN 0."""
+    info = np.iinfo(dtype)
+    wide = np.nan_to_num(np.asarray(values, np.float64), nan=0.0)
+    return np.clip(np.trunc(wide), info.min, info.max).astype(dtype)
+
+
+def on_chip(dtype: Dtype) -> Dtype:
+    """The dtype a tensor of `dtype` has in SBUF: int64 is narrowed to int32, as the reference
+    compiler does, since no engine has an int64 datapath (docs/neuroncore.md#integers)."""
+    return Dtype.INT32 if dtype is Dtype.INT64 else dtype
 
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value

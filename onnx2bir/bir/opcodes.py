@@ -4,10 +4,12 @@ the machine (`onnx2bir.runtime.machine.semantics`) gives each opcode its meaning
 Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
 
 - DmaCopy: copies `in` to `dst`, element by element in row-major order of each side's shape;
-  element counts must match. DRAM and SB on either side. A dtype change goes through fp32.
+  element counts must match. DRAM and SB on either side. A dtype change goes through fp32,
+  except integer to integer (two's complement: int64 to int32 wraps).
 - DmaGather: `dst[p, :] = in[indices[p], :]`, an indirect DMA: `in` views a DRAM table as
   [rows, row] (one row per descriptor), `indices` is an integer [P, 1] SBUF tile holding one
-  row number per partition, `dst` an SB tile [P, row] of the table's dtype. A row number
+  row number per partition, `dst` an SB tile [P, row] of the table's dtype (an int64 table
+  narrows to an int32 tile, as a DmaCopy would, docs/neuroncore.md#integers). A row number
   outside the table is refused (the DMA's bounds check), naming the index and the table.
   Descriptors are generated at run time from the index tile (docs/neuroncore.md#dma).
 - Matmult: `dst[M, N] (+)= stationary[K, M]ᵀ · moving[K, N]`. K = partitions of both inputs

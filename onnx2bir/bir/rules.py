@@ -59,6 +59,12 @@ RULES: dict[str, Rule] = {
         Rule("PSUM-BANK", "Matmult", "a result lies inside one 2 KiB PSUM bank"),
         Rule("TT-PSUM-INPUTS", "TensorTensor", "the two inputs are not both in PSUM"),
         Rule(
+            "INT64-DATAPATH",
+            "SBUF and PSUM operands",
+            "no engine has an int64 datapath: int64 tensors are narrowed to int32 on the "
+            "device, and int64 exists only in DRAM, at the model's boundary",
+        ),
+        Rule(
             "DMA-OOB",
             "DmaGather",
             "an address computed at run time outside its tensor is a runtime error",

@@ -347,6 +347,8 @@ class _FunctionWalk:
                         "OPERAND-MEMORY", f"{role} {ap.loc!r} is in {loc.memory}, allowed: {names}"
                     )
                 )
+        if loc.memory != MemoryType.DRAM and loc.dtype is Dtype.INT64:
+            found.append(cite("INT64-DATAPATH", f"{role} {ap.loc!r} is int64 in {loc.memory}"))
         if loc.memory == MemoryType.DRAM:
             if ap.num_partitions or ap.partition_start:
                 found.append(f"{role} {ap.loc!r} is DRAM but selects partitions")

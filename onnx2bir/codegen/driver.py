@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from onnx2bir.bir.dtypes import on_chip
 from onnx2bir.bir.enums import (
     PAYLOAD_KINDS,
     DepKind,
@@ -123,6 +124,15 @@ class PlanningRun:
 
 
 COPY_ENGINES = (Engine.ACT, Engine.DVE, Engine.POOL)  # on-chip copies of resident tensors
+_ARITHMETIC = frozenset({Opcode.TENSOR_TENSOR, Opcode.TENSOR_SCALAR, Opcode.TENSOR_REDUCE})
+
+
+def _inexact_immediates(attrs: dict[str, object]) -> bool:
+    """Whether a TensorScalar has an integer immediate that rounds on its way to fp32."""
+    values = (attrs.get("imm0"), attrs.get("imm1"))
+    return any(
+        isinstance(v, int) and not isinstance(v, bool) and int(np.float32(v)) != v for v in values
+    )
 
 
 class CodegenError(CompileError):
@@ -497,7 +507,7 @@ class BirCodeGen(InstructionBuilders):
                 view.name,
                 MemoryType.SB,
                 MemoryKind.INTERNAL,
-                view.dtype,
+                on_chip(view.dtype),
                 (home.partitions, home.free_elements),
                 home.partitions,
                 home.address,
@@ -514,7 +524,9 @@ class BirCodeGen(InstructionBuilders):
     def sb_tile(
         self, tag: str, partitions: int, free: int, dtype: Dtype, name: str | None = None
     ) -> MemoryLocation:
-        """Allocate an SBUF tile of `partitions` x `free` elements in the node's arena."""
+        """Allocate an SBUF tile of `partitions` x `free` elements in the node's arena; an
+        int64 tile is int32 on chip (`on_chip`, docs/neuroncore.md#integers)."""
+        dtype = on_chip(dtype)
         nbytes = -(-free * dtype.itemsize // SB_ALIGN) * SB_ALIGN
         if partitions > NUM_PARTITIONS or self._sb_top + nbytes > SBUF_BYTES_PER_PARTITION:
             raise CodegenError(
@@ -604,6 +616,9 @@ class BirCodeGen(InstructionBuilders):
         srcs: dict[str, AccessPattern],
         **attrs: object,
     ) -> Instruction:
+        if opcode is Opcode.TENSOR_SCALAR and _inexact_immediates(attrs):
+            return self._exact_scalar_steps(dst, srcs["in"], attrs)
+        engine = self._integer_lanes(opcode, engine, dst, srcs)
         inst = Instruction(opcode, engine, dst, srcs, attrs, self.origin)
         if self.homes and not self._planned_copy:
             for ap in (dst, *srcs.values()):
@@ -614,6 +629,57 @@ class BirCodeGen(InstructionBuilders):
                     )
         self._finalize(inst)
         return inst
+
+    def _integer_lanes(
+        self,
+        opcode: Opcode,
+        engine: Engine,
+        dst: AccessPattern | None,
+        srcs: dict[str, AccessPattern],
+    ) -> Engine:
+        """GpSimd for VectorE arithmetic whose tile inputs are all integers, one of them 32-bit:
+        VectorE would compute it in fp32, inexact past 2^24, GpSimd's int32 lanes are exact
+        (NKI dispatches int32 arithmetic the same way; docs/neuroncore.md#integers). 8-bit
+        integers and booleans stay on VectorE, exact in fp32. GpSimd cannot reach PSUM."""
+        if engine is not Engine.DVE or opcode not in _ARITHMETIC:
+            return engine
+        locations = self.function.memory_locations
+        operands = [locations[ap.loc] for ap in (dst, *srcs.values()) if ap is not None]
+        inputs = [locations[ap.loc].dtype for ap in srcs.values()]
+        wide_integers = any(dtype.itemsize >= 4 for dtype in inputs)
+        if (
+            wide_integers
+            and not any(dtype.is_float for dtype in inputs)
+            and all(loc.memory is not MemoryType.PSUM for loc in operands)
+        ):
+            return Engine.POOL
+        return engine
+
+    def _exact_scalar_steps(
+        self, dst: AccessPattern, src: AccessPattern, attrs: dict[str, object]
+    ) -> Instruction:
+        """A TensorScalar with an integer immediate that fp32 cannot hold (its scalars are fp32,
+        docs/neuroncore.md#integers), as exact steps: each step's scalar set into an int32
+        column by a Memset, then a TensorTensor against the column broadcast along the free
+        dims (on GpSimd's integer lanes)."""
+        column = self.sb_tile("scalar", NUM_PARTITIONS, 1, Dtype.INT32)
+        source, last = src, None
+        for step in (0, 1):
+            op = attrs.get(f"op{step}")
+            if op is None:
+                break
+            value = attrs.get(f"imm{step}")
+            if value is None:
+                raise self.fail("an exact integer TensorScalar takes immediates only")
+            held = AccessPattern(
+                column.name, ((1, 1),), 0, (), dst.partition_start, dst.num_partitions
+            )
+            self.emit(Opcode.MEMSET, Engine.POOL, held, {}, value=value)
+            spread = replace(held, pattern=tuple((0, count) for _, count in dst.pattern))
+            operands = (spread, source) if attrs.get(f"reverse{step}") else (source, spread)
+            last = self.tensor_tensor(dst, *operands, op)
+            source = dst
+        return last
 
     def read_operand(self, tile: AccessPattern, src: AccessPattern) -> AccessPattern:
         """The operand a compute instruction reads for `src` (an access to a tensor's DRAM

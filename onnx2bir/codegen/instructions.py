@@ -16,7 +16,8 @@ NUM_DMA_QUEUES = 16
 
 
 def _immediate(value) -> int | float:
-    """An instruction immediate: integers stay integers (exact int64 math on the machine)."""
+    """An instruction immediate: integers stay integers. A TensorScalar's scalars are fp32 on
+    the device; the driver rewrites those fp32 cannot hold (docs/neuroncore.md#integers)."""
     if isinstance(value, bool | int | np.integer):
         return int(value)
     return float(value)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from onnx2bir.bir.dtypes import on_chip
 from onnx2bir.bir.enums import MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
     BasicBlock,
@@ -175,7 +176,7 @@ def _choose_home(loc: MemoryLocation, accesses: list[Access], fn: Function) -> H
     reason the canonical row length (the first tried) was refused."""
     first_reason = None
     for inner in _layout_candidates(loc, accesses):
-        home = Home(loc.name, inner, max(1, loc.num_elements), loc.dtype.itemsize)
+        home = Home(loc.name, inner, max(1, loc.num_elements), on_chip(loc.dtype).itemsize)
         homes = {loc.name: home}
         problems = (_check(access, homes, fn) for access in accesses)
         reason = next((problem for problem in problems if problem), None)

@@ -30,6 +30,8 @@ DESIGN.md's contract:
         reads input rounded to dtype; docs/validation.md#the-emulating-oracle),
      "cast_plan": {"casts", "unemulated", "probes", "boundaries"},
      "memory": the memory planner's decisions (onnx2bir/reporting/memory.py) | null,
+     "int64": [{"tensor", "kind", "proven", "range" | null, "reason", "root" | null}] (every
+        int64 tensor, narrowed to int32 on the device; onnx2bir/codegen/narrowing.py),
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
@@ -151,6 +153,7 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "casts": cast_plan_json(compilation)["casts"],
         "cast_plan": cast_plan_json(compilation),
         "memory": memory_json(compilation),
+        "int64": [n.to_json() for n in compilation.int64],
     }
 
 
@@ -294,6 +297,13 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         lines.append(
             f"  rounds inside one op (validate uses its statistical bound): "
             f"{entry['node']}: {entry['reason']}"
+        )
+    narrowed = doc.get("int64") or []
+    if narrowed:
+        proven = sum(1 for n in narrowed if n["proven"])
+        lines.append(
+            f"int64: {len(narrowed)} tensor(s) narrowed to int32 on the device, {proven} proven "
+            "to fit (docs/neuroncore.md#integers)"
         )
     lines += [f"note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     stats = doc["statistics"]

@@ -12,6 +12,8 @@ convert, validate and report print them (text: `note: ...` lines; JSON: `"notes"
 - `--native-kernel-cast-type` other than the default while no attention block was raised: the
   cast policy applies to raised attention blocks only (docs/attention.md#cast-policy).
 - `--target` other than `sunda` with the attention flag on: the raise is for `sunda` only.
+- int64 tensors whose narrowing to int32 (the device has no int64 datapath) is not proven:
+  one note per tensor the doubt comes from (flag "int64"; onnx2bir/codegen/narrowing.py).
 - `--input-shape` that replaces a shape the model declares with fixed sizes (`shape_notes`):
   allowed, and said, since the model's own shapes may assume it (a Reshape to a fixed size).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from onnx2bir.codegen.narrowing import narrowing_notes
 from onnx2bir.compiler import Compilation
 from onnx2bir.options import DEFAULT_CAST_TYPE, RAISE_TARGET, CompileOptions
 
@@ -157,5 +160,10 @@ def shape_notes(model, input_shapes: dict) -> list[dict]:
 
 
 def flag_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:
-    """Every note for these options on this compilation (module docstring)."""
-    return attention_notes(options, compilation) + conv_notes(options, compilation)
+    """Every note for these options on this compilation (module docstring), and the int64
+    tensors whose narrowing to int32 is not proven (`narrowing_notes`)."""
+    return (
+        attention_notes(options, compilation)
+        + conv_notes(options, compilation)
+        + narrowing_notes(compilation.int64)
+    )

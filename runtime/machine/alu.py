@@ -1,9 +1,11 @@
 """ALU and activation math of the compute engines: the numpy functions behind the opcodes.
 
-In: numpy arrays, and the AluOp or ActFunc of an instruction. Out: arrays in the math dtype:
-fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except that
-integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
-integer truncates (`cast`, docs/neuroncore.md#dma). `alu` applies an AluOp (comparisons give 1 or
+In: numpy arrays, and the AluOp or ActFunc of an instruction. Out: arrays in the math dtype
+`math_dtype` picks for the engine (docs/neuroncore.md#integers): fp32 on ScalarE and VectorE,
+whatever the operands (an int32 beyond 2^24 rounds on the way in, as on the device); exact
+int32 on GpSimd when every operand is an integer (wrapping past 2^31 like the hardware's
+lanes). No engine computes in int64. Integer divide truncates toward zero; fp32 to integer
+truncates (`cast`, docs/neuroncore.md#dma). `alu` applies an AluOp (comparisons give 1 or
 0), `ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each AluOp TensorReduce accepts to
 its ufunc; `erf` is a Maclaurin series accurate to fp32 resolution. The instruction semantics
 (`runtime/machine/semantics.py`) bind operands and call these.
@@ -16,10 +18,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnx2bir.bir.dtypes import F32
-from onnx2bir.bir.enums import ActFunc, AluOp
+from onnx2bir.bir.dtypes import F32, int_like
+from onnx2bir.bir.enums import ActFunc, AluOp, Engine
 
-I64 = np.dtype(np.int64)
+I32 = np.dtype(np.int32)
+
+
+def math_dtype(engine: Engine, *operand_dtypes: np.dtype) -> np.dtype:
+    """The dtype an engine computes in: int32 on GpSimd when every operand is an integer (its
+    native integer lanes), fp32 everywhere else (docs/neuroncore.md#integers)."""
+    if engine is Engine.POOL and all(int_like(dtype) for dtype in operand_dtypes):
+        return I32
+    return F32
 
 
 def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,8 +64,10 @@ _INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow}
 
 
 def alu(op: AluOp, a, b, math_dtype: np.dtype) -> np.ndarray:
-    """`a op b` in math_dtype (fp32, or int64 for integer operands); comparisons give 1 or 0."""
-    result = np.asarray((_INT_ALU if math_dtype == I64 else _ALU)[op](a, b))
+    """`a op b` in math_dtype (fp32, or int32 on GpSimd's integer lanes); comparisons give 1
+    or 0. int32 arithmetic wraps past 2^31, as the hardware's does."""
+    with np.errstate(over="ignore"):
+        result = np.asarray((_INT_ALU if math_dtype == I32 else _ALU)[op](a, b))
     return result if result.dtype == math_dtype else result.astype(math_dtype)
 
 

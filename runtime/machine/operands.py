@@ -33,7 +33,9 @@ def store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None
     # One cast straight into the view where it is the cast `store_as` makes: from the dtype
     # itself, from fp32 (every store rounds from fp32), and any float widened to fp32 (exact).
     if dst.loc.dtype not in _ROUNDED_APART and (
-        source == target or source == F32 or (target == F32 and not int_like(source))
+        source == target
+        or (source == F32 and not int_like(target))
+        or (target == F32 and not int_like(source))
     ):
         if source != target:
             # Convert in the source's memory order, then copy: a cast fused with a transposing
@@ -75,6 +77,10 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
             )
         if ins.engine is Engine.POOL and op.memory is MemoryType.PSUM:
             raise instruction_error(ins, f"operand {role!r} is in PSUM", "POOL-PSUM")
+        if op.memory is not MemoryType.DRAM and op.loc.dtype is Dtype.INT64:
+            raise instruction_error(
+                ins, f"operand {role!r} is int64 in {op.memory}", "INT64-DATAPATH"
+            )
         if ins.opcode in (Opcode.DMA_COPY, Opcode.DMA_GATHER):
             continue
         if not partition_start_allowed(op.ap.partition_start, op.partitions):

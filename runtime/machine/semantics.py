@@ -16,10 +16,12 @@ checked the first time an instruction runs (the rules every opcode shares, and t
 result into its dst, are in `runtime/machine/operands.py`); loop-dependent bounds (and the
 Matmult bank) on every run.
 
-Math: fp32 everywhere (ACT/DVE/POOL compute internally in fp32, docs/neuroncore.md#engines), except
-that integer inputs are computed exactly in int64. Integer divide truncates toward zero; fp32 to
-integer truncates. The ALU and activation functions, `cast` and the windowed max/min fold of
-TensorReduce are in `runtime/machine/alu.py` (`erf` re-exported here).
+Math (docs/neuroncore.md#integers): ScalarE and VectorE compute in fp32 whatever the operand
+dtypes, so an int32 beyond 2^24 rounds on the way in; GpSimd computes exactly in int32 when every
+operand is an integer; no engine takes an int64 operand (INT64-DATAPATH). TensorScalar's scalars
+are fp32 (an immediate or a column is rounded to fp32 first). Integer divide truncates toward
+zero; fp32 to integer truncates and saturates. The ALU and activation functions, `cast` and the
+windowed max/min fold of TensorReduce are in `runtime/machine/alu.py` (`erf` re-exported here).
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ from onnx2bir.bir.opcodes import (
 from onnx2bir.runtime.machine.alu import (
     ACTIVATIONS,
     FOLD_MAX_WINDOW,
-    I64,
     ORDER_FREE,
     REDUCTIONS,
     alu,
     fold_window,
+    math_dtype,
 )
 from onnx2bir.runtime.machine.alu import erf as erf
 from onnx2bir.runtime.machine.machine import Machine, Operand, instruction_error
@@ -132,9 +134,12 @@ def _prep_dma_gather(ins: Instruction, ops: dict[str, Operand]) -> tuple:
         )
     if dst.free_size != row:
         raise instruction_error(ins, f"dst holds {dst.free_size} elements a row, the table {row}")
-    if dst.loc.dtype is not table.loc.dtype:
+    integers = not dst.loc.dtype.is_float and not table.loc.dtype.is_float
+    if dst.loc.dtype is not table.loc.dtype and not integers:
         raise instruction_error(
-            ins, f"dst is {dst.loc.dtype}, the table {table.loc.dtype}: a gather copies bits"
+            ins,
+            f"dst is {dst.loc.dtype}, the table {table.loc.dtype}: a gather copies bits (or "
+            "narrows an integer table, as any DMA does)",
         )
     return table, index, dst, rows
 
@@ -287,8 +292,7 @@ def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     check_same_tile(ins, dst, a, b)
     if a.memory is MemoryType.PSUM and b.memory is MemoryType.PSUM:
         raise instruction_error(ins, "both inputs are in PSUM", "TT-PSUM-INPUTS")
-    math_dtype = I64 if int_like(a.dtype) and int_like(b.dtype) else F32
-    return a, b, dst, enum_attr(ins, AluOp, "op"), math_dtype
+    return a, b, dst, enum_attr(ins, AluOp, "op"), math_dtype(ins.engine, a.dtype, b.dtype)
 
 
 def tensor_tensor(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
@@ -304,25 +308,27 @@ def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     check_same_tile(ins, dst, src)
     if ins.attrs.get("op1") is None and "scalar1" in ops:
         raise instruction_error(ins, "has operand scalar1 but no op1")
-    steps, integer = [], int_like(src.dtype)
+    # The scalars are fp32 (nki.isa.tensor_scalar): an immediate is rounded to fp32 here, a
+    # column on every read. GpSimd keeps its integer lanes when every scalar is a whole number.
+    steps, integral = [], int_like(src.dtype)
     for i in (0, 1):
         if i == 1 and ins.attrs.get("op1") is None:
             break
         op, col, imm = enum_attr(ins, AluOp, f"op{i}"), ops.get(f"scalar{i}"), None
         if col is not None:
             check_column(ins, dst, col)
-            integer = integer and int_like(col.dtype)
+            integral = integral and int_like(col.dtype)
             if ins.attrs.get(f"imm{i}") is not None:
                 raise instruction_error(ins, f"has both scalar{i} and imm{i}")
         elif ins.attrs.get(f"imm{i}") is None:
             raise instruction_error(ins, f"op{i} needs operand scalar{i} or attribute imm{i}")
         else:
-            imm = number_attr(ins, f"imm{i}")
-            integer = integer and isinstance(imm, bool | int | np.integer)
+            imm = np.float32(number_attr(ins, f"imm{i}"))
+            integral = integral and bool(np.isfinite(imm)) and float(imm).is_integer()
         steps.append((op, col, imm, bool(ins.attrs.get(f"reverse{i}", False))))
-    dt = I64 if integer else F32
+    dt = math_dtype(ins.engine, src.dtype) if integral else F32
     steps = [
-        (op, col, None if col is not None else np.asarray(imm, dt), rev)
+        (op, col, None if col is not None else np.asarray(imm).astype(dt), rev)
         for op, col, imm, rev in steps
     ]
     return src, dst, steps, dt
@@ -333,7 +339,9 @@ def tensor_scalar(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> 
     src, dst, steps, dt = m.prepared.get(ins) or prepare(m, ins, _prep_tensor_scalar)
     x = src.view(loop_values).reshape(src.partitions, -1).astype(dt, copy=False)
     for op, col, imm, reverse in steps:
-        s = imm if col is None else col.view(loop_values).reshape(-1, 1).astype(dt, copy=False)
+        s = imm
+        if col is not None:  # a column is read as fp32, then widened to the math dtype
+            s = col.view(loop_values).reshape(-1, 1).astype(F32, copy=False).astype(dt, copy=False)
         x = alu(op, s, x, dt) if reverse else alu(op, x, s, dt)
     store(dst, loop_values, np.broadcast_to(x, (src.partitions, src.free_size)))
 
@@ -352,8 +360,8 @@ def _prep_tensor_reduce(ins: Instruction, ops: dict[str, Operand]) -> tuple:
             ins, f"dst is {dst.partitions} x {dst.free_size}, result is {src.partitions} x {kept}"
         )
     axis = tuple(range(1 + len(counts) - axes, 1 + len(counts)))
-    math_dtype = I64 if int_like(src.dtype) else F32
-    return src, dst, REDUCTIONS[op], axis, bool(ins.attrs.get("negate", False)), math_dtype
+    negate = bool(ins.attrs.get("negate", False))
+    return src, dst, REDUCTIONS[op], axis, negate, math_dtype(ins.engine, src.dtype)
 
 
 def tensor_reduce(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
@@ -408,7 +416,7 @@ def copy_predicated(m: Machine, ins: Instruction, loop_values: dict[str, int]) -
 
 def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     value = number_attr(ins, "value")
-    dtype = I64 if isinstance(value, bool | int | np.integer) else F32
+    dtype = np.int64 if isinstance(value, bool | int | np.integer) else F32
     return ops["dst"], store_as(np.asarray(value, dtype), ops["dst"].loc.dtype)
 
 

@@ -187,7 +187,11 @@ def test_a_program_breaking_one_rule_is_refused_with_its_id(tmp_path, capsys, ru
 
 
 def test_every_machine_rule_has_a_case_here_or_beside_its_feature():
-    elsewhere = {"DMA-OOB": "test_indirect_dma.py", "PARALLEL-HAZARD": "test_parallel_loops.py"}
+    elsewhere = {
+        "DMA-OOB": "test_indirect_dma.py",
+        "PARALLEL-HAZARD": "test_parallel_loops.py",
+        "INT64-DATAPATH": "test_integer_datapaths.py",
+    }
     assert set(RULES) == set(CASES) | set(elsewhere)
     for name in elsewhere.values():
         assert (Path(__file__).parent / name).exists()

@@ -69,7 +69,7 @@ def counting_module(loop, extra_locs=()):
     locs = [
         dram("count", MemoryKind.EXTERNAL_OUTPUT),
         dram("n", MemoryKind.EXTERNAL_INPUT),
-        MemoryLocation("acc", MemoryType.SB, MemoryKind.INTERNAL, Dtype.INT64, (1, 1), 1, 0, 8),
+        MemoryLocation("acc", MemoryType.SB, MemoryKind.INTERNAL, Dtype.INT32, (1, 1), 1, 0, 4),
         *extra_locs,
     ]
     zero = ins(Opcode.MEMSET, Engine.POOL, SB, value=0)
@@ -118,7 +118,7 @@ def _while_module(is_do_while: bool):
     locs = [
         dram("go", MemoryKind.INTERNAL, Dtype.INT32),
         MemoryLocation("flag", MemoryType.SB, MemoryKind.INTERNAL, Dtype.INT32, (1, 1), 1, 64, 4),
-        MemoryLocation("bound", MemoryType.SB, MemoryKind.INTERNAL, Dtype.INT64, (1, 1), 1, 128, 8),
+        MemoryLocation("bound", MemoryType.SB, MemoryKind.INTERNAL, Dtype.INT32, (1, 1), 1, 128, 4),
     ]
     module = counting_module(loop, locs)
     # Before the loop: go = 0 < n, computed like the body does.

@@ -317,15 +317,56 @@ def test_tensor_tensor_integers_are_exact_and_divide_truncates():
     assert get(mach, out).tolist() == [[8388608, -3, -3], [2**30, -2, 0]]
 
 
+def test_vector_engine_computes_integers_in_fp32_and_gpsimd_in_int32():
+    # docs/neuroncore.md#integers: 2^24 + 1 is not an fp32 value. VectorE rounds it on the way
+    # in (to 2^24, ties to even) and again on the way out; GpSimd's int32 lanes keep it, and
+    # wrap past 2^31 as the hardware does.
+    in0, in1 = tile("a", 1, 3, Dtype.INT32), tile("b", 1, 3, Dtype.INT32, address=64)
+    out = tile("c", 1, 3, Dtype.INT32, address=128)
+    mach = machine(in0, in1, out)
+    put(mach, in0, [[2**24 + 1, 2**24 + 1, 2**31 - 1]])
+    put(mach, in1, [[0, 2, 1]])
+    srcs = {"in0": ap(in0), "in1": ap(in1)}
+    run(mach, instr(Opcode.TENSOR_TENSOR, Engine.POOL, ap(out), srcs, op="add"))
+    assert get(mach, out).tolist() == [[2**24 + 1, 2**24 + 3, -(2**31)]]
+    run(mach, instr(Opcode.TENSOR_TENSOR, Engine.DVE, ap(out), srcs, op="add"))
+    assert get(mach, out)[0, :2].tolist() == [2**24, 2**24 + 2]
+    # TensorScalar's scalars are fp32: an immediate 2^24 + 1 arrives as 2^24, even on GpSimd.
+    run(
+        mach,
+        instr(
+            Opcode.TENSOR_SCALAR,
+            Engine.POOL,
+            ap(out),
+            {"in": ap(in1)},
+            op0="add",
+            imm0=2**24 + 1,
+            reverse0=False,
+        ),
+    )
+    assert get(mach, out).tolist() == [[2**24, 2**24 + 2, 2**24 + 1]]
+
+
 def test_mod_takes_the_sign_of_the_dividend_and_is_exact_on_integers():
+    in0, in1 = tile("a", 1, 4, Dtype.INT32), tile("b", 1, 4, Dtype.INT32, address=64)
+    out = tile("c", 1, 4, Dtype.INT32, address=128)
+    mach = machine(in0, in1, out)
+    put(mach, in0, [[2**30 + 7, -7, 7, -7]])
+    put(mach, in1, [[3, 3, -3, -3]])
+    srcs = {"in0": ap(in0), "in1": ap(in1)}
+    run(mach, instr(Opcode.TENSOR_TENSOR, Engine.POOL, ap(out), srcs, op="mod"))
+    assert get(mach, out).tolist() == [[(2**30 + 7) % 3, -1, 1, -1]]
+
+
+def test_no_engine_takes_an_int64_operand():
     in0, in1 = tile("a", 1, 4, Dtype.INT64), tile("b", 1, 4, Dtype.INT64, address=64)
     out = tile("c", 1, 4, Dtype.INT64, address=128)
     mach = machine(in0, in1, out)
-    put(mach, in0, [[2**40 + 7, -7, 7, -7]])
-    put(mach, in1, [[3, 3, -3, -3]])
     srcs = {"in0": ap(in0), "in1": ap(in1)}
-    run(mach, instr(Opcode.TENSOR_TENSOR, Engine.DVE, ap(out), srcs, op="mod"))
-    assert get(mach, out).tolist() == [[(2**40 + 7) % 3, -1, 1, -1]]
+    for engine in (Engine.DVE, Engine.POOL):
+        rejects(
+            mach, instr(Opcode.TENSOR_TENSOR, engine, ap(out), srcs, op="add"), ["INT64-DATAPATH"]
+        )
 
 
 def test_tensor_tensor_rules():

@@ -40,8 +40,8 @@ def scalar_op(
 ) -> Instruction:
     """TensorScalar whose immediates stay integers when `integer`.
 
-    `BirCodeGen.tensor_scalar` stores immediates as floats, which makes the machine compute
-    an integer tile in fp32 (inexact past 2^24); here integer tiles keep the int64 path.
+    Integer immediates fp32 cannot hold become exact steps in the driver (`emit`), and the
+    arithmetic of int32 tiles runs on GpSimd (docs/neuroncore.md#integers).
     Operands are immediates or [P, 1] access patterns.
     """
     srcs = {"in": src}

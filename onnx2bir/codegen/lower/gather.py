@@ -4,7 +4,7 @@ Constant indices are resolved at compile time into source offsets, and consecuti
 offsets step evenly (a slice, a repeat, a single index) become one strided DRAM→DRAM DMA each.
 When the indices are too irregular for that (more than MAX_CONST_RUNS runs), or are computed
 at run time, each pick is an **indirect DMA** (`_gather_rows_dma`): one pick per partition, its
-index components folded to a row number on VectorE (int64, negative indices normalised), and a
+index components folded to a row number (int32 on GpSimd, negative indices normalised), and a
 DmaGather brings that row of the DRAM table into its partition — one descriptor per row, so the
 cost follows the picks, not the table (docs/device_time.md#dma). A table the memory plan keeps
 in SBUF has no DRAM rows to gather; there a pick is a one-hot selection:
@@ -18,7 +18,7 @@ in SBUF has no DRAM rows to gather; there a pick is a one-hot selection:
   streams K tile by K tile. One 1.0 per column makes the product exact for finite fp32
   values (an inf or NaN anywhere in a table tile spreads NaN through `0 · inf`). GatherND
   first folds its index tuple into a row number Σ idx_m · stride_m on VectorE.
-- Rows of an integer or bool table: the same one-hot selection on VectorE in int64 (exact):
+- Rows of an integer or bool table: the same one-hot selection, exact on GpSimd in int32:
   output positions on partitions, a chunk of the table broadcast to every partition,
   `Σ_i onehot[j, i] · table[i, c]` as TensorTensor multiply + TensorReduce add.
 
@@ -128,8 +128,8 @@ ROW_CHUNK = 4096  # table elements per partition an indirect DMA gathers at once
 
 
 def index_tiles(cg, components: int) -> tuple:
-    """The int64 tiles `rows_per_partition` works in: the index components, the row number and
-    a scratch column, one pick per partition."""
+    """The integer tiles (int32 on chip) `rows_per_partition` works in: the index
+    components, the row number and a scratch column, one pick per partition."""
     p, i64 = NUM_PARTITIONS, Dtype.INT64
     return (
         cg.sb_tile("indices", p, components, i64),
@@ -140,7 +140,7 @@ def index_tiles(cg, components: int) -> tuple:
 
 def rows_per_partition(cg, scratch, idx_loc: str, offset, j, dims: list[int]) -> AccessPattern:
     """Picks j of the index tensor (from element `offset`), one per partition, folded to the
-    row number each names (int64 on VectorE, negative indices normalised)."""
+    row number each names (int32 on GpSimd, negative indices normalised)."""
     idx_sb, flat_sb, tmp_sb = scratch
     k_parts = len(dims)
     cg.dma(
@@ -160,7 +160,7 @@ def rows_per_partition(cg, scratch, idx_loc: str, offset, j, dims: list[int]) ->
 def _gather_rows_dma(
     cg, data, outer, rows, inner, indices, picks, dims, idx_outer_stride, out
 ) -> None:
-    """One pick per partition: its index components (int64) fold to a row number on VectorE,
+    """One pick per partition: its index components (int32 on chip) fold to a row number on VectorE,
     and an indirect DMA brings that row of the DRAM table into the partition."""
     p = NUM_PARTITIONS
     cols = min(inner, ROW_CHUNK)

@@ -7,7 +7,7 @@ partitions, the other dims as loops, and the whole source line along `axis` (one
 stride 0 across partitions when the partition dim is `axis` itself) on the free dim. An Iota
 of line positions compared with the per-partition index (normalised as idx + n·(idx < 0)) is
 the one-hot mask. Floats select with min/max, inf-safe: `max_i min(line[i], ±inf)` with +inf
-only at the index; integers multiply by the mask and add, exact in int64.
+only at the index; integers multiply by the mask and add, exact in int32 on GpSimd.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
   l' ≤ l (l' < l when exclusive), plus the carry of the earlier blocks, kept as a running
   column sum `ones[K, 1]ᵀ · x` in PSUM and broadcast back to every row by a matmul with a ones
   row. `reverse` reads and writes the axis through negative-stride DMAs.
-- CumSum, integers: a sequential scan along the free dim on VectorE, exact in int64: one
+- CumSum, integers: a sequential scan along the free dim, exact in int32 on GpSimd: one
   TensorTensor add per position, in a BIR loop, with a carry column across chunks.
 - Range: `start + i · delta` from an Iota of i and one TensorScalar; start and delta are
   immediates when constant (integers stay exact), broadcast columns when run-time inputs.

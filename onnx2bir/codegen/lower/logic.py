@@ -1,9 +1,9 @@
 """Generic lowering of comparisons, boolean logic, Where and the NaN/inf tests, on VectorE.
 
 All of them are elementwise with numpy broadcasting (`emit_elementwise`). A comparison is one
-TensorTensor whose 1/0 result lands in a bool tile; integer operands compare exactly (the
-machine computes integers in int64). Boolean tensors are 0/1 bytes, so Not is `x == 0` and Xor
-is `(a == b) == 0`. IsNaN uses x ≠ x: `is_equal(x, x)` is 0 exactly for NaN.
+TensorTensor whose 1/0 result lands in a bool tile; int32 operands compare exactly (on
+GpSimd's integer lanes, docs/neuroncore.md#integers). Boolean tensors are 0/1 bytes, so Not
+is `x == 0` and Xor is `(a == b) == 0`. IsNaN uses x ≠ x: `is_equal(x, x)` is 0 exactly for NaN.
 
 Where is a TensorCopy of y and a CopyPredicated of x where the condition holds: bits are
 copied, never combined arithmetically, so ±inf and NaN in either branch come out exactly as

@@ -19,8 +19,9 @@ name it defines prefixed by the Loop node's name; names it reads from the enclos
 their names. The body's loop-carried inputs are renamed to the loop's state locations (the
 Loop's outputs), so the body reads the state in place; at the end of each trip the body's
 results are copied into the state. The iteration number, when the body reads it (or M bounds
-a DoWhile), is a one-element int64 counter zeroed before the loop and incremented at the end of
-each trip. DRAM tensors the body defines live for the loop region (`local_locations`).
+a DoWhile), is a one-element integer counter (int32 on chip) zeroed before the loop and
+incremented at the end of each trip. DRAM tensors the body defines live for the loop region
+(`local_locations`).
 
 Not supported (a clear error): scan outputs (their length is the trip count), a Loop without
 trip count or condition (it never ends), nested subgraphs inside the body.

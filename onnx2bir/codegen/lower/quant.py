@@ -2,8 +2,8 @@
 
 Elementwise (`emit_elementwise`), the scale and zero point broadcast along `axis` when they
 are vectors (seen as [C, 1, …] at that axis):
-- DequantizeLinear: y = (x − zero_point) · scale; the subtraction is exact in int64 on VectorE
-  when both are integers, the product fp32.
+- DequantizeLinear: y = (x − zero_point) · scale; the subtraction is exact (int32 on GpSimd,
+  docs/neuroncore.md#integers) when both are integers, the product fp32.
 - QuantizeLinear: y = saturate(round(x / scale) + zero_point), round halves to even as Round
   does (`lower_math`), saturation to the output type's range (uint8 [0, 255], int8
   [−128, 127], …) by max/min before the store converts to the integer type.

@@ -3,7 +3,7 @@ multiply, starting from 1.
 
 Rows of the [outer, length, inner] view on partitions; along the axis a BIR loop multiplies
 each column by the running product of the columns before it (exclusive shifts by one, reverse
-walks the axis backwards). Integers stay exact in int64; floats are fp32 tiles.
+walks the axis backwards). Integers stay exact (int32 on GpSimd); floats are fp32 tiles.
 """
 
 from __future__ import annotations
