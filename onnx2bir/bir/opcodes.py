@@ -164,7 +164,7 @@ def ap_field_overflow(pattern: tuple[tuple[int, int], ...]) -> str | None:
 # Outside, the lookup table's polynomials give invalid results; sin does no range reduction.
 # cos is not among the NKI ISA's functions; the machine holds it to sin's range. The bound of
 # sin and cos lets four fp32 ulps (2^-22 each) past pi rounded to fp32: an argument reduced in
-# fp32 ends there at worst (onnx2bir/codegen/lower/act_range.py). Every bound is an fp32 value.
+# fp32 ends there at worst (onnx2bir/codegen/act_range.py). Every bound is an fp32 value.
 PI_FP32 = 3.1415927410125732  # math.pi rounded to fp32
 ACT_PI_BOUND = PI_FP32 + 4 * 2.0**-22
 ACT_INPUT_RANGES: dict[ActFunc, tuple[float, float]] = {
