@@ -102,7 +102,8 @@ def natural_log(
     cg.tensor_tensor(y, y, e, AluOp.ADD)
     # The special values: h − 1/h, h = √max(x, −1).
     cg.tensor_scalar(v, x, AluOp.MAX, -1.0, AluOp.POW, 0.5)
-    cg.tensor_scalar(e, v, AluOp.DIVIDE, 1.0, reverse0=True)
+    # 1 / (h + 0): h + 0 is +0 where h is ±0, so log(±0) is −inf whatever pow gives −0.
+    cg.tensor_scalar(e, v, AluOp.ADD, 0.0, AluOp.DIVIDE, 1.0, reverse1=True)
     cg.tensor_tensor(v, v, e, AluOp.SUBTRACT)
     cg.copy_predicated(y, valid, v, reverse=True)
     cg.tensor_copy(dst, y)

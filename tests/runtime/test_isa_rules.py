@@ -3,7 +3,9 @@ program with exit 1 and the rule's id; the same program keeping the rule runs (a
 y = aᵀ·b, checked against numpy).
 
 The program: two DMAs bring a[K=4, M=8] and b[K=4, N=8] into SBUF, a Matmult writes aᵀ·b into
-PSUM, VectorE copies it to SBUF, a DMA writes it out. Each case changes one thing.
+PSUM, VectorE copies it to SBUF, a DMA writes it out. Each case changes one thing; for the
+rules that need a program of another shape (a sine, a copy on ScalarE, a wide or strided copy,
+a second Matmult), `KEEPING` holds the variant that keeps the rule and what it computes.
 """
 
 from __future__ import annotations
