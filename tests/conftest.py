@@ -4,7 +4,7 @@
 seeded inputs (with the uninitialised-read check on: no instruction may read memory nothing
 wrote unless it is marked can_read_uninit), runs onnxruntime on the same inputs and asserts
 that every output agrees within `atol + rtol·|reference|`, the comparison of each output shown
-in the failure message.
+in the failure message. `is_copy(inst)` tells a copy from a computation.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx2bir.bir.enums import ActFunc, Opcode
+from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
@@ -76,6 +78,20 @@ def one_node_model(
     names = [*inputs, *(initializers or {}), *extra_inputs]
     node = helper.make_node(op_type, names, ["y"], **attrs)
     return make_model(node, inputs, {"y": out_shape}, opset, initializers)
+
+
+def is_copy(inst: Instruction) -> bool:
+    """A DmaCopy, a TensorCopy, or ScalarE's copy: an Activation of the identity, unscaled and
+    without bias (NeuronCore-v2 has no TensorCopy on ScalarE, docs/neuroncore.md#rules)."""
+    if inst.opcode in (Opcode.DMA_COPY, Opcode.TENSOR_COPY):
+        return True
+    return (
+        inst.opcode is Opcode.ACTIVATION
+        and inst.attrs.get("func") == ActFunc.COPY
+        and inst.attrs.get("scale") == 1.0
+        and not inst.attrs.get("bias_value")
+        and "bias" not in inst.srcs
+    )
 
 
 def assert_matches_onnxruntime(

@@ -19,12 +19,16 @@ Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
   Each element's K products are summed in float64 and rounded once, whatever its column.
 - Activation: `dst = func(in · scale + bias)` in fp32, cast to dst's dtype. `bias` is a [P, 1]
   operand broadcast along the free dims, or the immediate `bias_value`; `scale` an immediate.
+  `in · scale + bias` must lie in the function's valid input range (`ACT_INPUT_RANGES`, rule
+  ACT-RANGE), checked at run time.
 - TensorTensor: `dst = in0 <op> in1` elementwise, fp32 math. Not both inputs in PSUM.
 - TensorScalar: `dst = (in <op0> s0) <op1> s1` where s_i is a [P, 1] operand `scalar<i>` or the
   immediate `imm<i>`; `reverse<i>` swaps the operands of step i; `op1` may be absent.
 - TensorReduce: reduces the last `axes` free dims of `in` with `op` (add, max, min, multiply);
   `negate` flips the sign of the result.
-- TensorCopy: `dst = in`, converting dtype through fp32 when the dtypes differ.
+- TensorCopy: `dst = in`, converting dtype through fp32 when the dtypes differ. VectorE or
+  GpSimd: on NeuronCore-v2 ScalarE has no TensorCopy (rule ACT-TENSOR-COPY); it copies with an
+  Activation of func copy, through fp32.
 - CopyPredicated: where `predicate` (an integer/bool tile) is nonzero — zero when
   `reverse_pred` — `dst = in` (or the immediate `imm`); elsewhere dst keeps its value. Bits
   are copied as they are, so a NaN or inf in the branch not taken cannot leak (nki.isa
@@ -33,14 +37,16 @@ Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
 - Iota: `dst[p, i1, …] = base + p · channel_multiplier + Σ i_k · steps[k]`, integer math.
 
 Compute-engine operands keep to the NeuronCore partition rule: a tile of more than 64
-partitions starts at partition 0, of 33–64 at 0 or 64, of at most 32 at 0, 32, 64 or 96.
+partitions starts at partition 0, of 33–64 at 0 or 64, of at most 32 at 0, 32, 64 or 96; their
+free dims fit the ISA's fields (`ap_field_overflow`, rule AP-FIELD-BITS), and a VectorE or
+ScalarE operand holds at most `free_size_limit` elements per partition (rule FREE-SIZE).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx2bir.bir.enums import Engine, MemoryType, Opcode
+from onnx2bir.bir.enums import ActFunc, Engine, MemoryType, Opcode
 
 ON_CHIP = frozenset({MemoryType.SB, MemoryType.PSUM})
 SB_ONLY = frozenset({MemoryType.SB})
@@ -83,7 +89,7 @@ OPCODES: dict[Opcode, OpcodeSpec] = {
         _COMPUTE | {Engine.ACT}, ("in",), ("scalar0", "scalar1"), ("op0",), ON_CHIP, ON_CHIP
     ),
     Opcode.TENSOR_REDUCE: OpcodeSpec(_COMPUTE, ("in",), (), ("op", "axes"), ON_CHIP, ON_CHIP),
-    Opcode.TENSOR_COPY: OpcodeSpec(_COMPUTE | {Engine.ACT}, ("in",), (), (), ON_CHIP, ON_CHIP),
+    Opcode.TENSOR_COPY: OpcodeSpec(_COMPUTE, ("in",), (), (), ON_CHIP, ON_CHIP),
     Opcode.COPY_PREDICATED: OpcodeSpec(
         frozenset({Engine.DVE}), ("predicate",), ("in",), (), ON_CHIP, ON_CHIP
     ),
@@ -109,6 +115,69 @@ MATMUL_MAX_MOVING_FREE = 512
 MAX_FREE_DIMS = 4  # compute-engine access patterns; DMA descriptors may use more
 SB_ALIGN = 64  # SBUF tiles start at multiples of 64 bytes in each partition
 DMA_MAX_DIMS = 5
+
+
+# An opcode on an engine it does not run on breaks ENGINE-OPCODE, unless a rule of its own says
+# why (docs/neuroncore.md#rules).
+_ENGINE_RULES = {(Opcode.TENSOR_COPY, Engine.ACT): "ACT-TENSOR-COPY"}
+
+
+def engine_rule(opcode: Opcode, engine: Engine) -> str:
+    """The rule an instruction of `opcode` on `engine` breaks when the table does not allow it."""
+    return _ENGINE_RULES.get((opcode, engine), "ENGINE-OPCODE")
+
+
+# Elements per partition one VectorE or ScalarE operand may hold (docs/neuroncore.md#partitions,
+# rule FREE-SIZE). GpSimd's limits depend on the instruction; none is modelled.
+_FREE_SIZE_LIMITS = {MemoryType.SB: 64 * 1024, MemoryType.PSUM: 4 * 1024}
+_FREE_SIZE_ENGINES = frozenset({Engine.DVE, Engine.ACT})
+
+
+def free_size_limit(engine: Engine, memory: MemoryType) -> int | None:
+    """The most elements per partition an operand of `engine` in `memory` holds; None: no limit
+    modelled."""
+    if engine not in _FREE_SIZE_ENGINES:
+        return None
+    return _FREE_SIZE_LIMITS.get(memory)
+
+
+# A compute-engine access pattern encodes each free dim's size in a uint16 and its stride, in
+# elements, in an int16 (docs/neuroncore.md#partitions, rule AP-FIELD-BITS). A dim of one
+# element takes no step, so its stride is free to encode as 0.
+AP_SIZE_MAX = (1 << 16) - 1
+AP_STRIDE_MIN, AP_STRIDE_MAX = -(1 << 15), (1 << 15) - 1
+
+
+def ap_field_overflow(pattern: tuple[tuple[int, int], ...]) -> str | None:
+    """The first free dim of `pattern` ((stride, count) pairs) whose size or stride does not
+    fit its field, described; None when every dim fits."""
+    for dim, (stride, count) in enumerate(pattern):
+        if count > AP_SIZE_MAX:
+            return f"free dim {dim} has {count} elements (max {AP_SIZE_MAX})"
+        if count > 1 and not AP_STRIDE_MIN <= stride <= AP_STRIDE_MAX:
+            return (
+                f"free dim {dim} steps {stride} elements (int16: {AP_STRIDE_MIN}..{AP_STRIDE_MAX})"
+            )
+    return None
+
+
+# ScalarE's valid input range per function (docs/neuroncore.md#scalare, rule ACT-RANGE):
+# (low, high) for `in · scale + bias`, or for its magnitude where `ACT_RANGE_ON_MAGNITUDE` says so.
+# Outside, the lookup table's polynomials give invalid results; sin does no range reduction.
+# cos is not among the NKI ISA's functions; the machine holds it to sin's range. The bound of
+# sin and cos lets four fp32 ulps (2^-22 each) past pi rounded to fp32: an argument reduced in
+# fp32 ends there at worst (onnx2bir/codegen/act_range.py). Every bound is an fp32 value.
+PI_FP32 = 3.1415927410125732  # math.pi rounded to fp32
+ACT_PI_BOUND = PI_FP32 + 4 * 2.0**-22
+ACT_INPUT_RANGES: dict[ActFunc, tuple[float, float]] = {
+    ActFunc.SIN: (-ACT_PI_BOUND, ACT_PI_BOUND),
+    ActFunc.COS: (-ACT_PI_BOUND, ACT_PI_BOUND),
+    ActFunc.LOG: (2.0**-64, 2.0**64),
+    ActFunc.SQRT: (2.0**-116, 2.0**118),
+    ActFunc.RSQRT: (2.0**-87, 2.0**97),
+    ActFunc.RECIPROCAL: (2.0**-42, 2.0**42),
+}
+ACT_RANGE_ON_MAGNITUDE = frozenset({ActFunc.RECIPROCAL})
 
 
 def partition_start_allowed(start: int, count: int) -> bool:

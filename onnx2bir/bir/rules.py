@@ -75,6 +75,36 @@ RULES: dict[str, Rule] = {
             "no two iterations touch a common byte, one writing (docs/dependencies.md"
             "#parallel-loops)",
         ),
+        Rule(
+            "ACT-RANGE",
+            "Activation",
+            "a ScalarE function is valid only inside its input range: sin and cos [-pi, pi] "
+            "(no range reduction), log [2^-64, 2^64], sqrt [2^-116, 2^118], rsqrt "
+            "[2^-87, 2^97], reciprocal +-[2^-42, 2^42]",
+        ),
+        Rule(
+            "ACT-TENSOR-COPY",
+            "TensorCopy",
+            "on NeuronCore-v2 TensorCopy runs on VectorE or GpSimd, not ScalarE; ScalarE copies "
+            "with an Activation (func copy), through fp32",
+        ),
+        Rule(
+            "FREE-SIZE",
+            "VectorE and ScalarE operands",
+            "an operand holds at most 65536 elements per partition in SBUF, 4096 in PSUM",
+        ),
+        Rule(
+            "AP-FIELD-BITS",
+            "compute-engine operands",
+            "each free dimension's size fits uint16 (at most 65535) and, when it walks more "
+            "than one element, its stride int16 (-32768..32767 elements)",
+        ),
+        Rule(
+            "PSUM-ACCUMULATE",
+            "Matmult with accumulate",
+            "a matmul accumulates only onto PSUM bytes that hold a matmul's partial sum "
+            "(written by a Matmult, not since by another instruction)",
+        ),
     )
 }
 

@@ -11,12 +11,15 @@ Checked, per function:
   verifier does not compute.
 - function inputs and outputs name DRAM locations;
 - loop axes are unique within the function;
-- each instruction against `OPCODES`: known opcode, allowed engine, required and no unknown
-  src roles, required attrs, a dst, dst/src memory types;
+- each instruction against `OPCODES`: known opcode, allowed engine (`engine_rule`: a TensorCopy
+  on ScalarE breaks ACT-TENSOR-COPY, any other misplaced opcode ENGINE-OPCODE), required and no
+  unknown src roles, required attrs, a dst, dst/src memory types;
 - operands name known locations; partition ranges fit the location (and are absent on DRAM);
   the elements touched in each partition, over all loop values, lie inside the location;
 - compute-engine (non-DMA) operands on SB/PSUM keep the partition-start rule
-  (`partition_start_allowed`);
+  (`partition_start_allowed`), free dims whose sizes and strides fit the ISA's fields
+  (`ap_field_overflow`, rule AP-FIELD-BITS) and, on VectorE and ScalarE, at most
+  `free_size_limit` elements per partition (rule FREE-SIZE);
 - ids are non-negative and unique within the function; every plain dependency names an
   instruction earlier in program order, every loop-carried one an instruction inside the loop
   that carries it, a loop enclosing both, with a distance of at least 1;
@@ -57,6 +60,9 @@ from onnx2bir.bir.opcodes import (
     OPCODES,
     PSUM_BYTES_PER_PARTITION,
     SBUF_BYTES_PER_PARTITION,
+    ap_field_overflow,
+    engine_rule,
+    free_size_limit,
     partition_start_allowed,
 )
 from onnx2bir.bir.parallel import parallel_hazards
@@ -311,7 +317,10 @@ class _FunctionWalk:
         if inst.engine not in spec.engines:
             allowed = ", ".join(sorted(str(engine) for engine in spec.engines))
             found.append(
-                cite("ENGINE-OPCODE", f"runs on {inst.engine}; {inst.opcode} runs on {allowed}")
+                cite(
+                    engine_rule(inst.opcode, inst.engine),
+                    f"runs on {inst.engine}; {inst.opcode} runs on {allowed}",
+                )
             )
         for role in spec.required_srcs:
             if role not in inst.srcs:
@@ -369,6 +378,8 @@ class _FunctionWalk:
                         f"{ap.num_partitions} partitions",
                     )
                 )
+            if inst.engine != Engine.DMA:
+                self._free_fields(inst, role, ap, loc.memory, found)
         touches = ranges is not None and all(count > 0 for _, count in ap.pattern)
         if touches and all(axis in ranges for axis, _ in ap.offset_terms):
             low, high = ap.element_span(ranges)
@@ -377,6 +388,25 @@ class _FunctionWalk:
                     f"{role} {ap.loc!r} touches elements [{low}, {high}] outside "
                     f"[0, {loc.num_elements})"
                 )
+
+    @staticmethod
+    def _free_fields(
+        inst: Instruction, role: str, ap: AccessPattern, memory: MemoryType, found: list[str]
+    ) -> None:
+        """A compute-engine operand's free dims fit the ISA's fields (AP-FIELD-BITS) and, on
+        VectorE and ScalarE, the elements per partition the engine takes (FREE-SIZE)."""
+        overflow = ap_field_overflow(ap.pattern)
+        if overflow is not None:
+            found.append(cite("AP-FIELD-BITS", f"{role} {ap.loc!r}: {overflow}"))
+        limit = free_size_limit(inst.engine, memory)
+        if limit is not None and ap.free_size > limit:
+            found.append(
+                cite(
+                    "FREE-SIZE",
+                    f"{role} {ap.loc!r} holds {ap.free_size} elements per partition in {memory} "
+                    f"(max {limit} on {inst.engine})",
+                )
+            )
 
 
 def _operands(inst: Instruction) -> list[tuple[str, AccessPattern]]:

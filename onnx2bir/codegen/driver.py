@@ -33,6 +33,7 @@ import numpy as np
 from onnx2bir.bir.dtypes import on_chip
 from onnx2bir.bir.enums import (
     PAYLOAD_KINDS,
+    ActFunc,
     DepKind,
     Dtype,
     Engine,
@@ -123,7 +124,8 @@ class PlanningRun:
         """No edges in a planning run: the instruction gets none."""
 
 
-COPY_ENGINES = (Engine.ACT, Engine.DVE, Engine.POOL)  # on-chip copies of resident tensors
+# On-chip copies of resident tensors take these engines in turn (`BirCodeGen.on_chip_copy`).
+COPY_ENGINES = (Engine.ACT, Engine.DVE, Engine.POOL)
 _ARITHMETIC = frozenset({Opcode.TENSOR_TENSOR, Opcode.TENSOR_SCALAR, Opcode.TENSOR_REDUCE})
 
 
@@ -751,14 +753,30 @@ class BirCodeGen(InstructionBuilders):
         try:
             for copy in copies:
                 if copy.on_chip:
-                    engine = COPY_ENGINES[self._copy_engine]
-                    self._copy_engine = (self._copy_engine + 1) % len(COPY_ENGINES)
-                    last = self.tensor_copy(copy.dst, copy.src, engine)
+                    last = self.on_chip_copy(copy.dst, copy.src)
                 else:
                     last = super().dma(copy.dst, copy.src)
         finally:
             self._planned_copy = False
         return last
+
+    def on_chip_copy(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
+        """A copy between on-chip tiles on the next of `COPY_ENGINES` that can make it.
+
+        ScalarE has no TensorCopy on NeuronCore-v2 (rule ACT-TENSOR-COPY): it copies with an
+        Activation of func copy, through fp32, so only between float tiles (an integer past
+        2^24 would lose bits); GpSimd cannot reach PSUM (docs/neuroncore.md#rules)."""
+        locations = self.function.memory_locations
+        ends = (locations[dst.loc], locations[src.loc])
+        floats = all(loc.dtype.is_float for loc in ends)
+        in_psum = any(loc.memory is MemoryType.PSUM for loc in ends)
+        while True:
+            engine = COPY_ENGINES[self._copy_engine]
+            self._copy_engine = (self._copy_engine + 1) % len(COPY_ENGINES)
+            if engine is Engine.ACT and floats:
+                return self.activation(dst, src, ActFunc.COPY)
+            if engine is Engine.DVE or (engine is Engine.POOL and not in_psum):
+                return self.tensor_copy(dst, src, engine)
 
     def _finalize(self, inst: Instruction) -> None:
         """transformInstruction: id, loop nest, block placement, dependency edges."""

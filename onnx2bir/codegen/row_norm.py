@@ -11,7 +11,8 @@ engines:
 1. the row sum, negated, times 1/D: −mean (GpSimd or VectorE: `pass_engine`);
 2. (x − mean)², ScalarE's square with −mean as its per-partition bias;
 3. Σ (x − mean)² (VectorE TensorReduce);
-4. rstd = rsqrt(Σ / D + ε) (ScalarE, on a [P, 1] column);
+4. rstd = rsqrt(Σ / D + ε) (ScalarE, on a [P, 1] column; VectorE pow when ε < 2^-87 would let the
+   argument leave rsqrt's range, `act_range.reciprocal_sqrt`);
 5. y = (x + (−mean)) · rstd, one two-operand TensorScalar (ScalarE).
 
 The caller then appends its affine step (GpSimd or VectorE: `pass_engine`) and the store. The
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.codegen.act_range import reciprocal_sqrt
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.row_groups import EngineLoad, RowGroups, plan_groups
 from onnx2bir.codegen.tiling import Affine, Tile, copy_stride, tile_index, tiles
@@ -133,7 +135,7 @@ class StagedRows:
             cg.tensor_reduce(t.rstd, t.square, AluOp.ADD, 1, engine=VARIANCE_ENGINE)
 
         def rstd() -> None:
-            cg.activation(t.rstd, t.rstd, ActFunc.RSQRT, scale=1.0 / length, bias_value=self.eps)
+            reciprocal_sqrt(cg, t.rstd, t.rstd, 1.0 / length, self.eps)
 
         def normalize() -> None:
             t.y = cg.write_operand(t.y_tile, t.y_view)
@@ -194,7 +196,7 @@ class ChunkedRows:
             cg.activation(square, tile, ActFunc.SQUARE)
             cg.tensor_reduce(partial(piece), square, AluOp.ADD, axes=1)
         cg.tensor_reduce(rstd, partials, AluOp.ADD, axes=1)
-        cg.activation(rstd, rstd, ActFunc.RSQRT, scale=1.0 / length, bias_value=self.eps)
+        reciprocal_sqrt(cg, rstd, rstd, 1.0 / length, self.eps)
         for piece in tiles(cg, length, chunk, "l"):
             tile = load(piece)
             cg.tensor_scalar(tile, tile, AluOp.ADD, neg_mean)

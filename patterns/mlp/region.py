@@ -9,8 +9,9 @@ or the reason the region cannot be raised. The region must be closed: every path
 dot2 through elementwise ops ends at a projection (or a constant); a path that reaches a
 norm, a reduction or a graph input means dot2 is not the end of an MLP.
 
-Elementwise ops the program spells: the ScalarE functions (Relu, Sigmoid, Tanh, Exp, Log,
-Sqrt, Reciprocal, Abs, Sign, Erf, Softplus, Gelu by its `approximate`), Neg, HardSigmoid,
+Elementwise ops the program spells: the ScalarE functions (Relu, Sigmoid, Tanh, Exp, Abs, Sign,
+Erf, Softplus, Gelu by its `approximate`), Sqrt and Reciprocal (VectorE x ^ 0.5 and 1 / x:
+ScalarE takes them only on part of the line, docs/neuroncore.md#rules), Neg, HardSigmoid,
 HardSwish, Mish, LeakyRelu, Clip with constant bounds, Add/Sub/Mul/Div/Max/Min of two region
 values or of a region value and a scalar constant, Pow by a scalar, and Identity, float Cast
 and a Reshape that keeps the last dim (transparent). Anything else inside the region, a
@@ -42,9 +43,6 @@ UNARY = {
     "Sigmoid": "sigmoid",
     "Tanh": "tanh",
     "Exp": "exp",
-    "Log": "log",
-    "Sqrt": "sqrt",
-    "Reciprocal": "reciprocal",
     "Abs": "abs",
     "Sign": "sign",
     "Erf": "erf",
@@ -69,6 +67,7 @@ OTHER_ELEMENTWISE = frozenset(
         "Round",
         "Sin",
         "Cos",
+        "Log",  # ScalarE's log needs its argument scaled into range (codegen/act_range.py)
         "Elu",
         "Selu",
         "Celu",
@@ -139,9 +138,6 @@ _ACT = {
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "tanh": np.tanh,
     "exp": np.exp,
-    "log": np.log,
-    "sqrt": np.sqrt,
-    "reciprocal": lambda x: 1 / x,
     "abs": np.abs,
     "sign": np.sign,
     "erf": _erf,
@@ -328,6 +324,7 @@ def _elementwise(graph: Graph, node: str, width: int) -> bool:
         op in UNARY
         or op in BINARY
         or op in ("Gelu", "Neg", "HardSigmoid", "HardSwish", "Mish", "LeakyRelu", "Clip")
+        or op in ("Sqrt", "Reciprocal")
     )
 
 
@@ -361,6 +358,10 @@ def _program(graph: Graph, order: list[str], registers: dict[str, int], out: str
             registers[result] = emit("act", reg(ins[0]), func)
         elif op == "Neg":
             registers[result] = emit("scalar", reg(ins[0]), "multiply", value=-1.0)
+        elif op == "Sqrt":
+            registers[result] = emit("scalar", reg(ins[0]), "pow", value=0.5)
+        elif op == "Reciprocal":
+            registers[result] = emit("scalar", reg(ins[0]), "divide", value=1.0, reverse=True)
         elif op in ("HardSigmoid", "HardSwish"):
             x = reg(ins[0])
             alpha, beta = (

@@ -9,7 +9,9 @@ x 192 KiB and PSUM 128 x 16 KiB (8 banks of 2 KiB); a tile occupies contiguous p
 same byte range in each; free dims are (stride, count) pairs with strides in elements, possibly 0
 (broadcast) or negative. A DRAM location is a flat array of its dtype. Like NKI's simulator, fresh
 memory holds a sentinel: every byte is 0xFF, NaN in every float dtype, so reads of uninitialised
-data surface as NaN.
+data surface as NaN. Beside PSUM the machine keeps one flag per byte, set where a Matmult wrote
+last and cleared by any other write: a Matmult accumulates only onto set bytes
+(docs/neuroncore.md#pe-array, rule PSUM-ACCUMULATE).
 
 An operand view is `np.ndarray(shape, dtype, buffer, offset, strides)` over the raw memory bytes.
 That is the same strided view `as_strided` builds, about 7x cheaper per call (0.8 vs 5.4 us), and
@@ -72,10 +74,23 @@ class Operand:
         "high",
         "limit",
         "static",
+        "marks",
+        "static_marks",
     )
 
-    def __init__(self, ins: Instruction, role: str, ap: AccessPattern, loc: MemoryLocation, buffer):
+    def __init__(
+        self,
+        ins: Instruction,
+        role: str,
+        ap: AccessPattern,
+        loc: MemoryLocation,
+        buffer,
+        marks: np.ndarray | None = None,
+    ):
         self.ins, self.role, self.ap, self.loc = ins, role, ap, loc
+        # PSUM operands: the machine's flat per-byte flags "a Matmult wrote this last".
+        self.marks = marks
+        self.static_marks = None
         self.dtype = loc.dtype.numpy
         self.itemsize = self.dtype.itemsize
         self.partitions = ap.num_partitions
@@ -125,6 +140,21 @@ class Operand:
             return self.static
         return self._build(self.element_offset(loop_values))
 
+    def matmul_marks(self, loop_values: dict[str, int]) -> np.ndarray:
+        """For a PSUM operand, per byte it touches (shape (*view shape, itemsize)), whether a
+        Matmult wrote that byte last (rule PSUM-ACCUMULATE). Call after `view`, which checks
+        the bounds."""
+        if self.static_marks is not None:
+            return self.static_marks
+        offset = self.ap.offset if not self.terms else self.element_offset(loop_values)
+        start = self.byte_offset + offset * self.itemsize
+        marks = np.ndarray(
+            (*self.shape, self.itemsize), np.bool_, self.marks, start, (*self.strides, 1)
+        )
+        if not self.terms:
+            self.static_marks = marks
+        return marks
+
     def _build(self, offset: int) -> np.ndarray:
         if offset + self.low < 0 or offset + self.high >= self.limit:
             raise instruction_error(
@@ -149,6 +179,9 @@ class Machine:
         self.sbuf = np.full(shape, SENTINEL_BYTE, np.uint8)
         self.psum = np.full((NUM_PARTITIONS, PSUM_BYTES_PER_PARTITION), SENTINEL_BYTE, np.uint8)
         self._raw = {MemoryType.SB: self.sbuf.reshape(-1), MemoryType.PSUM: self.psum.reshape(-1)}
+        # Per PSUM byte, whether a Matmult wrote it last: only there may a Matmult accumulate
+        # (rule PSUM-ACCUMULATE). Any other instruction's write clears it.
+        self.psum_matmul_marks = np.zeros(self.psum.shape, np.bool_)
         self.dram: dict[str, np.ndarray] = {}
         for loc in self.locations.values():
             if loc.memory is MemoryType.DRAM and loc.name not in loaded:
@@ -226,7 +259,8 @@ class Machine:
                 f"operand {role!r}: partitions [{ap.partition_start}, {stop}) outside location "
                 f"{loc.name!r} with {loc.num_partitions} partitions",
             )
-        return Operand(ins, role, ap, loc, self._raw[loc.memory])
+        marks = self.psum_matmul_marks.reshape(-1) if loc.memory is MemoryType.PSUM else None
+        return Operand(ins, role, ap, loc, self._raw[loc.memory], marks)
 
     def _check_location(self, ins: Instruction, loc: MemoryLocation) -> None:
         """SB/PSUM geometry: partitions, capacity, dtype alignment."""

@@ -3,10 +3,10 @@
 In: an Instruction and its operands bound to machine memory (`Machine.operands`). Out:
 `prepare` binds and checks an instruction the first time it runs and caches what its semantics
 function precomputed; `check_common` enforces the opcode table's engines, roles, attributes and
-memories and the partition rules (docs/neuroncore.md#partitions); `check_same_tile` and
-`check_column` the shapes elementwise operands must agree on; `enum_attr` and `number_attr`
-read attributes or name the bad one; `store` writes a result into an operand's view with the
-destination dtype's rounding. The semantics functions themselves are in
+memories, the partition rules and the free dims' limits (docs/neuroncore.md#partitions);
+`check_same_tile` and `check_column` the shapes elementwise operands must agree on; `enum_attr`
+and `number_attr` read attributes or name the bad one; `store` writes a result into an operand's
+view with the destination dtype's rounding. The semantics functions themselves are in
 `runtime/machine/semantics.py`.
 """
 
@@ -19,7 +19,14 @@ import numpy as np
 from onnx2bir.bir.dtypes import F32, int_like, store_as
 from onnx2bir.bir.enums import Dtype, Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
-from onnx2bir.bir.opcodes import MAX_FREE_DIMS, OPCODES, partition_start_allowed
+from onnx2bir.bir.opcodes import (
+    MAX_FREE_DIMS,
+    OPCODES,
+    ap_field_overflow,
+    engine_rule,
+    free_size_limit,
+    partition_start_allowed,
+)
 from onnx2bir.runtime.machine.machine import Machine, Operand, instruction_error
 
 _ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more than a cast
@@ -27,8 +34,11 @@ _ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more t
 
 def store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None:
     """Write values into dst's view in row-major element order, rounding to dst's dtype
-    (TF32 to 10 mantissa bits, FP8 e4m3 saturating at ±448: `alu.store_as`)."""
+    (TF32 to 10 mantissa bits, FP8 e4m3 saturating at ±448: `alu.store_as`). PSUM bytes
+    written here no longer hold a matmul's partial sum (rule PSUM-ACCUMULATE)."""
     view = dst.view(loop_values)
+    if dst.marks is not None:
+        dst.matmul_marks(loop_values)[...] = False
     target, source = view.dtype, values.dtype
     # One cast straight into the view where it is the cast `store_as` makes: from the dtype
     # itself, from fp32 (every store rounds from fp32), and any float widened to fp32 (exact).
@@ -55,7 +65,9 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
     if ins.engine not in spec.engines:
         allowed = ", ".join(sorted(spec.engines))
         raise instruction_error(
-            ins, f"engine {ins.engine} cannot run it (allowed: {allowed})", "ENGINE-OPCODE"
+            ins,
+            f"engine {ins.engine} cannot run it (allowed: {allowed})",
+            engine_rule(ins.opcode, ins.engine),
         )
     roles = set(ins.srcs)
     missing = set(spec.required_srcs) - roles
@@ -95,6 +107,17 @@ def check_common(ins: Instruction, ops: dict[str, Operand]) -> None:
                 ins,
                 f"operand {role!r} has {len(op.ap.pattern)} free dims, max {MAX_FREE_DIMS}",
                 "FREE-DIMS",
+            )
+        overflow = ap_field_overflow(op.ap.pattern)
+        if overflow is not None:
+            raise instruction_error(ins, f"operand {role!r}: {overflow}", "AP-FIELD-BITS")
+        limit = free_size_limit(ins.engine, op.memory)
+        if limit is not None and op.free_size > limit:
+            raise instruction_error(
+                ins,
+                f"operand {role!r} holds {op.free_size} elements per partition in {op.memory} "
+                f"(max {limit} on {ins.engine})",
+                "FREE-SIZE",
             )
 
 

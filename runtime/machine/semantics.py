@@ -7,14 +7,17 @@ dst written into machine memory, with real dtype rounding (ml_dtypes bf16, numpy
 
 Rules enforced, each raising MachineError (docs/neuroncore.md#partitions,
 docs/neuroncore.md#pe-array): the engine, operand roles, attributes and memories of the opcode
-table; POOL never touches PSUM; compute-engine tiles keep the partition-start rule and at most 4
-free dims; elementwise operands share partitions and elements per partition ([P, 1] for scalar and
-bias columns); Matmult K <= 128 on both inputs, M <= 128, N <= 512, dst fp32 in PSUM with M
-partitions and N elements inside one 2 KiB bank, operand dtypes from `PE_INPUT_DTYPES` paired as
-`pe_operands_pair` allows; two TensorTensor inputs are never both in PSUM. Static rules are
-checked the first time an instruction runs (the rules every opcode shares, and the store of a
-result into its dst, are in `runtime/machine/operands.py`); loop-dependent bounds (and the
-Matmult bank) on every run.
+table (TensorCopy not on ScalarE); POOL never touches PSUM; compute-engine tiles keep the
+partition-start rule, at most 4 free dims whose sizes and strides fit 16-bit fields, and on
+VectorE/ScalarE at most 64K elements per partition from SBUF, 4K from PSUM; elementwise operands
+share partitions and elements per partition ([P, 1] for scalar and bias columns); Matmult K <= 128
+on both inputs, M <= 128, N <= 512, dst fp32 in PSUM with M partitions and N elements inside one
+2 KiB bank, operand dtypes from `PE_INPUT_DTYPES` paired as `pe_operands_pair` allows, and it
+accumulates only onto bytes a Matmult wrote last; two TensorTensor inputs are never both in PSUM;
+an Activation's argument lies in its function's valid input range. Static rules are checked the
+first time an instruction runs (the rules every opcode shares, and the store of a result into its
+dst, are in `runtime/machine/operands.py`); loop-dependent bounds, the Matmult bank, the PSUM
+accumulation and the activation ranges on every run.
 
 Math (docs/neuroncore.md#integers): ScalarE and VectorE compute in fp32 whatever the operand
 dtypes, so an int32 beyond 2^24 rounds on the way in; GpSimd computes exactly in int32 when every
@@ -35,6 +38,8 @@ from onnx2bir.bir.dtypes import F32, int_like, store_as
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import (
+    ACT_INPUT_RANGES,
+    ACT_RANGE_ON_MAGNITUDE,
     DMA_MAX_DIMS,
     MATMUL_MAX_MOVING_FREE,
     MATMUL_MAX_STATIONARY_FREE,
@@ -222,6 +227,7 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     a, b, wide, result = scratch
     stat_view, mov_view = stat.view(loop_values), mov.view(loop_values)
     out = dst.view(loop_values)
+    _check_accumulate(ins, dst, loop_values, accumulate)
     if not (k == n_size and _is_identity(mov_view, k) and _transposed(stat_view, a, result)):
         np.copyto(a.reshape(stat_view.shape), stat_view, casting="unsafe")  # exact: to float64
         np.copyto(b.reshape(mov_view.shape), mov_view, casting="unsafe")
@@ -233,6 +239,26 @@ def matmult(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     if accumulate:
         np.add(result, out.reshape(m_size, n_size), out=result)
     np.copyto(out, result.reshape(out.shape))
+
+
+def _check_accumulate(
+    ins: Instruction, dst: Operand, loop_values: dict[str, int], accumulate: bool
+) -> None:
+    """A Matmult accumulates only onto bytes a Matmult wrote last; an overwriting one makes its
+    bytes such (rule PSUM-ACCUMULATE). Before the write: a refused program leaves PSUM as it
+    was."""
+    marks = dst.matmul_marks(loop_values)
+    if not accumulate:
+        marks[...] = True
+    elif not marks.all():
+        elements = marks.reshape(-1, dst.itemsize).all(axis=1)
+        raise instruction_error(
+            ins,
+            f"accumulates onto {elements.size - int(elements.sum())} of {elements.size} "
+            f"elements of {dst.loc.name!r} that no Matmult wrote last (never written, or "
+            "written since by another instruction)",
+            "PSUM-ACCUMULATE",
+        )
 
 
 _IDENTITIES: dict[tuple[int, np.dtype], np.ndarray] = {}
@@ -272,19 +298,46 @@ def _prep_activation(ins: Instruction, ops: dict[str, Operand]) -> tuple:
         check_column(ins, dst, bias)
         if bias_value:
             raise instruction_error(ins, "has both a bias operand and a nonzero bias_value")
-    func = ACTIVATIONS[enum_attr(ins, ActFunc, "func")]
-    return src, dst, bias, func, np.float32(number_attr(ins, "scale")), np.float32(bias_value)
+    name = enum_attr(ins, ActFunc, "func")
+    scale = np.float32(number_attr(ins, "scale"))
+    return src, dst, bias, name, ACTIVATIONS[name], scale, np.float32(bias_value)
 
 
 def activation(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
-    """Activation: dst = func(in · scale + bias) in fp32."""
-    src, dst, bias, func, scale, bias_value = m.prepared.get(ins) or prepare(
+    """Activation: dst = func(in · scale + bias) in fp32, the argument inside the function's
+    valid input range (rule ACT-RANGE)."""
+    src, dst, bias, name, func, scale, bias_value = m.prepared.get(ins) or prepare(
         m, ins, _prep_activation
     )
     x = src.view(loop_values).reshape(src.partitions, -1).astype(F32, copy=False)
     if bias is not None:
         bias_value = bias.view(loop_values).reshape(-1, 1).astype(F32)
-    store(dst, loop_values, func(x * scale + bias_value))
+    argument = x * scale + bias_value
+    valid = ACT_INPUT_RANGES.get(name)
+    if valid is not None:
+        _check_act_range(ins, name, argument, valid)
+    store(dst, loop_values, func(argument))
+
+
+def _check_act_range(
+    ins: Instruction, name: ActFunc, argument: np.ndarray, valid: tuple[float, float]
+) -> None:
+    """Refuse an argument outside the function's valid input range; NaN passes (it compares
+    false both ways) and comes out NaN."""
+    low, high = valid
+    checked = np.abs(argument) if name in ACT_RANGE_ON_MAGNITUDE else argument
+    outside = (checked < low) | (checked > high)
+    if not outside.any():
+        return
+    finite_or_inf = argument[~np.isnan(argument)]
+    what = "|in · scale + bias|" if name in ACT_RANGE_ON_MAGNITUDE else "in · scale + bias"
+    raise instruction_error(
+        ins,
+        f"{name}: {what} leaves [{low:.9g}, {high:.9g}] at {int(outside.sum())} of "
+        f"{argument.size} elements (inputs from {finite_or_inf.min():.9g} to "
+        f"{finite_or_inf.max():.9g}; largest |input| {np.abs(finite_or_inf).max():.9g})",
+        "ACT-RANGE",
+    )
 
 
 def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -412,6 +465,9 @@ def copy_predicated(m: Machine, ins: Instruction, loop_values: dict[str, int]) -
     np.copyto(out, values, where=mask)
     if not np.shares_memory(out, dst.view(loop_values)):
         dst.view(loop_values)[...] = out.reshape(dst.view(loop_values).shape)
+    if dst.marks is not None:  # the bytes written no longer hold a matmul's partial sum
+        marks = dst.matmul_marks(loop_values)
+        np.copyto(marks, False, where=mask.reshape(*marks.shape[:-1], 1))
 
 
 def _prep_memset(ins: Instruction, ops: dict[str, Operand]) -> tuple:
@@ -424,6 +480,8 @@ def memset(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
     """Memset: every element of dst becomes `value`."""
     dst, fill = m.prepared.get(ins) or prepare(m, ins, _prep_memset)
     dst.view(loop_values)[...] = fill
+    if dst.marks is not None:
+        dst.matmul_marks(loop_values)[...] = False
 
 
 def _prep_iota(ins: Instruction, ops: dict[str, Operand]) -> tuple:

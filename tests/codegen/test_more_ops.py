@@ -123,3 +123,30 @@ def test_arg_extreme(op, shape, axis, keepdims, last):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     check(model, feeds=feeds, atol=0, rtol=0)
+
+
+# ScalarE takes sin on [-pi, pi], log on [2^-64, 2^64], sqrt from 2^-116, reciprocal from 2^-42
+# (docs/neuroncore.md#rules, ACT-RANGE): the lowerings must be right on the whole line.
+SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 1e-40, 2.0**-64, 2.0**64, 3e38, -3e38]
+
+
+def _whole_line(shape, low, high) -> np.ndarray:
+    x = SWEEP.uniform(low, high, shape).astype(np.float32).reshape(-1)
+    x[: len(SPECIALS)] = SPECIALS
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("op", ["Sin", "Cos"])
+def test_trig_of_large_arguments_and_special_values(op):
+    x = _whole_line((64, 300), -1000, 1000)
+    x[1, :9] = [np.pi, -np.pi, 2 * np.pi, 3 * np.pi, -5 * np.pi / 2, 1e5, -1e6, 1e7, 16777216.0]
+    # The reduction is exact to about 1e8 (docs/neuroncore.md#rules): 2^64 and ±3e38 are out
+    x[0, 8:11] = 0.0
+    check(one_node_model(op, {"x": x.shape}), feeds={"x": x}, atol=2e-6)
+
+
+@pytest.mark.parametrize("op", ["Log", "Sqrt", "Reciprocal"])
+def test_ranged_functions_on_the_whole_line(op):
+    x = np.concatenate([_whole_line((32, 100), 1e-3, 1e3), _whole_line((32, 100), -1e3, 1e3)])
+    x[1, :6] = [1e-30, 1e30, 2.0**-43, 2.0**43, 2.0**-120, 2.0**120]
+    check(one_node_model(op, {"x": x.shape}), feeds={"x": x})

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import onnx
 import pytest
+from conftest import is_copy
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import Dtype, MemoryType, Opcode
@@ -342,11 +343,7 @@ def test_gqa_broadcast_kv_and_transposed_k():
     module, _, _ = run(*att.fused())
 
     # Loads are DMAs, or on-chip copies where the memory planner keeps a tensor in SBUF.
-    copies = [
-        i
-        for i in module.functions[0].instructions()
-        if i.opcode in (Opcode.DMA_COPY, Opcode.TENSOR_COPY)
-    ]
+    copies = [i for i in module.functions[0].instructions() if is_copy(i)]
     kv_loads = [i for i in copies if i.srcs["in"].loc in ("kt", "v")]
     q_loads = [i for i in copies if i.srcs["in"].loc == "q"]
     # Every head reads the one K/V head: the loads' addresses do not move with the head axis,

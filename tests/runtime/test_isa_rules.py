@@ -3,7 +3,9 @@ program with exit 1 and the rule's id; the same program keeping the rule runs (a
 y = aᵀ·b, checked against numpy).
 
 The program: two DMAs bring a[K=4, M=8] and b[K=4, N=8] into SBUF, a Matmult writes aᵀ·b into
-PSUM, VectorE copies it to SBUF, a DMA writes it out. Each case changes one thing.
+PSUM, VectorE copies it to SBUF, a DMA writes it out. Each case changes one thing; for the
+rules that need a program of another shape (a sine, a copy on ScalarE, a wide or strided copy,
+a second Matmult), `KEEPING` holds the variant that keeps the rule and what it computes.
 """
 
 from __future__ import annotations
@@ -59,14 +61,28 @@ def _program(
     copy_start=0,
     copy_dims=1,
     tensor_tensor_on_psum=False,
+    copy_as_activation=False,
+    sine_scale=None,
+    psum_repeat=1,
+    out_stride=None,
+    accumulate_only=False,
+    accumulate_twice=False,
+    rewrite_psum_between=False,
 ) -> Module:
+    """The program, with one thing changed: `copy_as_activation` copies PSUM out with an
+    Activation (func copy), `sine_scale` with sin(scale · x); `psum_repeat` reads the PSUM row
+    that many times (stride 0) into one copy; `out_stride` writes the copy twice, that many
+    elements apart; `accumulate_only` makes the one Matmult accumulate, `accumulate_twice`
+    adds a second, accumulating one (y = 2·aᵀ·b), and `rewrite_psum_between` has VectorE
+    rewrite the PSUM tile (times 1) between the two."""
+    out_elems = max(N * psum_repeat, (out_stride or 0) + N)
     locations = [
         MemoryLocation("a", MemoryType.DRAM, MemoryKind.EXTERNAL_INPUT, Dtype.FP32, (K, M)),
         MemoryLocation("b", MemoryType.DRAM, MemoryKind.EXTERNAL_INPUT, Dtype.FP32, (K, N)),
         MemoryLocation("y", MemoryType.DRAM, MemoryKind.EXTERNAL_OUTPUT, Dtype.FP32, (M, N)),
         _tile("sa", MemoryType.SB, K, M, 0, operand_dtype),
         _tile("sb", MemoryType.SB, K, N, 64, operand_dtype),
-        _tile("so", MemoryType.SB, 64, N, 128),
+        _tile("so", MemoryType.SB, 64, out_elems, 128),
         _tile("ps", MemoryType.PSUM, M, N, psum_address, psum_dtype),
     ]
     origin = Origin("mm", "test")
@@ -74,7 +90,23 @@ def _program(
     pattern = ((1, N),) if copy_dims == 1 else (*((N, 1),) * (copy_dims - 1), (1, N))
     psum = AccessPattern("ps", pattern, 0, (), 0, M)
     out_tile = AccessPattern("so", pattern, 0, (), copy_start, M)
-    if tensor_tensor_on_psum:
+    if psum_repeat > 1:
+        psum = AccessPattern("ps", ((0, psum_repeat), (1, N)), 0, (), 0, M)
+        out_tile = AccessPattern("so", ((N, psum_repeat), (1, N)), 0, (), copy_start, M)
+    if out_stride is not None:
+        psum = AccessPattern("ps", ((0, 2), (1, N)), 0, (), 0, M)
+        out_tile = AccessPattern("so", ((out_stride, 2), (1, N)), 0, (), copy_start, M)
+    if copy_as_activation or sine_scale is not None:
+        func, scale = ("copy", 1.0) if sine_scale is None else ("sin", sine_scale)
+        copy = Instruction(
+            Opcode.ACTIVATION,
+            Engine.ACT,
+            out_tile,
+            {"in": psum},
+            {"func": func, "scale": scale, "bias_value": 0.0},
+            origin,
+        )
+    elif tensor_tensor_on_psum:
         copy = Instruction(
             Opcode.TENSOR_TENSOR,
             copy_engine,
@@ -86,6 +118,34 @@ def _program(
     else:
         copy = Instruction(Opcode.TENSOR_COPY, copy_engine, out_tile, {"in": psum}, {}, origin)
     matmul_dst_ap = AccessPattern(matmul_dst, ((1, N),), 0, (), 0, M)
+
+    def matmul(accumulate: bool) -> Instruction:
+        return Instruction(
+            Opcode.MATMULT,
+            matmul_engine,
+            matmul_dst_ap,
+            {
+                "stationary": AccessPattern("sa", ((1, M),), 0, (), 0, K),
+                "moving": AccessPattern("sb", ((1, N),), 0, (), 0, moving_partitions),
+            },
+            {"accumulate": accumulate},
+            origin,
+        )
+
+    matmuls = [matmul(accumulate_only)]
+    if rewrite_psum_between:
+        matmuls.append(
+            Instruction(
+                Opcode.TENSOR_SCALAR,
+                Engine.DVE,
+                matmul_dst_ap,
+                {"in": matmul_dst_ap},
+                {"op0": "multiply", "imm0": 1.0},
+                origin,
+            )
+        )
+    if accumulate_twice or rewrite_psum_between:
+        matmuls.append(matmul(True))
     items = [
         Instruction(
             Opcode.DMA_COPY,
@@ -103,17 +163,7 @@ def _program(
             {"queue": 1},
             origin,
         ),
-        Instruction(
-            Opcode.MATMULT,
-            matmul_engine,
-            matmul_dst_ap,
-            {
-                "stationary": AccessPattern("sa", ((1, M),), 0, (), 0, K),
-                "moving": AccessPattern("sb", ((1, N),), 0, (), 0, moving_partitions),
-            },
-            {"accumulate": False},
-            origin,
-        ),
+        *matmuls,
         copy,
         Instruction(
             Opcode.DMA_COPY,
@@ -145,6 +195,11 @@ CASES = {
     "PE-PSUM-FP32": {"psum_dtype": Dtype.BF16},
     "PSUM-BANK": {"psum_address": 2040},
     "TT-PSUM-INPUTS": {"tensor_tensor_on_psum": True},
+    "ACT-RANGE": {"sine_scale": 1.0},  # |aᵀ·b| reaches 5.2
+    "ACT-TENSOR-COPY": {"copy_engine": Engine.ACT},
+    "FREE-SIZE": {"psum_repeat": 513},  # 4104 elements from PSUM
+    "AP-FIELD-BITS": {"out_stride": 32768},
+    "PSUM-ACCUMULATE": {"accumulate_only": True},  # onto PSUM nothing wrote
 }
 
 
@@ -195,3 +250,30 @@ def test_every_machine_rule_has_a_case_here_or_beside_its_feature():
     assert set(RULES) == set(CASES) | set(elsewhere)
     for name in elsewhere.values():
         assert (Path(__file__).parent / name).exists()
+
+
+# The same programs keeping the rule, and what they compute.
+PRODUCT = A.T @ B
+KEEPING = {
+    "ACT-RANGE": ({"sine_scale": 0.5}, np.sin(0.5 * PRODUCT)),  # inside [-pi, pi]
+    "ACT-TENSOR-COPY": ({"copy_engine": Engine.ACT, "copy_as_activation": True}, PRODUCT),
+    "FREE-SIZE": ({"psum_repeat": 512}, PRODUCT),
+    "AP-FIELD-BITS": ({"out_stride": 32767}, PRODUCT),
+    "PSUM-ACCUMULATE": ({"accumulate_twice": True}, 2 * PRODUCT),
+}
+
+
+@pytest.mark.parametrize("rule", list(KEEPING))
+def test_the_program_keeping_a_rule_computes_its_numbers(tmp_path, capsys, rule):
+    changes, expected = KEEPING[rule]
+    code, err = _run(tmp_path, _program(**changes), capsys)
+    assert code == 0, err
+    with np.load(tmp_path / "out.npz") as saved:
+        np.testing.assert_allclose(saved["y"], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_matmul_accumulating_onto_psum_another_engine_rewrote_is_refused(tmp_path, capsys):
+    """The bytes hold the same values, but VectorE wrote them last: no partial sum."""
+    code, err = _run(tmp_path, _program(rewrite_psum_between=True), capsys)
+    assert code == 1, err
+    assert "PSUM-ACCUMULATE: " in err and "instruction 4 Matmult" in err

@@ -10,6 +10,7 @@ import pytest
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import AccessPattern, Function, Instruction, MemoryLocation, Origin
+from onnx2bir.bir.opcodes import ACT_INPUT_RANGES, ACT_RANGE_ON_MAGNITUDE
 from onnx2bir.errors import MachineError
 from onnx2bir.runtime.machine.machine import Machine
 from onnx2bir.runtime.machine.semantics import SEMANTICS, erf
@@ -216,16 +217,40 @@ def test_activation_matches_reference(func):
     b = RNG.uniform(-0.5, 0.5, (32, 1)).astype(np.float32)
     if func in POSITIVE_ONLY:
         x, b = np.abs(x) + 0.5, np.abs(b)
+    if func in (ActFunc.SIN, ActFunc.COS):  # their table covers [-pi, pi] only (ACT-RANGE)
+        x = x * np.float32(0.875)
     put(mach, src, x)
     put(mach, bias, b)
     ins = instr(Opcode.ACTIVATION, Engine.ACT, ap(dst), {"in": ap(src), "bias": ap(bias)})
     ins.attrs.update(func=func, scale=0.75)
     run(mach, ins)
     expected = REFERENCE[func](x.astype(np.float64) * 0.75 + b)
-    # sin and cos have slope ±1 at their zeros: the fp32 rounding of the argument (up to 4.5,
-    # one ULP 4.8e-7) is their error there
+    # sin and cos have slope ±1 at their zeros: the fp32 rounding of the argument (up to 3.1,
+    # one ULP 2.4e-7) is their error there
     atol = 5e-7 if func in (ActFunc.SIN, ActFunc.COS) else 2e-7
     np.testing.assert_allclose(get(mach, dst), expected, rtol=2e-6, atol=atol)
+
+
+@pytest.mark.parametrize("func", list(ACT_INPUT_RANGES))
+def test_activation_refuses_an_argument_outside_its_valid_range(func):
+    """The ends of the range (docs/neuroncore.md#rules, ACT-RANGE) and NaN pass; one fp32 step
+    past either end is refused, naming the rule."""
+    low, high = (np.float32(end) for end in ACT_INPUT_RANGES[func])
+    inside = np.array([low, high, np.nan, (low + high) / 2], np.float32)
+    if func in ACT_RANGE_ON_MAGNITUDE:
+        inside = np.concatenate([inside, -inside])
+    src, dst = tile("x", 1, inside.size), tile("y", 1, inside.size, address=256)
+    mach = machine(src, dst)
+    put(mach, src, inside.reshape(1, -1))
+    ins = instr(Opcode.ACTIVATION, Engine.ACT, ap(dst), {"in": ap(src)})
+    ins.attrs.update(func=func, scale=1.0)
+    run(mach, ins)
+    for past in (np.nextafter(low, np.float32(-np.inf)), np.nextafter(high, np.float32(np.inf))):
+        outside = inside.copy()
+        outside[-1] = past
+        put(mach, src, outside.reshape(1, -1))
+        with pytest.raises(MachineError, match=f"ACT-RANGE: {func}: "):
+            run(mach, ins)
 
 
 def test_activation_bias_value_and_bf16_rounding():
@@ -461,7 +486,7 @@ def test_tensor_copy_rounds_to_bf16_and_keeps_int_bits():
     run(mach, instr(Opcode.TENSOR_COPY, Engine.DVE, ap(out), {"in": ap(src)}))
     assert get(mach, out).tobytes() == x.astype(BF16).tobytes()
     put(mach, isrc, np.arange(32).reshape(4, 8) + 2**30 + 1)
-    run(mach, instr(Opcode.TENSOR_COPY, Engine.ACT, ap(iout), {"in": ap(isrc)}))
+    run(mach, instr(Opcode.TENSOR_COPY, Engine.POOL, ap(iout), {"in": ap(isrc)}))
     assert (get(mach, iout) == get(mach, isrc)).all()
 
 

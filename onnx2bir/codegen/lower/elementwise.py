@@ -12,6 +12,7 @@ import math
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, Opcode
 from onnx2bir.bir.ir import AccessPattern, Instruction
+from onnx2bir.codegen import act_range
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.elementwise_walk import (  # noqa: F401 (the walk's API, imported from here)
     COPIES,
@@ -84,18 +85,32 @@ _ACTIVATIONS = {
     "Sigmoid": ActFunc.SIGMOID,
     "Tanh": ActFunc.TANH,
     "Exp": ActFunc.EXP,
-    "Log": ActFunc.LOG,
-    "Sqrt": ActFunc.SQRT,
     "Abs": ActFunc.ABS,
-    "Reciprocal": ActFunc.RECIPROCAL,
     "Erf": ActFunc.ERF,
     "Softplus": ActFunc.SOFTPLUS,
     "Sign": ActFunc.SIGN,
 }
+# The functions ScalarE takes only on part of the line (rule ACT-RANGE), lowered to keep it.
+_RANGED = {"Sqrt": act_range.square_root, "Reciprocal": act_range.reciprocal}
 
 
 def lower_activation(cg: BirCodeGen, node: Node) -> None:
-    """Unary math on ScalarE's lookup table."""
+    """Unary math on ScalarE's lookup table; Sqrt and Reciprocal on VectorE, Log scaled into
+    the table's range (`act_range`)."""
+    if node.op_type == "Log":
+        tiles = [scratch_tile(cg, tag) for tag in ("exponent", "scaled", "special")]
+        valid_tile = scratch_tile(cg, "in_range", Dtype.UINT8)
+
+        def log(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+            scratch = tuple(like(dst, tile) for tile in tiles)
+            act_range.natural_log(cg, dst, srcs[0], scratch, like(dst, valid_tile))
+
+        emit_elementwise(cg, node, log, direct=True)
+        return
+    ranged = _RANGED.get(node.op_type)
+    if ranged is not None:
+        emit_elementwise(cg, node, lambda cg, dst, srcs: ranged(cg, dst, srcs[0]), direct=True)
+        return
     func = _ACTIVATIONS[node.op_type]
     emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
 

@@ -1,7 +1,8 @@
 """Generic lowering of the elementwise math beyond one opcode: Sin, Cos, Floor, Ceil, Round,
 Mod and Mean, tiled by `emit_elementwise`.
 
-- Sin, Cos: one Activation each (ScalarE's sin and cos).
+- Sin, Cos: ScalarE's sin of the argument reduced into [-π, π] on VectorE
+  (`act_range.sine`: the sin table does no range reduction, rule ACT-RANGE).
 - Floor, Ceil: r = fmod(x, 1) (VectorE `mod`, exact), then x − r, minus 1 where r < 0 (Floor) or
   plus 1 where r > 0 (Ceil). |x| ≥ 2²³ is already integral: r = 0.
 - Round (halves to even): f = floor(x), d = x − f (exact); f + 1 where d > ½, or where d = ½
@@ -14,16 +15,23 @@ Mod and Mean, tiled by `emit_elementwise`.
 
 from __future__ import annotations
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.codegen.act_range import sine
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scalar_op, scratch_tile
 from onnx2bir.graph import Node
 
 
 def lower_trig(cg: BirCodeGen, node: Node) -> None:
-    func = ActFunc.SIN if node.op_type == "Sin" else ActFunc.COS
-    emit_elementwise(cg, node, lambda cg, dst, srcs: cg.activation(dst, srcs[0], func), direct=True)
+    cosine = node.op_type == "Cos"
+    tiles = [scratch_tile(cg, tag) for tag in ("rem", "mult", "turns")]
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        a, b, c = (like(dst, tile) for tile in tiles)
+        sine(cg, dst, srcs[0], (a, b, c), cosine)
+
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 def _floor(

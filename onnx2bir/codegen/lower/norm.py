@@ -25,6 +25,7 @@ import math
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.codegen.act_range import reciprocal_sqrt
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.elementwise import iota
@@ -59,7 +60,7 @@ def lower_batch_norm(cg: BirCodeGen, node: Node) -> None:
         for name in col:
             cg.dma(col[name], cg.dram_ap(cg.dram(name).name, c.start, [(1, c.size), (1, 1)]))
         factor, offset = col[var], cg.ap(shift, partitions=c.size)
-        cg.activation(factor, col[var], ActFunc.RSQRT, bias_value=eps)
+        reciprocal_sqrt(cg, factor, col[var], 1.0, eps)
         cg.tensor_tensor(factor, factor, col[scale], AluOp.MULTIPLY)
         cg.tensor_tensor(offset, col[mean], factor, AluOp.MULTIPLY)
         cg.tensor_tensor(offset, col[bias], offset, AluOp.SUBTRACT)

@@ -2,7 +2,9 @@
 
 Planes (N·C) sit on partitions. MaxPool reads a band of the (-inf framed) input and reduces
 it through a 4-D access pattern — output rows, output cols, window rows, window cols — with
-one `TensorReduce(max)` over the last two dims per tile, as the NKI pooling kernels do.
+one `TensorReduce(max)` over the last two dims per tile, as the NKI pooling kernels do; the
+output tile shrinks until its windows fit the elements per partition VectorE takes and their
+steps the ISA's stride field (docs/neuroncore.md#rules: FREE-SIZE, AP-FIELD-BITS).
 AveragePool does the same with a 0 frame and an add, then divides by the number of elements
 each window counts: the same for every window (an immediate), or, when padding or ceil_mode
 make the edge windows count fewer, a constant divisor map [out_h, out_w] broadcast to every
@@ -23,8 +25,8 @@ from functools import partial
 
 import numpy as np
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
-from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType
+from onnx2bir.bir.opcodes import NUM_PARTITIONS, ap_field_overflow, free_size_limit
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import (
@@ -158,10 +160,18 @@ def window_pool(
     plane = height * width
     cols = min(geo.out_w, POOL_OUT_TILE)
     rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
-    # Big windows: shrink the output tile until its input band fits the band budget.
+    # Big windows: shrink the output tile until its input band fits the band budget, and the
+    # windows one TensorReduce reads fit VectorE's free size and the ISA's stride fields.
     while cols > 1 and geo.rows_needed(rows) * geo.cols_needed(cols) * dtype.itemsize > (
         POOL_BAND_BYTES
     ):
+        if rows > 1:
+            rows = max(1, rows // 2)
+        else:
+            cols = max(1, cols // 2)
+    while (problem := _windows_problem(geo, rows, cols)) is not None:
+        if rows == cols == 1:
+            raise cg.fail(f"one {geo.kernel_h}x{geo.kernel_w} window alone: {problem}")
         if rows > 1:
             rows = max(1, rows // 2)
         else:
@@ -202,17 +212,7 @@ def window_pool(
                         [(plane, p.size), (width, band_rows), (1, band_cols)],
                     ),
                 )
-                windows = cg.ap(
-                    band,
-                    [
-                        (geo.stride_h * band_cols, row.size),
-                        (geo.stride_w, col.size),
-                        (geo.dilation_h * band_cols, geo.kernel_h),
-                        (geo.dilation_w, geo.kernel_w),
-                    ],
-                    band_at,
-                    partitions=p.size,
-                )
+                windows = cg.ap(band, _windows(geo, row.size, col.size), band_at, partitions=p.size)
                 result = cg.ap(out_sb, [(1, row.size * col.size)], out_at, partitions=p.size)
                 cg.tensor_reduce(result, windows, op, axes=2)
                 if isinstance(divisor, float):
@@ -236,6 +236,30 @@ def window_pool(
                     ),
                     result,
                 )
+
+
+def _windows(geo: WindowGeometry, rows: int, cols: int) -> list[tuple[int, int]]:
+    """The band's free pattern of a rows x cols output tile's windows: output rows, output
+    cols, window rows, window cols."""
+    band_cols = geo.cols_needed(cols)
+    return [
+        (geo.stride_h * band_cols, rows),
+        (geo.stride_w, cols),
+        (geo.dilation_h * band_cols, geo.kernel_h),
+        (geo.dilation_w, geo.kernel_w),
+    ]
+
+
+def _windows_problem(geo: WindowGeometry, rows: int, cols: int) -> str | None:
+    """Why one TensorReduce cannot read a rows x cols tile's windows (docs/neuroncore.md#rules:
+    FREE-SIZE, AP-FIELD-BITS), or None."""
+    pattern = tuple(_windows(geo, rows, cols))
+    limit = free_size_limit(Engine.DVE, MemoryType.SB)
+    size = math.prod(count for _, count in pattern)
+    if size > limit:
+        return f"{size} elements per partition, VectorE takes {limit} (FREE-SIZE)"
+    overflow = ap_field_overflow(pattern)
+    return None if overflow is None else f"{overflow} (AP-FIELD-BITS)"
 
 
 def lower_global_pool(cg: BirCodeGen, node: Node) -> None:

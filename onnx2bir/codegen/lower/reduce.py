@@ -7,17 +7,19 @@ contiguous merge into runs. The innermost runs that fit in a chunk of REDUCE_CHU
 read whole, the run before them in pieces, and any earlier runs loop; each piece leaves a
 partial result, and the partial results are reduced again. ReduceMean scales the sum by 1/n on
 ScalarE. L1 and L2/SumSquare map each piece to |x| or x² first (ScalarE abs/square; VectorE
-max(x, −x) and x·x on integers, exact), L2 and LogSum finish with ScalarE sqrt or ln.
+max(x, −x) and x·x on integers, exact), L2 finishes with √ (VectorE pow) and LogSum with ln
+kept inside ScalarE's range (`act_range`: a sum may be 0 or past 2^64, rule ACT-RANGE).
 LogSumExp runs the pieces twice: a max pass, then Σ exp(x − max) with −max as ScalarE's
-per-partition bias, and ln(Σ) + max.
+per-partition bias, and ln(Σ) + max; Σ lies in [1, n], inside the range of ln.
 """
 
 from __future__ import annotations
 
 import math
 
-from onnx2bir.bir.enums import ActFunc, AluOp
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
+from onnx2bir.codegen.act_range import natural_log, square_root
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import like, scalar_op
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
@@ -93,6 +95,11 @@ def lower_reduce(cg: BirCodeGen, node: Node) -> None:
     op_type = node.op_type
     integer = not dtype.is_float
     aux = cg.sb_tile("aux", NUM_PARTITIONS, step * inner, dtype) if integer else None
+    log_scratch = None
+    if op_type == "ReduceLogSum":
+        tags = ("exponent", "scaled", "special")
+        log_scratch = [cg.sb_tile(tag, NUM_PARTITIONS, 1, Dtype.FP32) for tag in tags]
+        in_range = cg.sb_tile("in_range", NUM_PARTITIONS, 1, Dtype.UINT8)
 
     def prepare(src) -> None:
         """The elementwise map before the reduction: |x|, x² (exact on integers)."""
@@ -178,8 +185,11 @@ def lower_reduce(cg: BirCodeGen, node: Node) -> None:
             if op_type == "ReduceMean":
                 cg.activation(result, result, ActFunc.COPY, scale=1.0 / count)
             elif op_type == "ReduceL2":
-                cg.activation(result, result, ActFunc.SQRT)
-            elif op_type in ("ReduceLogSum", "ReduceLogSumExp"):
+                square_root(cg, result, result)
+            elif op_type == "ReduceLogSum":
+                scratch = tuple(cg.ap(tile, partitions=p.size) for tile in log_scratch)
+                natural_log(cg, result, result, scratch, cg.ap(in_range, partitions=p.size))
+            elif op_type == "ReduceLogSumExp":
                 cg.activation(result, result, ActFunc.LOG)
             if op_type == "ReduceLogSumExp":
                 cg.tensor_scalar(result, result, AluOp.SUBTRACT, cg.ap(neg_max, partitions=p.size))
