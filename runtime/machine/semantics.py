@@ -329,13 +329,13 @@ def _check_act_range(
     outside = (checked < low) | (checked > high)
     if not outside.any():
         return
-    finite_or_inf = argument[~np.isnan(argument)]
+    numbers = argument[~np.isnan(argument)]
     what = "|in · scale + bias|" if name in ACT_RANGE_ON_MAGNITUDE else "in · scale + bias"
     raise instruction_error(
         ins,
         f"{name}: {what} leaves [{low:.9g}, {high:.9g}] at {int(outside.sum())} of "
-        f"{argument.size} elements (inputs from {finite_or_inf.min():.9g} to "
-        f"{finite_or_inf.max():.9g}; largest |input| {np.abs(finite_or_inf).max():.9g})",
+        f"{argument.size} elements (inputs from {numbers.min():.9g} to "
+        f"{numbers.max():.9g}; largest |input| {np.abs(numbers).max():.9g})",
         "ACT-RANGE",
     )
 
