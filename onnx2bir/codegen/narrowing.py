@@ -260,7 +260,8 @@ def _index_only(graph: Graph, tensor: str) -> str | None:
 
 def narrowings(graph: Graph) -> list[Narrowing]:
     """Every int64 tensor the program computes with, and whether its narrowing is proven."""
-    bounds = _Ranges(graph).run()
+    ranges = _Ranges(graph)
+    bounds = ranges.run()
     tensors = set()
     for name in graph.topological_order():
         node = graph.node(name)
@@ -279,7 +280,7 @@ def narrowings(graph: Graph) -> list[Narrowing]:
         info = graph.tensors[tensor]
         kind = "constant" if info.is_const else "input" if tensor in graph.inputs else "computed"
         index = _index_only(graph, tensor)
-        span = bounds.get(tensor) if not info.is_const else _Ranges(graph).of(tensor)
+        span = bounds.get(tensor) if not info.is_const else ranges.of(tensor)
         if _fits(span):
             proof = {
                 "constant": "a constant that fits int32",

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from run_program import run_program
 
 from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
@@ -31,7 +32,6 @@ from onnx2bir.bir.ir import (
     Module,
     Origin,
 )
-from onnx2bir.bir.json_io import write_module
 from onnx2bir.bir.rules import RULES
 from onnx2bir.cli.commands import main
 from onnx2bir.runtime.oracle.ort import save_arrays
@@ -93,28 +93,8 @@ B = np.array([[0, 2, -9, 5]], np.int64)
 
 
 def _run(tmp_path: Path, module: Module, capsys) -> tuple[int, str, np.ndarray | None]:
-    folder = tmp_path / "program"
-    folder.mkdir(exist_ok=True)
-    write_module(module, folder, "ints")
-    inputs = save_arrays(tmp_path / "in.npz", {"a": A, "b": B}, "input")
-    outputs = tmp_path / "out.npz"
-    outputs.unlink(missing_ok=True)
-    capsys.readouterr()
-    code = main(
-        [
-            "run",
-            str(folder / "ints.bir.json"),
-            "--inputs",
-            str(inputs),
-            "--save-outputs",
-            str(outputs),
-        ]
-    )
-    err = capsys.readouterr().err
-    if code != 0:
-        return code, err, None
-    with np.load(outputs) as saved:
-        return code, err, saved["y"]
+    code, err, outputs = run_program(tmp_path, module, {"a": A, "b": B}, capsys)
+    return code, err, outputs.get("y")
 
 
 def test_an_int64_tile_is_refused_and_int32_runs(tmp_path, capsys):

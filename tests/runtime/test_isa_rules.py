@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_program import run_program
 
 from onnx2bir.bir.enums import DepKind, Dtype, Engine, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
@@ -26,10 +27,7 @@ from onnx2bir.bir.ir import (
     Module,
     Origin,
 )
-from onnx2bir.bir.json_io import write_module
 from onnx2bir.bir.rules import RULES
-from onnx2bir.cli.commands import main
-from onnx2bir.runtime.oracle.ort import save_arrays
 
 K, M, N = 4, 8, 8
 RNG = np.random.default_rng(0)
@@ -204,23 +202,8 @@ CASES = {
 
 
 def _run(tmp_path: Path, module: Module, capsys) -> tuple[int, str]:
-    folder = tmp_path / "program"
-    folder.mkdir(exist_ok=True)
-    write_module(module, folder, "rules")
-    inputs = save_arrays(tmp_path / "in.npz", {"a": A, "b": B}, "input")
-    outputs = tmp_path / "out.npz"
-    capsys.readouterr()
-    code = main(
-        [
-            "run",
-            str(folder / "rules.bir.json"),
-            "--inputs",
-            str(inputs),
-            "--save-outputs",
-            str(outputs),
-        ]
-    )
-    return code, capsys.readouterr().err
+    code, err, _ = run_program(tmp_path, module, {"a": A, "b": B}, capsys)
+    return code, err
 
 
 def test_the_program_keeping_every_rule_runs(tmp_path, capsys):
