@@ -35,6 +35,9 @@ from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
 from onnx2bir.patterns.conv.selection import TransformConvOp
 from onnx2bir.patterns.mlp.raising import LowerToNKIKernelCC
 from onnx2bir.patterns.passes import PassManager
+from onnx2bir.patterns.quant.integer import RaiseIntegerMatmuls
+from onnx2bir.patterns.quant.nbits import ExpandMatMulNBits
+from onnx2bir.patterns.quant.qlinear_ops import ExpandQLinearOps
 from onnx2bir.patterns.vendor_ops import check_vendor_ops
 
 
@@ -51,8 +54,12 @@ def kernel_table() -> dict:
 
 
 def default_passes() -> list:
-    """The pattern passes, in the reference pipeline's order."""
+    """The pattern passes, in the reference pipeline's order, after the quantized models'
+    own (patterns/quant): quantized ops become standard ops and integer matmuls first."""
     return [
+        ExpandMatMulNBits(),
+        ExpandQLinearOps(),
+        RaiseIntegerMatmuls(),
         LowerToCustomNativeKernel(),
         DecomposeAttention(),
         LowerToNKIKernelCC(),

@@ -3,8 +3,9 @@
 The passes match standard ONNX ops; a `com.microsoft` Add or MatMul is a different op that
 happens to share a name. Such a node is refused as unsupported before any pass could absorb
 it into a kernel (`docs/input_contracts.md#model`). The vendor ops onnx2bir does handle are
-kernel calls (NativeKernel, CustomCall), the attention ops the decomposition expands, and the
-ops with a lowering registered under "domain.OpType" (`codegen.registry.lowering_key`).
+kernel calls (NativeKernel, CustomCall), the attention ops the decomposition expands, the
+quantized ops the quant passes expand (`patterns/quant`), and the ops with a lowering registered
+under "domain.OpType" (`codegen.registry.lowering_key`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
 from onnx2bir.op_traits import STANDARD_DOMAINS, op_key
+from onnx2bir.patterns.quant import EXPANDED_VENDOR_OPS
 
 
 def unhandled_vendor_ops(graph: Graph, kernels) -> Counter:
@@ -27,6 +29,8 @@ def unhandled_vendor_ops(graph: Graph, kernels) -> Counter:
             continue
         if op_key(data["op_type"], data["domain"]) in GENERIC_LOWERINGS:
             continue  # a vendor op with a lowering of its own (com.microsoft RotaryEmbedding)
+        if op_key(data["op_type"], data["domain"]) in EXPANDED_VENDOR_OPS:
+            continue  # a quantized op the quant passes expand (patterns/quant)
         if classify(data, kernels)[0] is not None:
             continue
         missing[f"{data['domain']}.{data['op_type']}"] += 1
