@@ -108,6 +108,9 @@ class Graph:
     # Nodes whose PE operands the general autocast leaves in fp32 (`--auto-cast-exclude`,
     # resolved by `codegen/casting.py` after the passes).
     keep_fp32: frozenset[str] = frozenset()
+    # Convs and matmuls that multiply integers (patterns/quant/integer.py): their PE operands
+    # are bf16, exactly, whatever the autocast (docs/quantization.md#exactness).
+    integer_operands: frozenset[str] = frozenset()
     # topological_order's last answer and the graph's state it answered for.
     _order: tuple[tuple[int, int, int], list[str]] | None = field(
         default=None, repr=False, compare=False

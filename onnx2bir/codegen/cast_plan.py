@@ -24,6 +24,9 @@ The plan is read off the compile's own decisions, never re-derived from the opti
   narrower dtype than the model gives it is rounded for every reader (`--auto-cast all`, and
   the operand-only tensors and weights `codegen/weight_cast.py` stores in the cast dtype).
 
+A conv or matmul that multiplies integers (`compiled.integer_operands`, patterns/quant) rounds
+nothing: its bf16 operands hold the integers exactly (docs/quantization.md#exactness).
+
 A node with narrow PE operands that is none of the above (an LSTM, whose recurrent state is
 rounded inside the op; a Loop whose body multiplies; a fused attention op decomposed by a
 pass) is `unemulated`, with the reason.
@@ -69,6 +72,8 @@ def plan_casts(
 
     members = {host: [m for m, h in hosts.items() if h == host] for host in set(hosts.values())}
     for node, dtype in narrow.items():
+        if node in compiled.integer_operands:
+            continue  # integers within ±256: exact in bf16, nothing to round
         if node in members:  # a raised kernel: every PE op of its block
             reason = ONLINE_SOFTMAX if node in attention_hosts else None
             for member in members[node]:

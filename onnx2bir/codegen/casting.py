@@ -41,7 +41,11 @@ def cast_dtype(options: CompileOptions) -> Dtype | None:
 def pe_operand_dtype(cg, model_dtype: Dtype = Dtype.FP32, otherwise: Dtype = Dtype.FP32) -> Dtype:
     """Dtype of the SBUF tiles that feed the PE array for an op computing in `model_dtype`:
     the autocast dtype for an fp32 op, else `otherwise` (what the caller used before); also
-    `otherwise` for a node `--auto-cast-exclude` keeps in fp32."""
+    `otherwise` for a node `--auto-cast-exclude` keeps in fp32. bf16 for a conv or matmul
+    that multiplies integers within ±256, which bf16 holds exactly, whatever the autocast
+    (docs/quantization.md#exactness)."""
+    if cg.origin.node in cg.graph.integer_operands:
+        return Dtype.BF16
     target = cast_dtype(cg.options)
     if target is None or model_dtype is not Dtype.FP32 or cg.origin.node in cg.graph.keep_fp32:
         return otherwise

@@ -3,7 +3,8 @@
 In: a checked ModelProto whose runtime inputs have static shapes, and the weights the importer
 held aside (`importer.split_weights`). Out, from `fold_constants`: a copy in which every node
 whose inputs are known at compile time (constants, Shape and Size of static shapes, Gather on
-shapes, ConstantOfShape, Range, Concat of shapes, …) is evaluated and dropped, its value an
+shapes, ConstantOfShape, Range, Concat of shapes, …) — except a DequantizeLinear of integer
+weights, which the quantized matmuls read as integers — is evaluated and dropped, its value an
 initializer, or a weight held aside when large. Shape nodes fold from the inferred static
 shape; any other node is run, one at a time, by onnx's reference evaluator. A large
 ConstantOfShape is never materialised: its consumers fold against a zero-stride view of its one
@@ -216,6 +217,15 @@ def _fold_once(
     return _infer(folded), True
 
 
+def _dequantizes_integers(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """A DequantizeLinear of an integer constant (a quantized weight or bias): kept, so the
+    quantized matmuls can multiply the integers themselves and the weights stay integers in
+    DRAM (docs/quantization.md#weights)."""
+    if node.op_type != "DequantizeLinear" or not node.input or node.input[0] not in constants:
+        return False
+    return np.asarray(constants[node.input[0]]).dtype.kind in "iu"
+
+
 def _large_fill(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> np.ndarray | None:
     """A ConstantOfShape of constant shape and at least WEIGHT_ELEMENTS elements, as a
     read-only zero-stride view of its one value (never materialised); else None."""
@@ -235,6 +245,8 @@ def _large_fill(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> np.nd
 
 def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
     if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
+        return None
+    if _dequantizes_integers(node, constants):
         return None
     if node.op_type == "Shape" and node.input[0] in shapes:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -41,6 +41,7 @@ def cost_json(estimate: CostReport) -> dict:
         "pe_peak_fraction": estimate.achieved_flops / estimate.pe_peak_flops,
         "dma_bytes_compulsory": estimate.compulsory_dma_bytes,
         "dma_bytes_other": estimate.dma_bytes - estimate.compulsory_dma_bytes,
+        "dma_bytes_weights": estimate.weight_dma_bytes,
     }
 
 

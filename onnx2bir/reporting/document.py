@@ -32,6 +32,11 @@ DESIGN.md's contract:
      "memory": the memory planner's decisions (onnx2bir/reporting/memory.py) | null,
      "int64": [{"tensor", "kind", "proven", "range" | null, "reason", "root" | null}] (every
         int64 tensor, narrowed to int32 on the device; onnx2bir/codegen/narrowing.py),
+     "quantized": [{"node", "op_type", "form", "path": "integer" | "float", "reason" | null,
+        "bound", "weight", "weight_dtype", "weight_bytes"}] (every quantized conv and matmul:
+        on the exact integer path, or left on the float path and why; docs/quantization.md),
+     "quantized_summary": {"integer", "float", "integer_weight_bytes", "dma_bytes_weights"}
+        | null (null for a model with no quantized conv or matmul),
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
@@ -154,6 +159,22 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "cast_plan": cast_plan_json(compilation),
         "memory": memory_json(compilation),
         "int64": [n.to_json() for n in compilation.int64],
+        "quantized": findings.get("RaiseIntegerMatmuls", []),
+        "quantized_summary": _quantized_summary(findings.get("RaiseIntegerMatmuls", []), cost),
+    }
+
+
+def _quantized_summary(quantized: list[dict], cost: dict | None) -> dict | None:
+    """How many quantized convs and matmuls run on integers, the bytes of their integer
+    weights, and what the program's DMAs read out of weights in all."""
+    if not quantized:
+        return None
+    integer = [q for q in quantized if q["path"] == "integer"]
+    return {
+        "integer": len(integer),
+        "float": len(quantized) - len(integer),
+        "integer_weight_bytes": sum(q.get("weight_bytes", 0) for q in integer),
+        "dma_bytes_weights": cost["dma_bytes_weights"] if cost else None,
     }
 
 
@@ -266,6 +287,27 @@ GEOMETRY_LEGEND = (
 )
 
 
+def _quantized_lines(doc: dict) -> list[str]:
+    summary = doc.get("quantized_summary")
+    if not summary:
+        return []
+    lines = [
+        f"quantized convs and matmuls: {summary['integer']} on the exact integer path, "
+        f"{summary['float']} on the float path (docs/quantization.md)"
+    ]
+    if summary["dma_bytes_weights"] is not None and summary["integer_weight_bytes"]:
+        ratio = summary["dma_bytes_weights"] / summary["integer_weight_bytes"]
+        lines.append(
+            f"  weights: {summary['integer_weight_bytes']:,} bytes of integers; the program's "
+            f"DMAs read {summary['dma_bytes_weights']:,} bytes of weights and constants "
+            f"({ratio:.2f}x)"
+        )
+    for entry in doc["quantized"]:
+        if entry["path"] != "integer" or entry.get("reason"):
+            lines.append(f"  {entry['node']} ({entry['form']}): {entry['path']} - {entry['reason']}")
+    return lines
+
+
 def format_report(doc: dict, all_reasons: bool = False) -> str:
     """The report for a person; `all_reasons` lists every refusal instead of the closest."""
     lines = [
@@ -305,6 +347,7 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
             f"int64: {len(narrowed)} tensor(s) narrowed to int32 on the device, {proven} proven "
             "to fit (docs/neuroncore.md#integers)"
         )
+    lines += _quantized_lines(doc)
     lines += [f"note: {note['flag']}: {note['message']}" for note in doc.get("notes", [])]
     stats = doc["statistics"]
     if stats.get("total_conv_ops"):

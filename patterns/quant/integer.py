@@ -1,19 +1,501 @@
-"""Convolutions and matmuls on 8-bit integers, exact on the PE array (docs/quantization.md)."""
+"""Convolutions and matmuls on 8-bit integers, exact on the PE array (docs/quantization.md).
+
+In: the Graph after import. Every Conv, MatMul and Gemm whose two operands are 8-bit integers
+made float by a DequantizeLinear (the QDQ form onnxruntime's quantizer writes), and every
+QLinearConv, QLinearMatMul, com.microsoft QGemm, ConvInteger and MatMulInteger.
+
+Pattern: `match(graph, node)` reads the operands back to their integers — the 8-bit tensor, its
+scale and its zero point — and the bias (an int32 constant at scale x_scale · w_scale, or a
+float tensor added after), giving an `IntegerMatmul`, or the reason it is not one.
+
+Check: `exactness(graph, op)` proves that every partial sum of the integer products is an
+integer below 2^24, so fp32 PSUM accumulates it exactly in any order: max |x − zx| times the
+largest L1 norm of a weight row (Σ_k |w − zw| over the reduction of one output), plus the
+largest |bias|. Operands are integers within ±255, exact in bf16. A matmul that fails the
+check keeps the float path, with the bound in its reason.
+
+Rewrite: the node computes on the integers themselves —
+
+    x − zx            (a Cast, or a DequantizeLinear of scale 1 when zx ≠ 0)
+    Conv/MatMul/Gemm  (x − zx, w − zw, + bias as an integer)        → acc, exact
+    acc · scale       (Mul by x_scale · w_scale, per output channel) → the float result (QDQ)
+    or acc · M → QuantizeLinear(·, 1, zy)   with M = x_scale · w_scale / y_scale in fp32,
+                      as onnxruntime's QLinearConv and QLinearMatMul requantize (QOperator)
+    or Cast(acc, int32)                                                (ConvInteger)
+
+The weight stays an int8 constant (with zw = 0): the conv or matmul loads it into bf16 tiles
+and the DMA widens it on the way. The node's name joins `graph.integer_operands`, which
+keeps its PE operands bf16 whatever the autocast (`codegen/casting.py pe_operand_dtype`) and
+its operands out of the cast plan (exact: nothing to round).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
-from onnx2bir.graph import Graph
+import numpy as np
+
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.graph import Graph, TensorInfo
+from onnx2bir.op_traits import STANDARD_DOMAINS
 from onnx2bir.options import CompileOptions
-from onnx2bir.patterns.passes import PassResult
+from onnx2bir.patterns.passes import PassResult, Statistic
 
-INTEGER_VENDOR_OPS: frozenset[str] = frozenset()
+INTEGER_VENDOR_OPS: frozenset[str] = frozenset({"com.microsoft.QGemm"})
+
+EXACT_LIMIT = 2**24  # every integer of magnitude up to 2^24 is an fp32 value
+EIGHT_BIT = (Dtype.INT8, Dtype.UINT8)
+_RANGE = {Dtype.INT8: (-128, 127), Dtype.UINT8: (0, 255)}
+PASS_NAME = "RaiseIntegerMatmuls"
+
+
+@dataclass
+class Operand:
+    """An integer operand: the 8-bit tensor, its scale and zero point (scalars, or vectors
+    along the output channels of a weight)."""
+
+    tensor: str
+    scale: np.ndarray
+    zero_point: np.ndarray
+    source: str | None = None  # the DequantizeLinear that made it float (QDQ)
+
+    def magnitude(self, graph: Graph) -> int:
+        """The largest |q − zero_point| the dtype allows."""
+        low, high = _RANGE[graph.tensors[self.tensor].dtype]
+        zero = self.zero_point.astype(np.int64)
+        return int(max(np.max(np.abs(low - zero)), np.max(np.abs(high - zero))))
+
+
+@dataclass
+class IntegerMatmul:
+    """One convolution or matmul the rewrite runs on integers."""
+
+    node: str
+    form: str  # QDQ, QLinearConv, QLinearMatMul, QGemm, ConvInteger, MatMulInteger
+    op_type: str  # the float op it becomes: Conv, MatMul or Gemm
+    x: Operand
+    w: Operand
+    output: str  # the node's output tensor, kept
+    attrs: dict = field(default_factory=dict)
+    bias_int: np.ndarray | None = None  # added to the integer accumulator
+    bias_float: str = ""  # added after scaling
+    requant: tuple[np.ndarray, np.ndarray] | None = None  # (y_scale, y_zero_point): QOperator
+    to_int32: bool = False  # ConvInteger, MatMulInteger
+    alpha: float = 1.0  # QGemm
+    consumed: tuple[str, ...] = ()  # the DequantizeLinear nodes the rewrite may drop
+
+    @property
+    def scale(self) -> np.ndarray:
+        """x_scale · w_scale (· alpha), fp32, as the float result's multiplier."""
+        scale = np.float32(self.x.scale.reshape(())) * self.w.scale.astype(np.float32)
+        return (scale * np.float32(self.alpha)).astype(np.float32)
+
+
+def _const(graph: Graph, tensor: str) -> np.ndarray | None:
+    info = graph.tensors.get(tensor) if tensor else None
+    return None if info is None or not info.is_const else np.asarray(info.const)
+
+
+def _zero_point(graph: Graph, tensor: str, like: str) -> np.ndarray | None:
+    """A constant zero point (0 of the operand's dtype when absent); None when computed at
+    run time."""
+    if not tensor:
+        return np.zeros((), graph.tensors[like].dtype.numpy)
+    return _const(graph, tensor)
+
+
+def _operand(
+    graph: Graph, tensor: str, scale: str, zero: str, what: str
+) -> Operand | str:
+    info = graph.tensors[tensor]
+    if info.dtype not in EIGHT_BIT:
+        return f"{what} is {info.dtype}, not an 8-bit integer"
+    scale_value = _const(graph, scale)
+    if scale_value is None:
+        return f"{what}'s scale is computed at run time"
+    zero_value = _zero_point(graph, zero, tensor)
+    if zero_value is None:
+        return f"{what}'s zero point is computed at run time"
+    return Operand(tensor, scale_value.astype(np.float32), zero_value)
+
+
+def _dequantized(graph: Graph, tensor: str, what: str) -> Operand | str:
+    """The integer operand behind a float tensor a DequantizeLinear makes, or why not."""
+    producer = graph.producer(tensor)
+    data = graph.node(producer) if producer else None
+    if data is None or data["op_type"] != "DequantizeLinear":
+        return f"{what} is not dequantized from integers"
+    if data["attrs"].get("block_size", 0):
+        return f"{what} is dequantized by blocks (block_size)"
+    inputs = data["inputs"] + ["", "", ""]
+    operand = _operand(graph, inputs[0], inputs[1], inputs[2], what)
+    if isinstance(operand, Operand):
+        operand.source = producer
+        rank = len(graph.tensors[inputs[0]].shape)
+        axis = int(data["attrs"].get("axis", 1)) % max(rank, 1)
+        operand.axis = axis  # type: ignore[attr-defined]
+    return operand
+
+
+def _per_tensor(operand: Operand) -> bool:
+    return operand.scale.size == 1 and operand.zero_point.size == 1
+
+
+def _weight_axis_ok(operand: Operand, out_axis: int, graph: Graph) -> bool:
+    """A weight's scale and zero point are scalars or vary along its output axis only."""
+    if _per_tensor(operand):
+        return True
+    axis = getattr(operand, "axis", 1)
+    return axis == out_axis % len(graph.tensors[operand.tensor].shape)
+
+
+def _out_axis(op: IntegerMatmul, graph: Graph) -> int:
+    """The axis of the weight that indexes output channels."""
+    if op.op_type == "Conv":
+        return 0
+    if op.op_type == "Gemm":
+        return 0 if op.attrs.get("transB", 0) else 1
+    return len(graph.tensors[op.w.tensor].shape) - 1
+
+
+def match(graph: Graph, name: str) -> IntegerMatmul | str | None:
+    """The integer matmul at node `name`; a reason when it is one of the forms but cannot be
+    taken; None when the node is none of them."""
+    data = graph.node(name)
+    op_type, inputs = data["op_type"], list(data["inputs"]) + [""] * 9
+    output = data["outputs"][0]
+    attrs = dict(data["attrs"])
+    if data["domain"] == "com.microsoft":
+        return _qgemm(graph, name, inputs, output, attrs) if op_type == "QGemm" else None
+    if data["domain"] not in STANDARD_DOMAINS:
+        return None
+    if op_type in ("Conv", "MatMul", "Gemm"):
+        return _qdq(graph, name, op_type, inputs, output, attrs)
+    if op_type in ("QLinearConv", "QLinearMatMul"):
+        x = _operand(graph, inputs[0], inputs[1], inputs[2], "input A")
+        w = _operand(graph, inputs[3], inputs[4], inputs[5], "input B")
+        if isinstance(x, str) or isinstance(w, str):
+            return x if isinstance(x, str) else w
+        requant = _requant(graph, inputs[6], inputs[7])
+        if isinstance(requant, str):
+            return requant
+        bias = _const(graph, inputs[8]) if op_type == "QLinearConv" and inputs[8] else None
+        if op_type == "QLinearConv" and inputs[8] and bias is None:
+            return "the bias is computed at run time"
+        float_op = "Conv" if op_type == "QLinearConv" else "MatMul"
+        return IntegerMatmul(name, op_type, float_op, x, w, output, attrs, bias, requant=requant)
+    if op_type in ("ConvInteger", "MatMulInteger"):
+        x = _operand(graph, inputs[0], "", inputs[2], "input A")
+        w = _operand(graph, inputs[1], "", inputs[3], "input B")
+        if isinstance(x, str) or isinstance(w, str):
+            return x if isinstance(x, str) else w
+        float_op = "Conv" if op_type == "ConvInteger" else "MatMul"
+        return IntegerMatmul(name, op_type, float_op, x, w, output, attrs, to_int32=True)
+    return None
+
+
+def _requant(graph: Graph, scale: str, zero: str) -> tuple[np.ndarray, np.ndarray] | str:
+    scale_value = _const(graph, scale)
+    zero_value = _const(graph, zero) if zero else None
+    if scale_value is None or (zero and zero_value is None):
+        return "the output's scale or zero point is computed at run time"
+    if zero_value is None:
+        zero_value = np.zeros((), np.uint8)
+    if scale_value.size != 1 or zero_value.size != 1:
+        return "the output is quantized per channel"
+    return scale_value.astype(np.float32).reshape(()), zero_value.reshape(())
+
+
+def _qdq(graph, name, op_type, inputs, output, attrs) -> IntegerMatmul | str | None:
+    if op_type == "Gemm" and attrs.get("transA", 0):
+        return "Gemm with transA"
+    producers = [graph.producer(t) for t in inputs[:2]]
+    if not any(p and graph.node(p)["op_type"] == "DequantizeLinear" for p in producers):
+        return None  # not a quantized op at all
+    x = _dequantized(graph, inputs[0], "input A")
+    w = _dequantized(graph, inputs[1], "input B")
+    if isinstance(x, str) or isinstance(w, str):
+        return x if isinstance(x, str) else w
+    if not _per_tensor(x):
+        return "input A is quantized per channel"
+    op = IntegerMatmul(name, "QDQ", op_type, x, w, output, attrs)
+    if op_type == "Gemm":
+        op.alpha = float(attrs.get("alpha", 1.0))
+        if float(attrs.get("beta", 1.0)) != 1.0 and inputs[2]:
+            return "Gemm with beta ≠ 1"
+    bias = inputs[2] if op_type in ("Conv", "Gemm") else ""
+    if bias:
+        integer = _integer_bias(graph, bias, op)
+        if integer is None:
+            op.bias_float = bias
+        else:
+            op.bias_int = integer
+    op.consumed = tuple(p for p in (x.source, w.source) if p)
+    return op
+
+
+def _integer_bias(graph: Graph, bias: str, op: IntegerMatmul) -> np.ndarray | None:
+    """The int32 bias behind a DequantizeLinear at scale x_scale · w_scale and zero point 0,
+    which the integer accumulator can take as it is; None otherwise."""
+    producer = graph.producer(bias)
+    if producer is None or graph.node(producer)["op_type"] != "DequantizeLinear":
+        return None
+    inputs = graph.node(producer)["inputs"] + ["", ""]
+    values, scale = _const(graph, inputs[0]), _const(graph, inputs[1])
+    zero = _const(graph, inputs[2]) if inputs[2] else np.zeros(())
+    if values is None or scale is None or zero is None or values.dtype != np.int32:
+        return None
+    if np.any(zero != 0) or op.alpha != 1.0:
+        return None
+    if not np.array_equal(np.broadcast_to(scale.astype(np.float32), values.shape), np.broadcast_to(op.scale, values.shape)):
+        return None
+    op.consumed = (*op.consumed, producer)
+    return values
+
+
+def _qgemm(graph, name, inputs, output, attrs) -> IntegerMatmul | str:
+    """com.microsoft QGemm: A, a_scale, a_zp, B, b_scale, b_zp, C (int32 at a_scale · b_scale),
+    y_scale, y_zp; a float output when y_scale is absent."""
+    if attrs.get("transA", 0):
+        return "QGemm with transA"
+    x = _operand(graph, inputs[0], inputs[1], inputs[2], "input A")
+    w = _operand(graph, inputs[3], inputs[4], inputs[5], "input B")
+    if isinstance(x, str) or isinstance(w, str):
+        return x if isinstance(x, str) else w
+    op = IntegerMatmul(name, "QGemm", "Gemm", x, w, output, attrs)
+    op.alpha = float(attrs.get("alpha", 1.0))
+    if inputs[6]:
+        bias = _const(graph, inputs[6])
+        if bias is None:
+            return "the bias is computed at run time"
+        op.bias_int = bias
+    if inputs[7]:
+        requant = _requant(graph, inputs[7], inputs[8])
+        if isinstance(requant, str):
+            return requant
+        op.requant = requant
+    return op
+
+
+def exactness(graph: Graph, op: IntegerMatmul) -> tuple[int, str | None]:
+    """The largest magnitude a partial sum of `op` can reach, and why it is not exact (None
+    when it is: below 2^24, with operands within ±256)."""
+    out_axis = _out_axis(op, graph)
+    if not _weight_axis_ok(op.w, out_axis, graph):
+        return 0, "input B's scale varies along the reduction, not the output channels"
+    x_max = op.x.magnitude(graph)
+    w_max = op.w.magnitude(graph)
+    weights = _const(graph, op.w.tensor)
+    if weights is None:  # both operands at run time: every product may be the largest
+        k = graph.tensors[op.w.tensor].shape[-2] if op.op_type == "MatMul" else 0
+        if op.op_type == "Gemm":
+            shape = graph.tensors[op.w.tensor].shape
+            k = shape[1] if op.attrs.get("transB", 0) else shape[0]
+        row = k * w_max
+    else:
+        centred = np.abs(weights.astype(np.int64) - _along(op.w.zero_point, out_axis, weights.ndim))
+        axes = tuple(a for a in range(weights.ndim) if a != out_axis % weights.ndim)
+        row = int(np.max(np.sum(centred, axis=axes))) if centred.size else 0
+    bias = int(np.max(np.abs(op.bias_int.astype(np.int64)))) if op.bias_int is not None else 0
+    bound = x_max * row + bias
+    if bound >= EXACT_LIMIT:
+        return bound, (
+            f"a partial sum may reach {bound:,} (2^{math.log2(bound):.1f}), past 2^24 where fp32 "
+            "PSUM stops counting integers exactly"
+        )
+    return bound, None
+
+
+def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A per-axis vector shaped to broadcast along `axis` of a rank-`rank` array."""
+    values = np.asarray(values).astype(np.int64)
+    if values.size == 1:
+        return values.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = values.size
+    return values.reshape(shape)
+
+
+def rewrite(graph: Graph, op: IntegerMatmul) -> str:
+    """Replace the node by the integer form (module docstring); returns the new matmul's name
+    (the node's own)."""
+    data = graph.node(op.node)
+    inputs = list(data["inputs"])
+    out_info = graph.tensors[op.output]
+    graph.remove_node(op.node)
+    prefix = op.node
+    x = _centred_input(graph, op, prefix)
+    w = _centred_weight(graph, op, prefix)
+    out_axis = _out_axis(op, graph)
+    matmul_inputs = [x, w]
+    if op.bias_int is not None:
+        bias = _new_const(graph, f"{prefix}/bias_int", op.bias_int.astype(np.float32))
+        matmul_inputs.append(bias)
+    attrs = {k: v for k, v in op.attrs.items() if k in _FLOAT_ATTRS.get(op.op_type, ())}
+    if op.op_type == "Gemm":
+        attrs.pop("alpha", None)
+        attrs["transB"] = int(op.attrs.get("transB", 0))
+    acc = f"{prefix}/acc"
+    rank = len(out_info.shape)
+    graph.tensors[acc] = TensorInfo(acc, out_info.shape, Dtype.FP32)
+    graph.add_node(op.node, op.op_type, matmul_inputs, [acc], attrs)
+    graph.integer_operands = graph.integer_operands | {op.node}
+    channel_axis = 1 if op.op_type == "Conv" else rank - 1
+    if op.to_int32:
+        graph.add_node(f"{prefix}/to_int32", "Cast", [acc], [op.output], {"to": 6})
+    elif op.requant is not None:
+        y_scale, y_zero = op.requant
+        multiplier = (op.scale / y_scale).astype(np.float32)  # x_scale · w_scale / y_scale
+        scaled = _scale(graph, prefix, acc, multiplier, channel_axis, rank, out_info.shape)
+        one = _new_const(graph, f"{prefix}/unit_scale", np.ones((), np.float32))
+        zero = _new_const(graph, f"{prefix}/y_zero_point", y_zero)
+        graph.add_node(f"{prefix}/requantize", "QuantizeLinear", [scaled, one, zero], [op.output])
+    else:
+        target = op.output if not op.bias_float else f"{prefix}/scaled"
+        if op.bias_float:
+            graph.tensors[target] = TensorInfo(target, out_info.shape, Dtype.FP32)
+        _scale(graph, prefix, acc, op.scale, channel_axis, rank, out_info.shape, target)
+        if op.bias_float:
+            graph.add_node(f"{prefix}/bias", "Add", [target, op.bias_float], [op.output])
+    _drop_unread(graph, op.consumed)
+    del inputs
+    return op.node
+
+
+_FLOAT_ATTRS = {
+    "Conv": ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"),
+    "Gemm": ("transB",),
+    "MatMul": (),
+}
+
+
+def _centred_input(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
+    """x − zx as float integers: a Cast when zx = 0, else a DequantizeLinear of scale 1."""
+    x = op.x
+    info = graph.tensors[x.tensor]
+    out = f"{prefix}/x_int"
+    graph.tensors[out] = TensorInfo(out, info.shape, Dtype.FP32)
+    if not np.any(x.zero_point):
+        graph.add_node(f"{prefix}/x_int", "Cast", [x.tensor], [out], {"to": 1})
+    else:
+        one = _new_const(graph, f"{prefix}/x_unit_scale", np.ones((), np.float32))
+        zero = _new_const(graph, f"{prefix}/x_zero_point", x.zero_point.reshape(()))
+        graph.add_node(f"{prefix}/x_int", "DequantizeLinear", [x.tensor, one, zero], [out])
+    return out
+
+
+def _centred_weight(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
+    """w − zw: the int8 weight itself when zw = 0 (the DMA widens it into bf16 tiles); with a
+    zero point, the centred integers as an fp32 constant; a run-time operand like the input."""
+    w = op.w
+    weights = _const(graph, w.tensor)
+    if weights is None:
+        centred = Operand(w.tensor, np.ones((), np.float32), w.zero_point.reshape(-1)[:1])
+        if w.zero_point.size != 1:
+            raise AssertionError("a run-time weight has a per-tensor zero point")
+        return _centred_input(graph, IntegerMatmul(prefix, "", "", centred, w, ""), f"{prefix}/b")
+    if not np.any(w.zero_point):
+        return w.tensor
+    axis = _out_axis(op, graph)
+    values = weights.astype(np.int64) - _along(w.zero_point, axis, weights.ndim)
+    return _new_const(graph, f"{prefix}/w_int", values.astype(np.float32))
+
+
+def _scale(graph, prefix, acc, scale, channel_axis, rank, shape, target=None) -> str:
+    scale = np.asarray(scale, np.float32)
+    if scale.size > 1:
+        view = [1] * rank
+        view[channel_axis] = scale.size
+        scale = scale.reshape(view)
+    else:
+        scale = scale.reshape(())
+    out = target or f"{prefix}/scaled"
+    if out not in graph.tensors:
+        graph.tensors[out] = TensorInfo(out, tuple(shape), Dtype.FP32)
+    factor = _new_const(graph, f"{prefix}/scale", scale)
+    graph.add_node(f"{prefix}/scale", "Mul", [acc, factor], [out])
+    return out
+
+
+def _new_const(graph: Graph, name: str, value: np.ndarray) -> str:
+    value = np.asarray(value)
+    graph.tensors[name] = TensorInfo(name, tuple(value.shape), Dtype.from_numpy(value.dtype), value)
+    return name
+
+
+def _drop_unread(graph: Graph, nodes: tuple[str, ...]) -> None:
+    """Remove the DequantizeLinear nodes nothing reads any more."""
+    for node in nodes:
+        if node not in graph.nx:
+            continue
+        outputs = graph.node(node)["outputs"]
+        if any(graph.consumers(t) or t in graph.outputs for t in outputs):
+            continue
+        graph.remove_node(node)
 
 
 @dataclass(frozen=True)
 class RaiseIntegerMatmuls:
-    name: str = "RaiseIntegerMatmuls"
+    name: str = PASS_NAME
 
     def run(self, graph: Graph, options: CompileOptions) -> PassResult:
-        return PassResult(False)
+        findings: list[dict] = []
+        forms: dict[str, int] = {}
+        for name in list(graph.nx):
+            if name not in graph.nx:
+                continue
+            op = match(graph, name)
+            if op is None:
+                continue
+            data = graph.node(name)
+            finding = {"node": name, "op_type": data["op_type"]}
+            if isinstance(op, str):
+                findings.append({**finding, "form": _form_of(data), "path": "float", "reason": op})
+                continue
+            bound, reason = exactness(graph, op)
+            finding.update(form=op.form, bound=bound)
+            if reason is not None:
+                if op.form != "QDQ":
+                    raise _refusal(name, data["op_type"], reason)
+                findings.append({**finding, "path": "float", "reason": reason})
+                continue
+            weight = graph.tensors[op.w.tensor]
+            rewrite(graph, op)
+            findings.append(
+                {
+                    **finding,
+                    "path": "integer",
+                    "reason": None,
+                    "weight": op.w.tensor,
+                    "weight_dtype": str(weight.dtype),
+                    "weight_bytes": int(np.prod(weight.shape)) * weight.dtype.itemsize
+                    if weight.is_const
+                    else 0,
+                }
+            )
+            forms[op.form] = forms.get(op.form, 0) + 1
+        integer = sum(1 for f in findings if f["path"] == "integer")
+        stats = [
+            Statistic(PASS_NAME, "integer_matmuls", "Number of quantized convs and matmuls run on integers", integer),
+            Statistic(
+                PASS_NAME,
+                "float_quantized_matmuls",
+                "Number of quantized convs and matmuls left on the float path",
+                len(findings) - integer,
+            ),
+        ]
+        return PassResult(integer > 0, stats, findings)
+
+
+def _form_of(data: dict) -> str:
+    return "QDQ" if data["op_type"] in ("Conv", "MatMul", "Gemm") else data["op_type"]
+
+
+def _refusal(node: str, op_type: str, reason: str):
+    from onnx2bir.errors import CompileError
+
+    return CompileError(
+        f"node {node!r} ({op_type}): cannot run on the integer path: {reason} "
+        "(docs/quantization.md#exactness)"
+    )

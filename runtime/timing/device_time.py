@@ -78,6 +78,8 @@ class Simulation:
     dma_bytes: int = 0
     compulsory_bytes: int = 0  # sizes of the weights, constants, inputs, outputs DMAs touch
     compulsory_locations: set[str] = field(default_factory=set)
+    # bytes DMAs read out of weights and constants (payloads), every loop trip counted
+    weight_bytes: int = 0
     flops: int = 0
     total_seconds: float = 0.0
 
@@ -89,6 +91,7 @@ _COMPULSORY_KINDS = {
     "ExternalOutputParameter",
     "Const",
 }
+_PAYLOAD_KINDS = {"ExternalInputParameter", "Const"}
 
 
 class _Simulator:
@@ -109,14 +112,23 @@ class _Simulator:
         self.recent: dict[int, list[tuple[float, int, str]]] = {}
         self.trip_start: dict[str, int] = {}
         self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
+        self.payload_reads: dict[int, int] = {}  # bytes a DMA reads out of payloads
 
     def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...]]:
         cached = self.cost_cache.get(id(ins))
         if cached is None:
             cycles, seconds, moved = instruction_cost(ins, self.function, self.table)
             compulsory: tuple[str, ...] = ()
+            self.payload_reads[id(ins)] = 0
             if ins.engine is Engine.DMA:
                 locations = self.function.memory_locations
+                self.payload_reads[id(ins)] = sum(
+                    ap.num_elements * locations[ap.loc].dtype.itemsize
+                    for ap in ins.srcs.values()
+                    if ap is not None
+                    and ap.loc in locations
+                    and locations[ap.loc].kind.value in _PAYLOAD_KINDS
+                )
                 # An indirect DMA reads the rows it gathers, not its whole table.
                 touched = [ins.dst, *(ap for r, ap in ins.srcs.items() if r != "in")]
                 if ins.opcode is not Opcode.DMA_GATHER:
@@ -207,6 +219,7 @@ class _Simulator:
         node = ins.origin.node or "(no node)"
         sim.node_seconds[node] = sim.node_seconds.get(node, 0.0) + busy
         sim.dma_bytes += moved * weight
+        sim.weight_bytes += self.payload_reads[id(ins)] * weight
         for name in compulsory:
             if name not in sim.compulsory_locations:
                 sim.compulsory_locations.add(name)
