@@ -111,7 +111,7 @@ def _operand(
     info = graph.tensors[tensor]
     if info.dtype not in EIGHT_BIT:
         return f"{what} is {info.dtype}, not an 8-bit integer"
-    scale_value = _const(graph, scale)
+    scale_value = _const(graph, scale) if scale else np.ones((), np.float32)
     if scale_value is None:
         return f"{what}'s scale is computed at run time"
     zero_value = _zero_point(graph, zero, tensor)
@@ -143,8 +143,9 @@ def _per_tensor(operand: Operand) -> bool:
 
 
 def _weight_axis_ok(operand: Operand, out_axis: int, graph: Graph) -> bool:
-    """A weight's scale and zero point are scalars or vary along its output axis only."""
-    if _per_tensor(operand):
+    """A weight's scale and zero point are scalars or vary along its output axis only (a
+    QOperator op's vectors always do)."""
+    if _per_tensor(operand) or operand.source is None:
         return True
     axis = getattr(operand, "axis", 1)
     return axis == out_axis % len(graph.tensors[operand.tensor].shape)
@@ -227,7 +228,15 @@ def _qdq(graph, name, op_type, inputs, output, attrs) -> IntegerMatmul | str | N
     bias = inputs[2] if op_type in ("Conv", "Gemm") else ""
     if bias:
         integer = _integer_bias(graph, bias, op)
-        if integer is None:
+        if integer is None and op_type == "Conv":
+            value = _const(graph, bias)
+            if value is None:
+                return "the float bias is computed at run time"
+            # added after the scale, along the channels of the [N, C, …] result
+            rank = len(graph.tensors[output].shape)
+            shape = (value.size,) + (1,) * (rank - 2)
+            op.bias_float = _new_const(graph, f"{name}/bias_float", value.reshape(shape))
+        elif integer is None:
             op.bias_float = bias
         else:
             op.bias_int = integer
@@ -451,7 +460,9 @@ class RaiseIntegerMatmuls:
             data = graph.node(name)
             finding = {"node": name, "op_type": data["op_type"]}
             if isinstance(op, str):
-                findings.append({**finding, "form": _form_of(data), "path": "float", "reason": op})
+                if _form_of(data) != "QDQ":  # no float path to fall back to
+                    raise _refusal(name, data["op_type"], op)
+                findings.append({**finding, "form": "QDQ", "path": "float", "reason": op})
                 continue
             bound, reason = exactness(graph, op)
             finding.update(form=op.form, bound=bound)

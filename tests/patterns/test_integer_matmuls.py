@@ -1,0 +1,227 @@
+"""Quantized convs and matmuls on the exact integer path (docs/quantization.md#exactness).
+
+Every model here is checked against onnxruntime by `onnx2bir validate`; integer outputs are
+compared exactly (0 ULP), so a QLinearConv whose requantization differs from onnxruntime's by
+one step anywhere fails. The bound that decides the path is recomputed here from the weights
+with numpy, independently of the pass. Each exactness claim has a wrong answer it rejects: the
+multiplier rounded another way, the zero point left out, a sum past 2^24.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx2bir.cli.commands import main
+from onnx2bir.patterns.quant import integer
+
+U8, I8 = TensorProto.UINT8, TensorProto.INT8
+
+
+def _save(tmp_path, nodes, inputs, outputs, inits, name="m", ms=False) -> str:
+    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
+    graph = helper.make_graph(
+        nodes, name, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    )
+    model = helper.make_model(graph, opset_imports=opsets)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
+def _qlinear_conv(tmp_path, rng, c=16, m=32, h=12, w_scale=None, y_scale=0.71, x_zero=117):
+    """uint8 x, int8 weight per output channel, int32 bias, uint8 y."""
+    inits = {
+        "xs": np.array(0.0237, np.float32),
+        "xz": np.array(x_zero, np.uint8),
+        "w": rng.integers(-127, 128, (m, c, 3, 3)).astype(np.int8),
+        "ws": (rng.random(m) * 0.01 + 0.001).astype(np.float32) if w_scale is None else w_scale,
+        "wz": np.zeros(m, np.int8),
+        "ys": np.array(y_scale, np.float32),
+        "yz": np.array(128, np.uint8),
+        "b": rng.integers(-5000, 5000, m).astype(np.int32),
+    }
+    node = helper.make_node(
+        "QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], pads=[1] * 4
+    )
+    x = helper.make_tensor_value_info("x", U8, [1, c, h, h])
+    y = helper.make_tensor_value_info("y", U8, [1, m, h, h])
+    return _save(tmp_path, [node], [x], [y], inits, "qlinearconv"), inits
+
+
+def _validate(capsys, path, *args) -> tuple[int, dict]:
+    code = main(["validate", path, "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _report(capsys, path, *args) -> dict:
+    assert main(["report", path, "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("autocast", [[], ["--auto-cast", "none"], ["--auto-cast-type", "fp8_e4m3"]])
+def test_a_qlinearconv_matches_onnxruntime_exactly(tmp_path, capsys, autocast):
+    path, _ = _qlinear_conv(tmp_path, np.random.default_rng(1))
+    code, doc = _validate(capsys, path, *autocast)
+    out = doc["outputs"][0]
+    assert code == 0 and out["dtype"] == "uint8"
+    assert out["max_abs_err"] == 0 and out["atol"] == 0  # integers: compared exactly
+    report = _report(capsys, path, *autocast)
+    [entry] = report["quantized"]
+    assert entry["path"] == "integer" and entry["form"] == "QLinearConv"
+    # bf16 operands whatever the autocast: fp8 would not hold the integers
+    assert set(report["autocast"]["matmul_operand_dtypes"]) <= {"bfloat16 x bfloat16"}
+    assert report["casts"] == []
+
+
+def test_the_bound_is_the_largest_row_of_weights_times_the_largest_input(tmp_path, capsys):
+    path, inits = _qlinear_conv(tmp_path, np.random.default_rng(2))
+    rows = np.abs(inits["w"].astype(np.int64)).reshape(inits["w"].shape[0], -1).sum(axis=1)
+    x_max = max(abs(0 - 117), abs(255 - 117))
+    expected = x_max * int(rows.max()) + int(np.abs(inits["b"]).max())
+    [entry] = _report(capsys, path)["quantized"]
+    assert entry["bound"] == expected
+
+
+def test_ties_round_half_to_even_as_onnxruntime_does(tmp_path, capsys):
+    """x_scale · w_scale / y_scale = 0.5: every odd accumulator is a tie."""
+    rng = np.random.default_rng(3)
+    path, _ = _qlinear_conv(
+        tmp_path, rng, c=4, m=8, h=8, w_scale=np.full(8, 0.25, np.float32), y_scale=0.5
+    )
+    onnx_model = onnx.load(path)
+    for init in onnx_model.graph.initializer:
+        if init.name == "xs":
+            init.CopyFrom(numpy_helper.from_array(np.array(1.0, np.float32), "xs"))
+    onnx.save(onnx_model, path)
+    code, doc = _validate(capsys, path, "--auto-cast", "none")
+    assert code == 0 and doc["outputs"][0]["max_abs_err"] == 0
+
+
+def test_a_wrong_multiplier_or_a_missing_zero_point_fails(tmp_path, capsys, monkeypatch):
+    """The verdict sees one requantization step anywhere: requantizing with the multiplier
+    rounded to bf16 (as an autocast of the requantization would), or forgetting x's zero
+    point, fails validation."""
+    path, _ = _qlinear_conv(tmp_path, np.random.default_rng(4), y_scale=0.0713)
+    original = integer.IntegerMatmul.scale
+
+    def rounded(op):
+        return original.fget(op).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+    monkeypatch.setattr(integer.IntegerMatmul, "scale", property(rounded))
+    code, doc = _validate(capsys, path)
+    assert code == 1 and 0 < doc["outputs"][0]["mismatches"]
+    monkeypatch.setattr(integer.IntegerMatmul, "scale", original)
+    monkeypatch.setattr(integer, "_centred_input", _without_zero_point(integer._centred_input))
+    code, doc = _validate(capsys, path)
+    assert code == 1 and doc["outputs"][0]["mismatches"] > 0
+
+
+def _without_zero_point(centred):
+    def wrong(graph, op, prefix):
+        op.x.zero_point = np.zeros_like(op.x.zero_point)
+        return centred(graph, op, prefix)
+
+    return wrong
+
+
+def _qdq_conv(tmp_path, rng, c, m, weight_high):
+    """A QDQ conv: QuantizeLinear → DequantizeLinear on the input, an int8 weight behind a
+    DequantizeLinear, a float bias, QuantizeLinear → DequantizeLinear after."""
+    inits = {
+        "s": np.array(0.05, np.float32),
+        "z": np.array(3, np.int8),
+        "w": rng.integers(-weight_high, weight_high + 1, (m, c, 3, 3)).astype(np.int8),
+        "ws": np.array(0.002, np.float32),
+        "b": rng.standard_normal(m).astype(np.float32),
+        "ys": np.array(0.4, np.float32),
+        "yz": np.array(-2, np.int8),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
+        helper.make_node("Conv", ["xd", "wd", "b"], ["conv"], pads=[1] * 4),
+        helper.make_node("QuantizeLinear", ["conv", "ys", "yz"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, 8, 8])
+    return _save(tmp_path, nodes, [x], [y], inits, f"qdq_{c}_{weight_high}")
+
+
+def test_a_qdq_conv_runs_on_integers_with_no_drift_under_the_autocast(tmp_path, capsys):
+    path = _qdq_conv(tmp_path, np.random.default_rng(5), c=8, m=16, weight_high=127)
+    code, doc = _validate(capsys, path)
+    assert code == 0
+    assert doc["outputs"][0]["drift"]["max_abs_err"] == 0  # the casts cost nothing
+    [entry] = _report(capsys, path)["quantized"]
+    assert entry["path"] == "integer" and entry["weight_dtype"] == "int8"
+
+
+def test_a_sum_that_may_pass_2_24_stays_on_the_float_path(tmp_path, capsys):
+    """2,304 weights of magnitude up to 127 under inputs up to 131: the bound passes 2^24."""
+    path = _qdq_conv(tmp_path, np.random.default_rng(6), c=256, m=2, weight_high=127)
+    [entry] = _report(capsys, path)["quantized"]
+    assert entry["path"] == "float" and "past 2^24" in entry["reason"]
+    assert entry["bound"] >= 2**24
+    code, _ = _validate(capsys, path)
+    assert code == 0  # the float path still validates, with the autocast's rounding
+
+
+def _integer_ops(tmp_path, rng):
+    inits = {
+        "w": rng.integers(-128, 128, (6, 4, 3, 3)).astype(np.int8),
+        "xz": np.array(100, np.uint8),
+        "b": rng.integers(-128, 128, (24, 5)).astype(np.int8),
+    }
+    nodes = [
+        helper.make_node("ConvInteger", ["x", "w", "xz"], ["conv"]),
+        helper.make_node("MatMulInteger", ["a", "b", "xz"], ["mm"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", U8, [1, 4, 7, 7]),
+        helper.make_tensor_value_info("a", U8, [3, 24]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("conv", TensorProto.INT32, [1, 6, 5, 5]),
+        helper.make_tensor_value_info("mm", TensorProto.INT32, [3, 5]),
+    ]
+    return _save(tmp_path, nodes, inputs, outputs, inits, "integer_ops")
+
+
+def test_conv_integer_and_matmul_integer_are_exact(tmp_path, capsys):
+    path = _integer_ops(tmp_path, np.random.default_rng(7))
+    code, doc = _validate(capsys, path)
+    assert code == 0
+    assert [o["max_abs_err"] for o in doc["outputs"]] == [0, 0]
+    forms = sorted(e["form"] for e in _report(capsys, path)["quantized"])
+    assert forms == ["ConvInteger", "MatMulInteger"]
+
+
+def test_a_qlinear_matmul_of_two_activations_at_the_largest_exact_size(tmp_path, capsys):
+    """K = 258 products of ±255 · ±255 stay below 2^24; K = 259 cannot be proven and a
+    QLinearMatMul, which has no float path, is refused with the bound."""
+    def model(k):
+        inits = {
+            "s": np.array(0.01, np.float32),
+            "z": np.array(0, np.uint8),
+            "bz": np.array(255, np.uint8),
+            "ys": np.array(300.0, np.float32),
+            "yz": np.array(0, np.uint8),
+        }
+        node = helper.make_node("QLinearMatMul", ["a", "s", "z", "b", "s", "bz", "ys", "yz"], ["y"])
+        a = helper.make_tensor_value_info("a", U8, [4, k])
+        b = helper.make_tensor_value_info("b", U8, [k, 3])
+        y = helper.make_tensor_value_info("y", U8, [4, 3])
+        return _save(tmp_path, [node], [a, b], [y], inits, f"qmm_{k}")
+
+    code, doc = _validate(capsys, model(258))
+    assert code == 0 and doc["outputs"][0]["max_abs_err"] == 0
+    assert main(["report", model(259)]) == 1
+    assert "past 2^24" in capsys.readouterr().err
