@@ -59,10 +59,15 @@ class Operand:
     scale: np.ndarray
     zero_point: np.ndarray
     source: str | None = None  # the DequantizeLinear that made it float (QDQ)
+    # a scalar zero point computed at run time (DynamicQuantizeLinear's), instead of the value
+    runtime_zero_point: str = ""
 
     def magnitude(self, graph: Graph) -> int:
-        """The largest |q − zero_point| the dtype allows."""
+        """The largest |q − zero_point| the dtype allows (any zero point of the dtype when it
+        is computed at run time)."""
         low, high = _RANGE[graph.tensors[self.tensor].dtype]
+        if self.runtime_zero_point:
+            return high - low
         zero = self.zero_point.astype(np.int64)
         return int(max(np.max(np.abs(low - zero)), np.max(np.abs(high - zero))))
 
@@ -116,7 +121,9 @@ def _operand(
         return f"{what}'s scale is computed at run time"
     zero_value = _zero_point(graph, zero, tensor)
     if zero_value is None:
-        return f"{what}'s zero point is computed at run time"
+        if math.prod(graph.tensors[zero].shape) != 1:
+            return f"{what}'s zero point is a vector computed at run time"
+        return Operand(tensor, scale_value.astype(np.float32), np.zeros(()), None, zero)
     return Operand(tensor, scale_value.astype(np.float32), zero_value)
 
 
@@ -385,11 +392,13 @@ def _centred_input(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
     info = graph.tensors[x.tensor]
     out = f"{prefix}/x_int"
     graph.tensors[out] = TensorInfo(out, info.shape, Dtype.FP32)
-    if not np.any(x.zero_point):
+    if not np.any(x.zero_point) and not x.runtime_zero_point:
         graph.add_node(f"{prefix}/x_int", "Cast", [x.tensor], [out], {"to": 1})
     else:
         one = _new_const(graph, f"{prefix}/x_unit_scale", np.ones((), np.float32))
-        zero = _new_const(graph, f"{prefix}/x_zero_point", x.zero_point.reshape(()))
+        zero = x.runtime_zero_point or _new_const(
+            graph, f"{prefix}/x_zero_point", x.zero_point.reshape(())
+        )
         graph.add_node(f"{prefix}/x_int", "DequantizeLinear", [x.tensor, one, zero], [out])
     return out
 
@@ -400,9 +409,11 @@ def _centred_weight(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
     w = op.w
     weights = _const(graph, w.tensor)
     if weights is None:
-        centred = Operand(w.tensor, np.ones((), np.float32), w.zero_point.reshape(-1)[:1])
         if w.zero_point.size != 1:
             raise AssertionError("a run-time weight has a per-tensor zero point")
+        centred = Operand(
+            w.tensor, np.ones((), np.float32), w.zero_point.reshape(()), None, w.runtime_zero_point
+        )
         return _centred_input(graph, IntegerMatmul(prefix, "", "", centred, w, ""), f"{prefix}/b")
     if not np.any(w.zero_point):
         return w.tensor

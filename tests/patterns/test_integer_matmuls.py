@@ -183,14 +183,18 @@ def _integer_ops(tmp_path, rng):
     nodes = [
         helper.make_node("ConvInteger", ["x", "w", "xz"], ["conv"]),
         helper.make_node("MatMulInteger", ["a", "b", "xz"], ["mm"]),
+        # a zero point computed at run time, as DynamicQuantizeLinear gives it
+        helper.make_node("MatMulInteger", ["a", "b", "az"], ["mm_runtime_zero"]),
     ]
     inputs = [
         helper.make_tensor_value_info("x", U8, [1, 4, 7, 7]),
         helper.make_tensor_value_info("a", U8, [3, 24]),
+        helper.make_tensor_value_info("az", U8, []),
     ]
     outputs = [
         helper.make_tensor_value_info("conv", TensorProto.INT32, [1, 6, 5, 5]),
         helper.make_tensor_value_info("mm", TensorProto.INT32, [3, 5]),
+        helper.make_tensor_value_info("mm_runtime_zero", TensorProto.INT32, [3, 5]),
     ]
     return _save(tmp_path, nodes, inputs, outputs, inits, "integer_ops")
 
@@ -199,9 +203,9 @@ def test_conv_integer_and_matmul_integer_are_exact(tmp_path, capsys):
     path = _integer_ops(tmp_path, np.random.default_rng(7))
     code, doc = _validate(capsys, path)
     assert code == 0
-    assert [o["max_abs_err"] for o in doc["outputs"]] == [0, 0]
+    assert [o["max_abs_err"] for o in doc["outputs"]] == [0, 0, 0]
     forms = sorted(e["form"] for e in _report(capsys, path)["quantized"])
-    assert forms == ["ConvInteger", "MatMulInteger"]
+    assert forms == ["ConvInteger", "MatMulInteger", "MatMulInteger"]
 
 
 def test_a_qlinear_matmul_of_two_activations_at_the_largest_exact_size(tmp_path, capsys):
