@@ -299,12 +299,15 @@ def _quantized_lines(doc: dict) -> list[str]:
         ratio = summary["dma_bytes_weights"] / summary["integer_weight_bytes"]
         lines.append(
             f"  weights: {summary['integer_weight_bytes']:,} bytes of integers; the program's "
-            f"DMAs read {summary['dma_bytes_weights']:,} bytes of weights and constants "
+            f"DMAs read {summary['dma_bytes_weights']:,} bytes of the model's weights and "
+            "constants "
             f"({ratio:.2f}x)"
         )
     for entry in doc["quantized"]:
         if entry["path"] != "integer" or entry.get("reason"):
-            lines.append(f"  {entry['node']} ({entry['form']}): {entry['path']} - {entry['reason']}")
+            lines.append(
+                f"  {entry['node']} ({entry['form']}): {entry['path']} - {entry['reason']}"
+            )
     return lines
 
 

@@ -110,9 +110,7 @@ def _zero_point(graph: Graph, tensor: str, like: str) -> np.ndarray | None:
     return _const(graph, tensor)
 
 
-def _operand(
-    graph: Graph, tensor: str, scale: str, zero: str, what: str
-) -> Operand | str:
+def _operand(graph: Graph, tensor: str, scale: str, zero: str, what: str) -> Operand | str:
     info = graph.tensors[tensor]
     if info.dtype not in EIGHT_BIT:
         return f"{what} is {info.dtype}, not an 8-bit integer"
@@ -264,7 +262,10 @@ def _integer_bias(graph: Graph, bias: str, op: IntegerMatmul) -> np.ndarray | No
         return None
     if np.any(zero != 0) or op.alpha != 1.0:
         return None
-    if not np.array_equal(np.broadcast_to(scale.astype(np.float32), values.shape), np.broadcast_to(op.scale, values.shape)):
+    if not np.array_equal(
+        np.broadcast_to(scale.astype(np.float32), values.shape),
+        np.broadcast_to(op.scale, values.shape),
+    ):
         return None
     op.consumed = (*op.consumed, producer)
     return values
@@ -336,14 +337,11 @@ def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
 def rewrite(graph: Graph, op: IntegerMatmul) -> str:
     """Replace the node by the integer form (module docstring); returns the new matmul's name
     (the node's own)."""
-    data = graph.node(op.node)
-    inputs = list(data["inputs"])
     out_info = graph.tensors[op.output]
     graph.remove_node(op.node)
     prefix = op.node
     x = _centred_input(graph, op, prefix)
     w = _centred_weight(graph, op, prefix)
-    out_axis = _out_axis(op, graph)
     matmul_inputs = [x, w]
     if op.bias_int is not None:
         bias = _new_const(graph, f"{prefix}/bias_int", op.bias_int.astype(np.float32))
@@ -375,7 +373,6 @@ def rewrite(graph: Graph, op: IntegerMatmul) -> str:
         if op.bias_float:
             graph.add_node(f"{prefix}/bias", "Add", [target, op.bias_float], [op.output])
     _drop_unread(graph, op.consumed)
-    del inputs
     return op.node
 
 
@@ -499,7 +496,12 @@ class RaiseIntegerMatmuls:
             forms[op.form] = forms.get(op.form, 0) + 1
         integer = sum(1 for f in findings if f["path"] == "integer")
         stats = [
-            Statistic(PASS_NAME, "integer_matmuls", "Number of quantized convs and matmuls run on integers", integer),
+            Statistic(
+                PASS_NAME,
+                "integer_matmuls",
+                "Number of quantized convs and matmuls run on integers",
+                integer,
+            ),
             Statistic(
                 PASS_NAME,
                 "float_quantized_matmuls",

@@ -41,7 +41,8 @@ class CostReport:
     # the sizes of the weights, constants, graph inputs and outputs that DMAs touch: the
     # traffic no program can avoid (capped by dma_bytes)
     compulsory_dma_bytes: int = 0
-    weight_dma_bytes: int = 0  # read out of weights and constants, every loop trip counted
+    # bytes read out of each weight and constant, every loop trip counted
+    payload_dma_bytes: dict[str, int] = field(default_factory=dict)
     flops: int = 0  # matmul FLOPs (2 x K x M x N per Matmult)
     pe_peak_flops: float = DEFAULT_TABLE.pe_peak_flops
     critical_path: list[dict] = field(default_factory=list)

@@ -78,8 +78,8 @@ class Simulation:
     dma_bytes: int = 0
     compulsory_bytes: int = 0  # sizes of the weights, constants, inputs, outputs DMAs touch
     compulsory_locations: set[str] = field(default_factory=set)
-    # bytes DMAs read out of weights and constants (payloads), every loop trip counted
-    weight_bytes: int = 0
+    # bytes DMAs read out of each weight and constant (payload), every loop trip counted
+    payload_bytes: dict[str, int] = field(default_factory=dict)
     flops: int = 0
     total_seconds: float = 0.0
 
@@ -112,18 +112,18 @@ class _Simulator:
         self.recent: dict[int, list[tuple[float, int, str]]] = {}
         self.trip_start: dict[str, int] = {}
         self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
-        self.payload_reads: dict[int, int] = {}  # bytes a DMA reads out of payloads
+        self.payload_reads: dict[int, tuple] = {}  # (payload, bytes) a DMA reads
 
     def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...]]:
         cached = self.cost_cache.get(id(ins))
         if cached is None:
             cycles, seconds, moved = instruction_cost(ins, self.function, self.table)
             compulsory: tuple[str, ...] = ()
-            self.payload_reads[id(ins)] = 0
+            self.payload_reads[id(ins)] = ()
             if ins.engine is Engine.DMA:
                 locations = self.function.memory_locations
-                self.payload_reads[id(ins)] = sum(
-                    ap.num_elements * locations[ap.loc].dtype.itemsize
+                self.payload_reads[id(ins)] = tuple(
+                    (ap.loc, ap.num_elements * locations[ap.loc].dtype.itemsize)
                     for ap in ins.srcs.values()
                     if ap is not None
                     and ap.loc in locations
@@ -219,7 +219,8 @@ class _Simulator:
         node = ins.origin.node or "(no node)"
         sim.node_seconds[node] = sim.node_seconds.get(node, 0.0) + busy
         sim.dma_bytes += moved * weight
-        sim.weight_bytes += self.payload_reads[id(ins)] * weight
+        for name, size in self.payload_reads[id(ins)]:
+            sim.payload_bytes[name] = sim.payload_bytes.get(name, 0) + size * weight
         for name in compulsory:
             if name not in sim.compulsory_locations:
                 sim.compulsory_locations.add(name)

@@ -84,7 +84,7 @@ def cost_report(function: Function, sim: Simulation, table: CostTable) -> CostRe
         total_seconds=sim.total_seconds,
         stream_busy_seconds=dict(sim.busy),
         compulsory_dma_bytes=min(sim.compulsory_bytes, sim.dma_bytes),
-        weight_dma_bytes=sim.weight_bytes,
+        payload_dma_bytes=dict(sim.payload_bytes),
         flops=sim.flops,
         pe_peak_flops=table.pe_peak_flops,
         critical_path=critical_path(sim),

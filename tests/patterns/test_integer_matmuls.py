@@ -24,7 +24,9 @@ U8, I8 = TensorProto.UINT8, TensorProto.INT8
 
 
 def _save(tmp_path, nodes, inputs, outputs, inits, name="m", ms=False) -> str:
-    opsets = [helper.make_opsetid("", 18)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
+    opsets = [helper.make_opsetid("", 18)] + (
+        [helper.make_opsetid("com.microsoft", 1)] if ms else []
+    )
     graph = helper.make_graph(
         nodes, name, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()]
     )
@@ -64,7 +66,9 @@ def _report(capsys, path, *args) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("autocast", [[], ["--auto-cast", "none"], ["--auto-cast-type", "fp8_e4m3"]])
+@pytest.mark.parametrize(
+    "autocast", [[], ["--auto-cast", "none"], ["--auto-cast-type", "fp8_e4m3"]]
+)
 def test_a_qlinearconv_matches_onnxruntime_exactly(tmp_path, capsys, autocast):
     path, _ = _qlinear_conv(tmp_path, np.random.default_rng(1))
     code, doc = _validate(capsys, path, *autocast)
@@ -211,6 +215,7 @@ def test_conv_integer_and_matmul_integer_are_exact(tmp_path, capsys):
 def test_a_qlinear_matmul_of_two_activations_at_the_largest_exact_size(tmp_path, capsys):
     """K = 258 products of ±255 · ±255 stay below 2^24; K = 259 cannot be proven and a
     QLinearMatMul, which has no float path, is refused with the bound."""
+
     def model(k):
         inits = {
             "s": np.array(0.01, np.float32),

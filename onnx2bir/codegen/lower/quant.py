@@ -7,7 +7,9 @@ are vectors (seen as [C, 1, …] at that axis):
 - QuantizeLinear: y = saturate(round(x / scale) + zero_point), round halves to even as Round
   does (`lower_math`), saturation to the output type's range (uint8 [0, 255], int8
   [−128, 127], …) by max/min before the store converts to the integer type.
-Blocked quantization (block_size) and the float8 types are refused.
+A one-element constant scale and zero point (the usual per-tensor case) ride as TensorScalar
+immediates instead of tiles loaded for every block. Blocked quantization (block_size) and the
+float8 types are refused.
 """
 
 from __future__ import annotations
@@ -40,9 +42,41 @@ def _axis_shapes(cg: BirCodeGen, node: Node) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _scalar_parameters(cg: BirCodeGen, node: Node) -> tuple[float, float] | None:
+    """(scale, zero point) when both are one-element constants (or the zero point absent):
+    they ride as TensorScalar immediates, no tile of them is loaded. fp32 holds every 8-bit
+    zero point and the scale exactly."""
+    values = []
+    for name in node.inputs[1:3]:
+        info = cg.graph.tensors[name] if name else None
+        if info is None:
+            values.append(0.0)
+        elif info.is_const and info.const.size == 1:
+            values.append(float(info.const.reshape(-1)[0]))
+        else:
+            return None
+    if len(values) < 2:
+        values.append(0.0)
+    if cg.graph.tensors[node.inputs[1]].dtype is not Dtype.FP32:
+        return None
+    return values[0], values[1]
+
+
 def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
     shapes = _axis_shapes(cg, node)
     has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
+    scalars = _scalar_parameters(cg, node)
+    if scalars is not None:
+        scale, zero = scalars
+        emit_elementwise(
+            cg,
+            {**node, "inputs": [node.inputs[0]]},
+            lambda cg, dst, srcs: cg.tensor_scalar(
+                dst, srcs[0], AluOp.SUBTRACT, zero, AluOp.MULTIPLY, scale
+            ),
+            direct=True,
+        )
+        return
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         x, scale = srcs[0], srcs[1]
@@ -62,12 +96,16 @@ def lower_quantize(cg: BirCodeGen, node: Node) -> None:
     low, high = _RANGES[out_dtype]
     shapes = _axis_shapes(cg, node)
     has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
+    scalars = _scalar_parameters(cg, node)
     value_t, rem_t, flag_t, more_t = (scratch_tile(cg, t) for t in ("value", "rem", "flag", "more"))
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
         value, rem = like(dst, value_t), like(dst, rem_t)
         flag, more = like(dst, flag_t), like(dst, more_t)
-        cg.tensor_tensor(more, srcs[0], srcs[1], AluOp.DIVIDE)
+        if scalars is not None:
+            cg.tensor_scalar(more, srcs[0], AluOp.DIVIDE, scalars[0])
+        else:
+            cg.tensor_tensor(more, srcs[0], srcs[1], AluOp.DIVIDE)
         # round half to even: floor, then +1 above a half or at an odd tie
         _floor(cg, value, more, rem, flag)
         cg.tensor_tensor(rem, more, value, AluOp.SUBTRACT)
@@ -78,8 +116,12 @@ def lower_quantize(cg: BirCodeGen, node: Node) -> None:
         cg.tensor_scalar(more, rem, AluOp.IS_GT, 0.5)
         cg.tensor_tensor(value, value, more, AluOp.ADD)
         cg.tensor_tensor(value, value, flag, AluOp.ADD)
-        if has_zero:
+        if scalars is not None:
+            cg.tensor_scalar(value, value, AluOp.ADD, scalars[1])
+        elif has_zero:
             cg.tensor_tensor(value, value, srcs[2], AluOp.ADD)
         cg.tensor_scalar(dst, value, AluOp.MAX, float(low), AluOp.MIN, float(high))
 
+    if scalars is not None:
+        node = {**node, "inputs": [node.inputs[0]]}
     emit_elementwise(cg, node, compute, shapes, direct=True)
