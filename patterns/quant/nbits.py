@@ -14,8 +14,11 @@ the node's output tensor kept:
 zp is 2^(bits − 1) (8 for 4 bits) when the node has none, as onnxruntime's kernel takes it.
 New tensors and nodes are named "<node>/<part>". The weight stays integer in DRAM (one byte
 per value: the 4-bit packing itself is not modelled); scales and zero points are small fp
-constants. `accuracy_level` is not honoured: A is never quantized to int8 (the docs measure
-what that changes against onnxruntime). A node this cannot expand is refused with the reason.
+constants. With `accuracy_level` 4 and 4 or 8 bits, A is first quantized as onnxruntime's CPU
+kernel quantizes it for its int8 dot products — symmetric int8 per block of block_size along
+K, s = max|A_block| / 127, A ← round_half_even(A / s) · s — so the result is onnxruntime's up
+to fp32 rounding; other levels, and 2 bits, multiply A as it is (docs/quantization.md#nbits).
+A node this cannot expand is refused with the reason.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from onnx2bir.patterns.passes import PassResult, Statistic
 MS_DOMAIN = "com.microsoft"
 NBITS_VENDOR_OPS: frozenset[str] = frozenset({op_key("MatMulNBits", MS_DOMAIN)})
 SUPPORTED_BITS = (2, 4, 8)  # what onnxruntime's CPU kernel computes (docs/quantization.md#nbits)
+# accuracy_level 4 (int8 compute): the bit widths whose onnxruntime CPU kernel quantizes A for
+# every block size (measured, docs/quantization.md#nbits); 2 bits only for some block sizes.
+QUANTIZED_A_BITS = (4, 8)
+INT8_COMPUTE = 4
 _A, _B, _SCALES, _ZERO_POINTS, _G_IDX, _BIAS = range(6)
 
 
@@ -167,12 +174,49 @@ def expand(em: Emitter, node: dict) -> NBitsWeight:
             for what, value in (("starts", 0), ("ends", weight.k), ("axes", 0))
         ]
         w = em.node("Slice", "weight", [w, *bounds], (weight.k, n))
+    if _quantizes_a(node, weight):
+        a = quantize_a(em, a, weight.k, block)
     y = em.matmul("matmul", a, w)
     bias = node["inputs"][_BIAS] if len(node["inputs"]) > _BIAS else ""
     if bias:
         y = em.binary("Add", "bias", y, bias)
     em.finish(y, node["outputs"][0])
     return weight
+
+
+def _quantizes_a(node: dict, weight: NBitsWeight) -> bool:
+    level = int(node["attrs"].get("accuracy_level", 0))
+    return level == INT8_COMPUTE and weight.bits in QUANTIZED_A_BITS
+
+
+def quantize_a(em: Emitter, a: str, k: int, block: int) -> str:
+    """A as accuracy_level 4 multiplies it (module docstring): quantized to int8 per block of
+    K, symmetric, and dequantized, on chip. Zeros pad a last partial block (they change no
+    block's max); a block of zeros divides by the smallest normal instead of 0."""
+    shape = em.shape(a)
+    dtype = em.info(a).dtype
+    blocks = -(-k // block)
+    x = a
+    if blocks * block != k:
+        pads = [0] * (2 * len(shape))
+        pads[-1] = blocks * block - k
+        padding = em.const("a_pads", np.asarray(pads, np.int64))
+        x = em.node("Pad", "a_padded", [x, padding], (*shape[:-1], blocks * block))
+    x = em.reshape("a_blocks", x, (*shape[:-1], blocks, block))
+    amax = em.reduce("ReduceMax", "a_amax", em.unary("Abs", "a_abs", x))
+    scale = em.binary("Div", "a_scale", amax, em.scalar("a_int8_max", 127.0, dtype))
+    tiny = em.scalar("a_tiny", float(np.finfo(dtype.numpy).tiny), dtype)
+    divisor = em.binary("Max", "a_divisor", scale, tiny)
+    q = em.unary("Round", "a_q", em.binary("Div", "a_scaled", x, divisor))
+    x = em.binary("Mul", "a_dequantized", q, scale)
+    x = em.reshape("a_rows", x, (*shape[:-1], blocks * block))
+    if blocks * block != k:
+        bounds = [
+            em.const(f"a_{what}", np.asarray([value], np.int64))
+            for what, value in (("starts", 0), ("ends", k), ("axes", -1))
+        ]
+        x = em.node("Slice", "a_int8", [x, *bounds], (*shape[:-1], k))
+    return x
 
 
 @dataclass(frozen=True)
@@ -207,6 +251,7 @@ class ExpandMatMulNBits:
                     "zero_point_kind": weight.zero_point_kind,
                     "bias": len(data["inputs"]) > _BIAS and bool(data["inputs"][_BIAS]),
                     "accuracy_level": int(data["attrs"].get("accuracy_level", 0)),
+                    "a_quantized_int8": _quantizes_a(data, weight),
                 }
             )
         stats = [

@@ -212,3 +212,41 @@ def test_leaves_a_graph_without_the_op_alone():
     graph.remove_node(next(name for name, _ in graph.nodes() if name == "mm"))
     result = ExpandMatMulNBits().run(graph, FP32)
     assert not result.changed and result.statistics[0].value == 0
+
+
+def with_accuracy_level(model: onnx.ModelProto, level: int) -> onnx.ModelProto:
+    for attr in model.graph.node[0].attribute:
+        if attr.name == "accuracy_level":
+            attr.i = level
+    return model
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(k=256, n=32, block=32, zero_points="packed"),  # B of 4096 values: held aside
+        dict(k=72, n=16, block=16, bias=True, a_shape=(2, 3, 72)),  # a padded last block
+        dict(k=128, n=16, block=64, bits=8, zero_points="packed"),
+    ],
+)
+def test_accuracy_level_4_quantizes_a_as_onnxruntime_does(kwargs):
+    """onnxruntime's int8 path (accuracy_level 4) quantizes A per block; so does the expansion,
+    and validation agrees in fp32 and under the default autocast."""
+    model, weight = nbits_model(**kwargs)
+    model = with_accuracy_level(model, 4)
+    shape = kwargs.get("a_shape", (3, kwargs["k"]))
+    a = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    plain = np.maximum(a @ weight, 0)
+    ort = run_onnxruntime(model, {"a": a})["out"]
+    assert np.abs(ort - plain).max() > 1e-3  # onnxruntime did quantize A
+    result = validate(model, {"a": a}, auto_cast="none")
+    assert result.passed, result.text()
+    (finding,) = result.details.passes.result_of("ExpandMatMulNBits").findings
+    assert finding["a_quantized_int8"] and finding["accuracy_level"] == 4
+    assert validate(model, {"a": a}).passed
+
+
+def test_ignoring_accuracy_level_4_is_rejected(monkeypatch):
+    model = with_accuracy_level(nbits_model(k=256, n=32, block=32)[0], 4)
+    monkeypatch.setattr(nbits, "_quantizes_a", lambda node, weight: False)
+    assert not validate(model, auto_cast="none").passed
