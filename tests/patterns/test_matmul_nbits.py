@@ -250,3 +250,68 @@ def test_ignoring_accuracy_level_4_is_rejected(monkeypatch):
     model = with_accuracy_level(nbits_model(k=256, n=32, block=32)[0], 4)
     monkeypatch.setattr(nbits, "_quantizes_a", lambda node, weight: False)
     assert not validate(model, auto_cast="none").passed
+
+
+def swiglu_of_nbits() -> onnx.ModelProto:
+    """gate, up and down projections as MatMulNBits (4 bits, block 32, zero points)."""
+    rng = np.random.default_rng(5)
+    nodes, inits = [], []
+
+    def projection(name: str, a: str, k: int, n: int) -> str:
+        blocks = k // 32
+        codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+        zero = rng.integers(0, 16, size=(n, blocks)).astype(np.uint8)
+        inits.extend(
+            [
+                numpy_helper.from_array(pack_bits(codes, 4).reshape(n, blocks, 16), f"{name}_B"),
+                numpy_helper.from_array(
+                    rng.uniform(0.01, 0.05, n * blocks).astype(np.float32), f"{name}_scales"
+                ),
+                numpy_helper.from_array(pack_bits(zero, 4).ravel(), f"{name}_zp"),
+            ]
+        )
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [a, f"{name}_B", f"{name}_scales", f"{name}_zp"],
+                [name],
+                domain="com.microsoft",
+                name=name,
+                K=k,
+                N=n,
+                bits=4,
+                block_size=32,
+            )
+        )
+        return name
+
+    gate, up = projection("gate", "x", 64, 128), projection("up", "x", 64, 128)
+    nodes.append(helper.make_node("Sigmoid", [gate], ["sig"]))
+    nodes.append(helper.make_node("Mul", [gate, "sig"], ["silu"]))
+    nodes.append(helper.make_node("Mul", ["silu", up], ["act"]))
+    projection("y", "act", 128, 64)
+    graph = helper.make_graph(
+        nodes,
+        "swiglu_nbits",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 64])],
+        inits,
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSION,
+    )
+
+
+def test_expanded_projections_raised_into_an_mlp_kernel_validate():
+    """The expansions' MatMuls form a SwiGLU block the MLP raise takes; its bf16 roundings are
+    inside the MatMulNBits ops, which the verdict reports as not emulated."""
+    result = validate(swiglu_of_nbits())
+    assert result.passed, result.text()
+    passes = result.details.passes
+    assert len(passes.result_of("ExpandMatMulNBits").findings) == 3
+    assert [f["target"] for f in passes.result_of("LowerToNKIKernelCC").findings if f["target"]]
+    unemulated = result.details.cast_plan.unemulated
+    assert {"gate", "up", "y"} <= set(unemulated)
+    assert validate(swiglu_of_nbits(), auto_cast="none").passed
