@@ -50,7 +50,7 @@ def _axis_shapes(
 
 
 def _blocked_shapes(cg: BirCodeGen, node: Node, x_shape, axis: int, block: int):
-    op, length = node["op_type"], x_shape[axis]
+    op, length = node.op_type, x_shape[axis]
     blocks = -(-length // block)
     want = (*x_shape[:axis], blocks, *x_shape[axis + 1 :])
     for name in node.inputs[1:]:
