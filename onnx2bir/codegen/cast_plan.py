@@ -70,6 +70,13 @@ def plan_casts(
         if tensor and (node, tensor) not in points:
             points[(node, tensor)] = CastPoint(node, tensor, dtype, kind, reason is None, reason)
 
+    def inside(node: str, dtype: str) -> None:
+        origin = node if node in source.nx else _source_node(records, node, source)
+        op_type = source.node(origin)["op_type"] if origin in source.nx else "?"
+        unemulated[origin or node] = (
+            f"{op_type} multiplies {dtype} operands inside the op (no ONNX cast can round there)"
+        )
+
     members = {host: [m for m, h in hosts.items() if h == host] for host in set(hosts.values())}
     for node, dtype in narrow.items():
         if node in compiled.integer_operands:
@@ -77,18 +84,16 @@ def plan_casts(
         if node in members:  # a raised kernel: every PE op of its block
             reason = ONLINE_SOFTMAX if node in attention_hosts else None
             for member in members[node]:
+                if member not in source.nx:  # a pass-made op (an expanded MatMulNBits)
+                    inside(member, dtype)
+                    continue
                 for tensor in _pe_inputs(source, member):
                     add(member, tensor, dtype, "operand", reason)
         elif node in source.nx and _pe_inputs(source, node):
             for tensor in _pe_inputs(source, node):
                 add(node, tensor, dtype, "operand")
         else:
-            origin = node if node in source.nx else _source_node(records, node, source)
-            op_type = source.node(origin)["op_type"] if origin in source.nx else "?"
-            unemulated[origin or node] = (
-                f"{op_type} multiplies {dtype} operands inside the op (no ONNX cast can round "
-                "there)"
-            )
+            inside(node, dtype)
     for tensor, info in source.tensors.items():
         loc = locations.get(tensor)
         if loc is None or info.dtype is not Dtype.FP32 or not loc.dtype.is_float:

@@ -127,13 +127,16 @@ def like(ap: AccessPattern, loc: MemoryLocation) -> AccessPattern:
 
 
 def _walk_pieces(
-    cg: BirCodeGen, node: dict, shapes: dict[str, tuple[int, ...]] | None
+    cg: BirCodeGen,
+    node: dict,
+    shapes: dict[str, tuple[int, ...]] | None,
+    out_shape: tuple[int, ...] | None = None,
 ) -> tuple[list[str], list[_Piece]] | None:
     """The tensors (output first) and the pieces of the output walk; None for an empty
     output."""
     inputs = [t for t in node["inputs"] if t]
     out = node["outputs"][0]
-    out_shape = tuple(cg.graph.tensors[out].shape)
+    out_shape = tuple(out_shape or cg.graph.tensors[out].shape)
     if math.prod(out_shape) == 0:
         return None
     shapes = shapes or {}
@@ -161,6 +164,7 @@ def emit_elementwise(
     shapes: dict[str, tuple[int, ...]] | None = None,
     direct: bool = False,
     psum_rows: bool = False,
+    out_shape: tuple[int, ...] | None = None,
 ) -> None:
     """Tile the output, DMA each (broadcast) input tile in, `compute`, DMA the result out.
 
@@ -172,8 +176,10 @@ def emit_elementwise(
     With `psum_rows`, an fp32 input that is one row repeated down the partitions (a bias) may
     be handed to `compute` in PSUM (`_row_on_pe`): only for a compute whose instructions all
     run on VectorE or ScalarE (GpSimd cannot read PSUM) and read at most one PSUM operand.
+    `out_shape` views the output as another shape of the same elements (a blocked axis split
+    in two, docs/quantization.md#blocked), the inputs then seen through `shapes`.
     """
-    planned = _walk_pieces(cg, node, shapes)
+    planned = _walk_pieces(cg, node, shapes, out_shape)
     if planned is None:
         return
     names, pieces = planned

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import onnx
 
+from onnx2bir.frontend.nbits_shapes import add_nbits_shapes
 from onnx2bir.op_traits import op_key, traits
 
 
@@ -30,7 +31,7 @@ def add_vendor_shapes(model: onnx.ModelProto) -> bool:
     """Give each unshaped output of a node whose op's output is like its first input (the op
     traits' `output_like_input`) that input's type; True if any."""
     types = _typed(model)
-    changed = False
+    changed = add_nbits_shapes(model, types)  # com.microsoft MatMulNBits: A [.., K] → [.., N]
     for node in model.graph.node:
         if not traits(op_key(node.op_type, node.domain)).output_like_input or not node.output:
             continue

@@ -468,4 +468,31 @@ def run_emulating(
         for tensor, value in machine_values.items()
     }
     fed = {**feeds, **weights, **extra, **prerounded}
+    for name in restore_prepacked_weights(model, weights):
+        del fed[name]
     return run_onnxruntime(model.SerializeToString(), fed, wanted)
+
+
+# Vendor ops whose onnxruntime kernel computes otherwise when a weight is a graph input: a
+# MatMulNBits honours accuracy_level 4 (int8 dot products) only on a weight it can prepack,
+# an initializer (docs/quantization.md#nbits).
+_PREPACKED_INPUTS = {("com.microsoft", "MatMulNBits"): (1, 2, 3, 4)}
+
+
+def restore_prepacked_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> set[str]:
+    """Make the held-aside weights such ops read initializers of `model` again (in place);
+    the names restored."""
+    wanted = {
+        tensor
+        for node in model.graph.node
+        for index, tensor in enumerate(node.input)
+        if index in _PREPACKED_INPUTS.get((node.domain, node.op_type), ()) and tensor in weights
+    }
+    if not wanted:
+        return set()
+    kept = [value for value in model.graph.input if value.name not in wanted]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    for name in sorted(wanted):
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(weights[name]), name))
+    return wanted

@@ -8,8 +8,12 @@ are vectors (seen as [C, 1, …] at that axis):
   does (`lower_math`), saturation to the output type's range (uint8 [0, 255], int8
   [−128, 127], …) by max/min before the store converts to the integer type.
 A one-element constant scale and zero point (the usual per-tensor case) ride as TensorScalar
-immediates instead of tiles loaded for every block. Blocked quantization (block_size) and the
-float8 types are refused.
+immediates instead of tiles loaded for every block.
+Blocked quantization (opset 21 `block_size`): the scale and zero point have x's shape with the
+blocked axis d cut to d / block_size; x and y are walked as [.., d / block_size, block_size, ..]
+and the scale as [.., d / block_size, 1, ..], a broadcast (docs/quantization.md#blocked). A last
+partial block (block_size not dividing d) is refused. The float8 types are refused before
+(docs/quantization.md#blocked).
 """
 
 from __future__ import annotations
@@ -28,18 +32,46 @@ _RANGES = {
 }
 
 
-def _axis_shapes(cg: BirCodeGen, node: Node) -> dict[str, tuple[int, ...]]:
-    """Per-axis scale / zero point seen as [C, 1, …] at `axis` of x."""
-    if node.attr("block_size", 0):
-        raise cg.fail(f"{node['op_type']} with block_size (blocked quantization) is not supported")
+def _axis_shapes(
+    cg: BirCodeGen, node: Node
+) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...] | None]:
+    """Per-axis scale / zero point seen as [C, 1, …] at `axis` of x; blocked ones as
+    [.., d / block_size, 1, ..] against x and y seen as [.., d / block_size, block_size, ..]
+    (that view, or None)."""
     x_shape = tuple(cg.graph.tensors[node.inputs[0]].shape)
     axis = int(node.attr("axis", 1)) % max(1, len(x_shape))
+    block = int(node.attr("block_size", 0))
+    if block:
+        return _blocked_shapes(cg, node, x_shape, axis, block)
     shapes = {}
     for name in node.inputs[1:]:
         shape = tuple(cg.graph.tensors[name].shape) if name else ()
         if len(shape) == 1 and shape[0] > 1:
             shapes[name] = (shape[0],) + (1,) * (len(x_shape) - axis - 1)
-    return shapes
+    return shapes, None
+
+
+def _blocked_shapes(cg: BirCodeGen, node: Node, x_shape, axis: int, block: int):
+    op, length = node.op_type, x_shape[axis]
+    blocks = -(-length // block)
+    want = (*x_shape[:axis], blocks, *x_shape[axis + 1 :])
+    for name in node.inputs[1:]:
+        if name and tuple(cg.graph.tensors[name].shape) != want:
+            raise cg.fail(
+                f"{op} block_size {block}: {name} is {list(cg.graph.tensors[name].shape)}, "
+                f"expected {list(want)} (x's shape with axis {axis} in blocks)"
+            )
+    if length % block:
+        raise cg.fail(
+            f"{op} block_size {block} does not divide axis {axis} of x ({length}): a last "
+            "partial block is not supported"
+        )
+    view = (*x_shape[:axis], blocks, block, *x_shape[axis + 1 :])
+    shapes = {node.inputs[0]: view}
+    for name in node.inputs[1:]:
+        if name:
+            shapes[name] = (*x_shape[:axis], blocks, 1, *x_shape[axis + 1 :])
+    return shapes, view
 
 
 def _scalar_parameters(cg: BirCodeGen, node: Node) -> tuple[float, float] | None:
@@ -63,7 +95,7 @@ def _scalar_parameters(cg: BirCodeGen, node: Node) -> tuple[float, float] | None
 
 
 def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
-    shapes = _axis_shapes(cg, node)
+    shapes, view = _axis_shapes(cg, node)
     has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
     scalars = _scalar_parameters(cg, node)
     if scalars is not None:
@@ -86,7 +118,7 @@ def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
         else:
             cg.tensor_tensor(dst, x, scale, AluOp.MULTIPLY)
 
-    emit_elementwise(cg, node, compute, shapes, direct=True)
+    emit_elementwise(cg, node, compute, shapes, direct=True, out_shape=view)
 
 
 def lower_quantize(cg: BirCodeGen, node: Node) -> None:
@@ -94,7 +126,7 @@ def lower_quantize(cg: BirCodeGen, node: Node) -> None:
     if out_dtype not in _RANGES:
         raise cg.fail(f"QuantizeLinear to {out_dtype} is not supported")
     low, high = _RANGES[out_dtype]
-    shapes = _axis_shapes(cg, node)
+    shapes, view = _axis_shapes(cg, node)
     has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
     scalars = _scalar_parameters(cg, node)
     value_t, rem_t, flag_t, more_t = (scratch_tile(cg, t) for t in ("value", "rem", "flag", "more"))
@@ -124,4 +156,4 @@ def lower_quantize(cg: BirCodeGen, node: Node) -> None:
 
     if scalars is not None:
         node = {**node, "inputs": [node.inputs[0]]}
-    emit_elementwise(cg, node, compute, shapes, direct=True)
+    emit_elementwise(cg, node, compute, shapes, direct=True, out_shape=view)
