@@ -187,20 +187,15 @@ def _grid(dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     return np.meshgrid(values, values, indexing="ij")  # [v, s]: v row, s column
 
 
-def _add_reference(case, v, s, rv, rs, zv, zs, zc) -> np.ndarray:
-    """MLAS's AVX2 QLinearAdd on the grid (v the vector input, s the other; module docstring),
-    before the final rounding."""
-    fixed = F32(F32(zc) - _fma(np.float32(zv), rv, F32(rs * F32(zs))))
-    if case == "general":
-        return _fma(v, rv, _fma(s, rs, np.full_like(s, fixed)))
-    return _fma(v, rv, F32(fixed + F32(s * rs)))
+def _add_reference(v, s, rv, rs, fixed) -> np.ndarray:
+    """MLAS's AVX2 QLinearAdd on the grid before its final rounding: v the input the kernel
+    walks as a vector, s the other (a broadcast one is folded into the constant part by the
+    same fused multiply-add)."""
+    return _fma(v, rv, _fma(s, rs, np.full_like(s, fixed)))
 
 
-def _add_expanded(case, v, s, rv, rs, zv, zs, zc) -> np.ndarray:
+def _add_expanded(v, s, rv, rs, fixed) -> np.ndarray:
     """What the expansion computes, in fp32 with a rounding per op."""
-    fixed = F32(F32(zc) - _fma(np.float32(zv), rv, F32(rs * F32(zs))))
-    if case == "general":
-        return F32(F32(v * rv) + F32(F32(s * rs) + fixed))
     return F32(F32(v * rv) + F32(F32(s * rs) + fixed))
 
 
@@ -241,8 +236,8 @@ def _expand_binary(graph: Graph, node: Node) -> dict:
     w = em.op("Add", [vs, part], out_shape, Dtype.FP32)
 
     v, s = _grid(dtype)
-    want = np.clip(np.rint(_add_reference(case, v, s, rv, rs, zv, zs, zc)), low, high)
-    have = np.clip(np.rint(_add_expanded(case, v, s, rv, rs, zv, zs, zc)), low, high)
+    want = np.clip(np.rint(_add_reference(v, s, rv, rs, fixed)), low, high)
+    have = np.clip(np.rint(_add_expanded(v, s, rv, rs, fixed)), low, high)
     wrong = np.argwhere(want != have)
     if len(wrong):
         k1 = em.op("Mul", [vec, em.const("radix", F32(256))], em.shape(vec), Dtype.FP32)
@@ -301,8 +296,16 @@ def _expand_unary(graph: Graph, node: Node) -> dict:
     if op == "ReduceMean":
         shape = tuple(graph.tensors[out].shape)
         yf = em.op("ReduceMean", [xf], shape, Dtype.FP32, **attrs)
-    elif op in ("GlobalAveragePool", "AveragePool"):
+    elif op == "GlobalAveragePool":
         yf = em.op(op, [xf], tuple(graph.tensors[out].shape), Dtype.FP32, **attrs)
+    elif op == "AveragePool":
+        # qlinear_pool.cc quantizes as nearbyint(y / y_scale + y_zero_point): the zero point
+        # is added before the rounding, in fp32.
+        yf = em.op(op, [xf], tuple(graph.tensors[out].shape), Dtype.FP32, **attrs)
+        yf = em.op("Div", [yf, em.const("y_scale", sy)], em.shape(yf), Dtype.FP32)
+        yf = em.op("Add", [yf, em.const("y_zero", F32(zy))], em.shape(yf), Dtype.FP32)
+        em.quantize(yf, 1.0, np.zeros((), zy.dtype), out)
+        return {"formula": note, "overrides": 0}
     else:
         yf = em.op(op, [xf], em.shape(xf), Dtype.FP32, **attrs)
     em.quantize(yf, sy, zy, out)
