@@ -152,15 +152,21 @@ def _check_8bit(graph: Graph, node: Node, *tensors: str) -> None:
 
 # --- QLinearAdd and QLinearMul ---------------------------------------------------------------
 def _fma(x: np.ndarray, y, z: np.ndarray) -> np.ndarray:
-    """fp32 fused multiply-add x·y + z, one rounding: x is an 8-bit integer and y fp32, so the
-    product (at most 32 significant bits) and the sum are exact in float64 whenever the two
-    are within 21 binades, as here; checked, so a double rounding cannot hide."""
-    x64, y64, z64 = np.asarray(x, np.float64), np.float64(y), np.asarray(z, np.float64)
-    product = x64 * y64
+    """fp32 fused multiply-add x·y + z with one rounding. x is an 8-bit integer and y fp32, so
+    the product (at most 32 significant bits) is exact in float64; the float64 sum s and its
+    error e (TwoSum) are then exact, and rounding s to fp32 is right except where s sits
+    exactly half-way between two fp32 values and e pushes the true sum off the tie."""
+    product = np.asarray(x, np.float64) * np.float64(y)
+    z64 = np.asarray(z, np.float64)
     total = product + z64
-    if not np.array_equal(total - product, z64) or not np.array_equal(total - z64, product):
-        raise _Refused("its scales are too far apart for an exact fused multiply-add")
-    return total.astype(F32)
+    back = total - product
+    error = (product - (total - back)) + (z64 - back)
+    rounded = total.astype(F32)
+    off = total - rounded.astype(np.float64)
+    toward = np.nextafter(rounded, np.where(off > 0, np.inf, -np.inf).astype(F32))
+    half = (toward.astype(np.float64) - rounded.astype(np.float64)) / 2
+    past_tie = (off != 0) & (off == half) & (error != 0) & (np.sign(error) == np.sign(off))
+    return np.where(past_tie, toward, rounded).astype(F32)
 
 
 def _span_case(a_shape, b_shape, out_shape) -> str:
