@@ -109,10 +109,6 @@ class _Emitter:
 
 
 # --- reading a node's quantization parameters ------------------------------------------------
-def _input(node: Node, index: int) -> str:
-    return node.input(index)
-
-
 def _scale(graph: Graph, node: Node, index: int, what: str) -> float:
     name = node.input(index)
     info = graph.tensors.get(name) if name else None
@@ -208,7 +204,9 @@ def _add_expanded(v, s, rv, rs, fixed) -> np.ndarray:
 def _expand_binary(graph: Graph, node: Node) -> dict:
     a, b, out = node.input(0), node.input(3), node.output(0)
     _check_8bit(graph, node, a, b, out)
-    sa, sb, sc = (_scale(graph, node, i, w) for i, w in ((1, "A scale"), (4, "B scale"), (6, "C scale")))
+    sa, sb, sc = (
+        _scale(graph, node, i, w) for i, w in ((1, "A scale"), (4, "B scale"), (6, "C scale"))
+    )
     za, zb = _zero(graph, node, 2, "A zero point", a), _zero(graph, node, 5, "B zero point", b)
     zc = _zero(graph, node, 7, "C zero point", out)
     dtype = graph.tensors[out].dtype.numpy
@@ -292,7 +290,14 @@ def _expand_unary(graph: Graph, node: Node) -> dict:
     elif op == "AveragePool":
         if int(node.attr("channels_last", 0)):
             raise _Refused("channels_last average pooling is not supported")
-        for key in ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides"):
+        for key in (
+            "auto_pad",
+            "ceil_mode",
+            "count_include_pad",
+            "kernel_shape",
+            "pads",
+            "strides",
+        ):
             if node.attr(key) is not None:
                 attrs[key] = node.attr(key)
         note = "approximate: onnxruntime averages in its own order"
@@ -342,7 +347,14 @@ def _expand_concat(graph: Graph, node: Node) -> dict:
             continue
         requantized += 1
         parts.append(em.quantize(em.dequantize(x, sx, zx), sy, zy, em.fresh("requantized")))
-    em.op("Concat", parts, tuple(graph.tensors[out].shape), graph.tensors[out].dtype, out=out, axis=axis)
+    em.op(
+        "Concat",
+        parts,
+        tuple(graph.tensors[out].shape),
+        graph.tensors[out].dtype,
+        out=out,
+        axis=axis,
+    )
     return {
         "formula": "exact: a copy, or onnxruntime's requantization roundings",
         "overrides": 0,
@@ -366,12 +378,17 @@ def _expand_dynamic(graph: Graph, node: Node) -> dict:
     span = em.op("Sub", [high, low], scalar, Dtype.FP32)
     ratio = em.op("Div", [span, em.const("levels", F32(255))], scalar, Dtype.FP32)
     flat = em.op("Equal", [high, low], scalar, Dtype.BOOL)
-    scale = em.op("Where", [flat, em.const("one", F32(1)), ratio], scalar, Dtype.FP32, out=y_scale or None)
+    scale = em.op(
+        "Where", [flat, em.const("one", F32(1)), ratio], scalar, Dtype.FP32, out=y_scale or None
+    )
     shift = em.op("Div", [low, scale], scalar, Dtype.FP32)
     initial = em.op("Sub", [zero, shift], scalar, Dtype.FP32)
     zp = em.quantize(initial, 1.0, np.zeros((), np.uint8), y_zero or em.fresh("zero_point"))
     em.op("QuantizeLinear", [x, scale, zp], em.shape(x), Dtype.UINT8, out=y)
-    return {"formula": "exact: onnxruntime's min, max, scale and zero point roundings", "overrides": 0}
+    return {
+        "formula": "exact: onnxruntime's min, max, scale and zero point roundings",
+        "overrides": 0,
+    }
 
 
 _EXPANSIONS = {

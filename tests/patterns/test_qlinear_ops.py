@@ -1,6 +1,7 @@
-"""QOperator ops and DynamicQuantizeLinear expanded into standard ops (patterns/quant/qlinear_ops.py),
-checked against onnxruntime by `validate` (integer outputs must be equal), most on every input
-value or pair of values; and the verdict shown to catch an expansion one step off."""
+"""QOperator ops and DynamicQuantizeLinear expanded into standard ops
+(patterns/quant/qlinear_ops.py), checked against onnxruntime by `validate` (integer outputs
+must be equal), most on every input value or pair of values;
+and the verdict shown to catch an expansion one step off."""
 
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ def _elem(dtype) -> int:
 
 def _model(nodes, inputs, outputs, inits, opset=17) -> onnx.ModelProto:
     graph = h.make_graph(nodes, "g", inputs, outputs, inits)
-    model = h.make_model(
-        graph, opset_imports=[h.make_opsetid("", opset), h.make_opsetid(MS, 1)]
-    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset), h.make_opsetid(MS, 1)])
     model.ir_version = 10
     return model
 
@@ -134,7 +133,9 @@ def test_qlinear_add_overrides_make_it_exact_and_are_needed(monkeypatch):
 def test_wrong_zero_point_is_caught(monkeypatch):
     model = binary_model("QLinearAdd", [4, 64], [64], np.int8, 0.02, 3, 0.03, -5, 0.04, 1)
     rng = np.random.default_rng(0)
-    inputs = {k: rng.integers(-128, 128, s).astype(np.int8) for k, s in (("a", (4, 64)), ("b", (64,)))}
+    inputs = {
+        k: rng.integers(-128, 128, s).astype(np.int8) for k, s in (("a", (4, 64)), ("b", (64,)))
+    }
     assert passes(model, inputs)
     real = qlinear_ops._zero
 
@@ -150,7 +151,9 @@ def test_wrong_zero_point_is_caught(monkeypatch):
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 def test_qlinear_mul_every_pair_exact(dtype):
     low, high = RANGES[dtype]
-    model = binary_model("QLinearMul", [256, 256], [256, 256], dtype, 0.021, low + 7, 0.033, high - 9, 0.047, 5)
+    model = binary_model(
+        "QLinearMul", [256, 256], [256, 256], dtype, 0.021, low + 7, 0.033, high - 9, 0.047, 5
+    )
     a, b = every_pair(dtype)
     assert passes(model, {"a": a, "b": b})
     _, result = expand(model)
@@ -170,12 +173,16 @@ def test_unary_every_value(op, attrs, dtype):
 
 def test_qlinear_softmax_last_axis():
     rng = np.random.default_rng(1)
-    model = unary_model("QLinearSoftmax", [8, 64], np.uint8, 0.05, 128, 1 / 256, 0, opset=13, axis=-1)
+    model = unary_model(
+        "QLinearSoftmax", [8, 64], np.uint8, 0.05, 128, 1 / 256, 0, opset=13, axis=-1
+    )
     assert passes(model, {"x": rng.integers(0, 256, (8, 64)).astype(np.uint8)})
 
 
 def test_qlinear_softmax_old_opset_inner_axis_refused():
-    model = unary_model("QLinearSoftmax", [2, 4, 8], np.uint8, 0.05, 128, 1 / 256, 0, opset=1, axis=1)
+    model = unary_model(
+        "QLinearSoftmax", [2, 4, 8], np.uint8, 0.05, 128, 1 / 256, 0, opset=1, axis=1
+    )
     with pytest.raises(UserError, match=r"QLinearSoftmax 'q': opset 1 softmax over axes 1"):
         expand(model)
 
@@ -184,7 +191,14 @@ def test_qlinear_softmax_old_opset_inner_axis_refused():
 def test_qlinear_global_average_pool(channels_last):
     shape, out = ([2, 8, 7, 7], [2, 8, 1, 1]) if not channels_last else ([2, 7, 7, 8], [2, 1, 1, 8])
     model = unary_model(
-        "QLinearGlobalAveragePool", shape, np.int8, 0.03, -4, 0.02, 6, out_shape=out,
+        "QLinearGlobalAveragePool",
+        shape,
+        np.int8,
+        0.03,
+        -4,
+        0.02,
+        6,
+        out_shape=out,
         channels_last=channels_last,
     )
     rng = np.random.default_rng(2)
@@ -195,8 +209,12 @@ def test_qlinear_concat_requantizes_only_what_differs():
     t = TP.UINT8
     inits = _scalars(np.uint8, sy=0.05, zy=3, s0=0.02, z0=120, s1=0.05, z1=3)
     node = h.make_node(
-        "QLinearConcat", ["sy", "zy", "x0", "s0", "z0", "x1", "s1", "z1"], ["y"], domain=MS,
-        name="q", axis=1,
+        "QLinearConcat",
+        ["sy", "zy", "x0", "s0", "z0", "x1", "s1", "z1"],
+        ["y"],
+        domain=MS,
+        name="q",
+        axis=1,
     )
     model = _model(
         [node],
@@ -211,7 +229,7 @@ def test_qlinear_concat_requantizes_only_what_differs():
     assert result.findings[0]["requantized_inputs"] == 1
 
 
-# --- DynamicQuantizeLinear ---------------------------------------------------------------------------
+# --- DynamicQuantizeLinear ------------------------------------------------------------------
 def _dynamic_model() -> onnx.ModelProto:
     node = h.make_node("DynamicQuantizeLinear", ["x"], ["y", "ys", "yz"], name="q")
     return _model(
@@ -239,7 +257,9 @@ def test_non_constant_scale_refused():
     model = binary_model("QLinearAdd", [4], [4], np.uint8, 0.1, 1, 0.1, 1, 0.1, 1)
     model.graph.initializer.remove(next(i for i in model.graph.initializer if i.name == "sb"))
     model.graph.input.append(h.make_tensor_value_info("sb", TP.FLOAT, []))
-    with pytest.raises(UserError, match=r"QLinearAdd 'q': its B scale \(input 4\) is not a constant"):
+    with pytest.raises(
+        UserError, match=r"QLinearAdd 'q': its B scale \(input 4\) is not a constant"
+    ):
         expand(model)
 
 
@@ -249,8 +269,14 @@ def test_vendor_shapes_of_qgemm_and_average_pool():
         "QGemm", ["a", "sa", "za", "b", "sb", "zb", "", "sy", "zy"], ["g"], domain=MS, transB=1
     )
     pool = h.make_node(
-        "QLinearAveragePool", ["x", "sa", "za", "sy", "zy"], ["p"], domain=MS,
-        kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1,
+        "QLinearAveragePool",
+        ["x", "sa", "za", "sy", "zy"],
+        ["p"],
+        domain=MS,
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        ceil_mode=1,
     )
     inits = _scalars(np.uint8, sa=0.1, sb=0.1, sy=0.1, za=1, zb=1, zy=1)
     model = _model(
