@@ -12,7 +12,8 @@ Check: `exactness(graph, op)` proves that every partial sum of the integer produ
 integer below 2^24, so fp32 PSUM accumulates it exactly in any order: max |x − zx| times the
 largest L1 norm of a weight row (Σ_k |w − zw| over the reduction of one output), plus the
 largest |bias|. Operands are integers within ±255, exact in bf16. A matmul that fails the
-check keeps the float path, with the bound in its reason.
+check is split along its reduction into matmuls that pass it, their results added in exact
+int32 (`reduction_groups`); one that cannot be split keeps the float path (QDQ) or is refused.
 
 Rewrite: the node computes on the integers themselves —
 
@@ -89,6 +90,9 @@ class IntegerMatmul:
     to_int32: bool = False  # ConvInteger, MatMulInteger
     alpha: float = 1.0  # QGemm
     consumed: tuple[str, ...] = ()  # the DequantizeLinear nodes the rewrite may drop
+    # ranges of the reduction run as separate exact matmuls and added in int32, when one
+    # matmul's partial sums could pass 2^24 (`reduction_groups`); None: one matmul
+    groups: list[tuple[int, int]] | None = None
 
     @property
     def scale(self) -> np.ndarray:
@@ -334,6 +338,92 @@ def _along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
     return values.reshape(shape)
 
 
+def reduction_groups(graph: Graph, op: IntegerMatmul) -> list[tuple[int, int]] | None:
+    """Ranges of the reduction's input channels (Conv) or K (matmul) such that each range's
+    partial sums stay below 2^24; None when even one channel's cannot (or the conv is
+    grouped, whose reduction is already split by group)."""
+    if op.op_type == "Conv" and int(op.attrs.get("group", 1)) != 1:
+        return None
+    x_max, w_max = op.x.magnitude(graph), op.w.magnitude(graph)
+    weights = _const(graph, op.w.tensor)
+    k_axis = _k_axis(op, graph)
+    size = graph.tensors[op.w.tensor].shape[k_axis]
+    if weights is None:
+        per = (EXACT_LIMIT - 1) // max(x_max * w_max, 1)
+        return [(s, min(s + per, size)) for s in range(0, size, per)] if per else None
+    out_axis = _out_axis(op, graph)
+    centred = np.abs(weights.astype(np.int64) - _along(op.w.zero_point, out_axis, weights.ndim))
+    # contribution[c_out, k]: Σ |w| over the taps of one input channel k
+    other = tuple(a for a in range(weights.ndim) if a not in (out_axis, k_axis))
+    contribution = np.moveaxis(centred.sum(axis=other, keepdims=True), (out_axis, k_axis), (0, 1))
+    contribution = contribution.reshape(contribution.shape[0], contribution.shape[1])
+    groups, start, running = [], 0, np.zeros(contribution.shape[0], np.int64)
+    for k in range(size):
+        column = contribution[:, k]
+        if x_max * int(column.max()) >= EXACT_LIMIT:
+            return None
+        if x_max * int((running + column).max()) >= EXACT_LIMIT:
+            groups.append((start, k))
+            start, running = k, np.zeros_like(running)
+        running += column
+    groups.append((start, size))
+    return groups
+
+
+def _k_axis(op: IntegerMatmul, graph: Graph) -> int:
+    """The axis of the weight the matmul reduces over."""
+    rank = len(graph.tensors[op.w.tensor].shape)
+    if op.op_type == "Conv":
+        return 1
+    if op.op_type == "Gemm":
+        return 1 if op.attrs.get("transB", 0) else 0
+    return rank - 2
+
+
+def _split_accumulate(graph, op, prefix, x, w, attrs, shape, groups) -> str:
+    """acc as the int32 sum of one matmul per range of the reduction (each exact in fp32
+    PSUM), added on GpSimd's exact int32 lanes (docs/neuroncore.md#integers); returns the
+    int32 sum's tensor."""
+    x_axis = 1 if op.op_type == "Conv" else len(graph.tensors[x].shape) - 1
+    k_axis = _k_axis(op, graph)
+    weights = _const(graph, w)
+    total = ""
+    for index, (start, end) in enumerate(groups):
+        part = f"{prefix}/part{index}"
+        x_part = _slice(graph, f"{part}/x", x, x_axis, start, end)
+        if weights is not None:
+            w_part = _new_const(graph, f"{part}/w", np.take(weights, range(start, end), k_axis))
+        else:
+            w_part = _slice(graph, f"{part}/w", w, k_axis, start, end)
+        acc = f"{part}/acc"
+        graph.tensors[acc] = TensorInfo(acc, shape, Dtype.FP32)
+        graph.add_node(part, op.op_type, [x_part, w_part], [acc], attrs)
+        graph.integer_operands = graph.integer_operands | {part}
+        exact = f"{part}/int32"
+        graph.tensors[exact] = TensorInfo(exact, shape, Dtype.INT32)
+        graph.add_node(exact, "Cast", [acc], [exact], {"to": 6})
+        if total:
+            summed = f"{part}/sum"
+            graph.tensors[summed] = TensorInfo(summed, shape, Dtype.INT32)
+            graph.add_node(summed, "Add", [total, exact], [summed])
+            exact = summed
+        total = exact
+    return total
+
+
+def _slice(graph, name, tensor, axis, start, end) -> str:
+    info = graph.tensors[tensor]
+    shape = list(info.shape)
+    shape[axis] = end - start
+    graph.tensors[name] = TensorInfo(name, tuple(shape), info.dtype)
+    bounds = [
+        _new_const(graph, f"{name}/{key}", np.array([value], np.int64))
+        for key, value in (("starts", start), ("ends", end), ("axes", axis))
+    ]
+    graph.add_node(name, "Slice", [tensor, *bounds], [name])
+    return name
+
+
 def rewrite(graph: Graph, op: IntegerMatmul) -> str:
     """Replace the node by the integer form (module docstring); returns the new matmul's name
     (the node's own)."""
@@ -342,20 +432,37 @@ def rewrite(graph: Graph, op: IntegerMatmul) -> str:
     prefix = op.node
     x = _centred_input(graph, op, prefix)
     w = _centred_weight(graph, op, prefix)
-    matmul_inputs = [x, w]
-    if op.bias_int is not None:
-        bias = _new_const(graph, f"{prefix}/bias_int", op.bias_int.astype(np.float32))
-        matmul_inputs.append(bias)
     attrs = {k: v for k, v in op.attrs.items() if k in _FLOAT_ATTRS.get(op.op_type, ())}
     if op.op_type == "Gemm":
         attrs.pop("alpha", None)
         attrs["transB"] = int(op.attrs.get("transB", 0))
     acc = f"{prefix}/acc"
     rank = len(out_info.shape)
-    graph.tensors[acc] = TensorInfo(acc, out_info.shape, Dtype.FP32)
-    graph.add_node(op.node, op.op_type, matmul_inputs, [acc], attrs)
-    graph.integer_operands = graph.integer_operands | {op.node}
     channel_axis = 1 if op.op_type == "Conv" else rank - 1
+    graph.tensors[acc] = TensorInfo(acc, out_info.shape, Dtype.FP32)
+    if op.groups:
+        total = _split_accumulate(graph, op, prefix, x, w, attrs, out_info.shape, op.groups)
+        if op.bias_int is not None:
+            bias = op.bias_int.astype(np.int32)
+            if op.op_type == "Conv":
+                bias = bias.reshape((bias.size,) + (1,) * (rank - 2))
+            biased = f"{prefix}/biased"
+            graph.tensors[biased] = TensorInfo(biased, out_info.shape, Dtype.INT32)
+            constant = _new_const(graph, f"{prefix}/bias_int", bias)
+            graph.add_node(biased, "Add", [total, constant], [biased])
+            total = biased
+        if op.to_int32:
+            graph.add_node(f"{prefix}/result", "Identity", [total], [op.output])
+            _drop_unread(graph, op.consumed)
+            return op.node
+        graph.add_node(acc, "Cast", [total], [acc], {"to": 1})
+    else:
+        matmul_inputs = [x, w]
+        if op.bias_int is not None:
+            bias = _new_const(graph, f"{prefix}/bias_int", op.bias_int.astype(np.float32))
+            matmul_inputs.append(bias)
+        graph.add_node(op.node, op.op_type, matmul_inputs, [acc], attrs)
+        graph.integer_operands = graph.integer_operands | {op.node}
     if op.to_int32:
         graph.add_node(f"{prefix}/to_int32", "Cast", [acc], [op.output], {"to": 6})
     elif op.requant is not None:
@@ -474,6 +581,11 @@ class RaiseIntegerMatmuls:
                 continue
             bound, reason = exactness(graph, op)
             finding.update(form=op.form, bound=bound)
+            if reason is not None:
+                op.groups = reduction_groups(graph, op)
+                if op.groups is not None:
+                    finding["split"] = len(op.groups)
+                    reason = None
             if reason is not None:
                 if op.form != "QDQ":
                     raise _refusal(name, data["op_type"], reason)

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.cli.commands import main
 from onnx2bir.patterns.quant import integer
+from onnx2bir.runtime.oracle.ort import save_arrays
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
 
@@ -168,14 +169,27 @@ def test_a_qdq_conv_runs_on_integers_with_no_drift_under_the_autocast(tmp_path, 
     assert entry["path"] == "integer" and entry["weight_dtype"] == "int8"
 
 
-def test_a_sum_that_may_pass_2_24_stays_on_the_float_path(tmp_path, capsys):
-    """2,304 weights of magnitude up to 127 under inputs up to 131: the bound passes 2^24."""
-    path = _qdq_conv(tmp_path, np.random.default_rng(6), c=256, m=2, weight_high=127)
+def test_a_sum_that_may_pass_2_24_is_split_and_added_in_int32(tmp_path, capsys):
+    """2,304 weights of magnitude up to 127 under inputs up to 131: one conv's partial sums
+    could pass 2^24, so the input channels are split into convs whose sums cannot, added in
+    exact int32. The groups are recomputed here from the weights."""
+    rng = np.random.default_rng(6)
+    path = _qdq_conv(tmp_path, rng, c=256, m=2, weight_high=127)
     [entry] = _report(capsys, path)["quantized"]
-    assert entry["path"] == "float" and "past 2^24" in entry["reason"]
-    assert entry["bound"] >= 2**24
-    code, _ = _validate(capsys, path)
-    assert code == 0  # the float path still validates, with the autocast's rounding
+    assert entry["path"] == "integer" and entry["bound"] >= 2**24
+    weights = numpy_helper.to_array(
+        next(i for i in onnx.load(path).graph.initializer if i.name == "w")
+    )
+    per_channel = np.abs(weights.astype(np.int64)).sum(axis=(2, 3))  # [out, in]
+    x_max = max(abs(-128 - 3), abs(127 - 3))
+    groups, running = 1, np.zeros(per_channel.shape[0], np.int64)
+    for column in per_channel.T:
+        if x_max * (running + column).max() >= 2**24:
+            groups, running = groups + 1, np.zeros_like(running)
+        running += column
+    assert entry["split"] == groups >= 2
+    code, doc = _validate(capsys, path)
+    assert code == 0 and doc["outputs"][0]["drift"]["max_abs_err"] == 0
 
 
 def _integer_ops(tmp_path, rng):
@@ -212,9 +226,9 @@ def test_conv_integer_and_matmul_integer_are_exact(tmp_path, capsys):
     assert forms == ["ConvInteger", "MatMulInteger", "MatMulInteger"]
 
 
-def test_a_qlinear_matmul_of_two_activations_at_the_largest_exact_size(tmp_path, capsys):
-    """K = 258 products of ±255 · ±255 stay below 2^24; K = 259 cannot be proven and a
-    QLinearMatMul, which has no float path, is refused with the bound."""
+def test_a_qlinear_matmul_of_two_activations_split_at_the_largest_exact_size(tmp_path, capsys):
+    """K = 258 products of ±255 · ±255 stay below 2^24: one matmul; K = 259 cannot be proven
+    for one, and runs as two (258 + 1) added in int32 — exact both ways."""
 
     def model(k):
         inits = {
@@ -230,7 +244,27 @@ def test_a_qlinear_matmul_of_two_activations_at_the_largest_exact_size(tmp_path,
         y = helper.make_tensor_value_info("y", U8, [4, 3])
         return _save(tmp_path, [node], [a, b], [y], inits, f"qmm_{k}")
 
-    code, doc = _validate(capsys, model(258))
+    for k, split in ((258, None), (259, 2), (600, 3)):
+        code, doc = _validate(capsys, model(k))
+        assert code == 0 and doc["outputs"][0]["max_abs_err"] == 0
+        [entry] = _report(capsys, model(k))["quantized"]
+        assert entry.get("split") == split
+
+
+def test_past_2_24_one_matmul_would_round_and_the_split_does_not(tmp_path, capsys, monkeypatch):
+    """MatMulInteger with every product at its largest, 255 · (0 − 255), over K = 259: the sum
+    −16,841,475 is odd and past 2^24, so fp32 PSUM cannot hold it. The split runs it exactly;
+    forcing one matmul (no split) gives a wrong int32, which the exact verdict rejects."""
+    k = 259
+    inits = {"b": np.zeros((k, 3), np.uint8), "bz": np.array(255, np.uint8)}
+    node = helper.make_node("MatMulInteger", ["a", "b", "", "bz"], ["y"])
+    a = helper.make_tensor_value_info("a", U8, [2, k])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3])
+    path = _save(tmp_path, [node], [a], [y], inits, "extreme")
+    feeds = tmp_path / "feeds.npz"
+    save_arrays(feeds, {"a": np.full((2, k), 255, np.uint8)}, "input")
+    code, doc = _validate(capsys, path, "--inputs", str(feeds))
     assert code == 0 and doc["outputs"][0]["max_abs_err"] == 0
-    assert main(["report", model(259)]) == 1
-    assert "past 2^24" in capsys.readouterr().err
+    monkeypatch.setattr(integer, "reduction_groups", lambda graph, op: [(0, k)])
+    code, doc = _validate(capsys, path, "--inputs", str(feeds))
+    assert code == 1 and doc["outputs"][0]["max_abs_err"] == 1  # rounded to an even neighbour
