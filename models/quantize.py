@@ -156,15 +156,16 @@ def one(name: str, variant: str, out: Path, check: bool, samples: list[dict]) ->
 
 
 def table(rows: list[dict]) -> str:
+    """The rows of MANIFEST.md's quantized table."""
     lines = [
-        "| File | Size | Quantized ops | Cosine vs float | sha256 |",
-        "| --- | --- | --- | --- | --- |",
+        "| File | Size | Nodes | Quantized ops | vs float: max abs, cosine | sha256 |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        quantized = ", ".join(f"{op}={n}" for op, n in sorted(r["quantized"].items()))
+        quantized = " ".join(f"{op}={n}" for op, n in sorted(r["quantized"].items()))
         lines.append(
-            f"| `{r['file']}` | {r['size'] / 1024:.0f} KiB | {quantized} | {r['cosine']:.4f} "
-            f"| `{r['sha256'][:16]}` |"
+            f"| `quantized/{r['file']}` | {r['size'] / 1024:.0f} KiB | {sum(r['ops'].values())} "
+            f"| {quantized} | {r['max_abs']:.2g}, {r['cosine']:.4f} | `{r['sha256']}` |"
         )
     return "\n".join(lines)
 
