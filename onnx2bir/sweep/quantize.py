@@ -33,6 +33,7 @@ import contextlib
 import logging
 import re
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,15 +116,18 @@ def unshare_initializers(model: onnx.ModelProto) -> int:
 def _quiet() -> Iterator[None]:
     """onnxruntime's quantizer logs advice, per-node progress and, when its pre-processing
     cannot optimize the model, a traceback at level ERROR before it goes on without the
-    optimization; a sweep prints one line a model, so those records are held back. What
-    fails raises, and the sweep records it."""
+    optimization; its numpy arithmetic warns on a zero range (a constant tensor). A sweep
+    prints one line a model, so those records and warnings are held back. What fails raises,
+    and the sweep records it."""
     import onnxruntime
 
     previous = logging.root.manager.disable
     logging.disable(logging.ERROR)
     onnxruntime.set_default_logger_severity(3)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         logging.disable(previous)
         onnxruntime.set_default_logger_severity(2)
