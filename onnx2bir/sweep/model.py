@@ -1,15 +1,18 @@
 """One model of a sweep: validate or report it, in a child process, into a record.
 
 `run_one` never raises: whatever happens becomes the record's category and one-line reason
-(docs/sweep.md). `run_guarded` runs it in a forked child so that a crash, an out-of-memory kill
-or a hang (past the timeout) costs only that model. `memory_estimate` is what a Ray task
-asks for.
+(docs/sweep.md). With a quantization variant, the model is first quantized by onnxruntime's
+tool (`onnx2bir.sweep.quantize`) into a temporary file, and that file is validated; a failure
+of the quantizer is the category "quantize". `run_guarded` runs it in a forked child so that a
+crash, an out-of-memory kill or a hang (past the timeout) costs only that model.
+`memory_estimate` is what a Ray task asks for.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,10 +66,13 @@ def _summary_of(doc: dict) -> dict:
     }
 
 
-def run_one(path: str, report_only: bool = False) -> dict:
-    """Validate (or report) one model; never raises: the record says what happened."""
+def run_one(path: str, report_only: bool = False, quantize: str | None = None) -> dict:
+    """Validate (or report) one model, first quantized by onnxruntime's tool when `quantize`
+    names a variant; never raises: the record says what happened."""
+    from onnx2bir.sweep.quantize import QuantizeFailed
+
     job_path = Path(path)
-    record = blank_record(job_path)
+    record = blank_record(job_path, quantize)
     record["category"] = None
     start = time.perf_counter()
     if job_path.suffix == ".export-error":
@@ -74,7 +80,14 @@ def run_one(path: str, report_only: bool = False) -> dict:
         return record
     record.update({k: v for k, v in _metadata(job_path).items() if k in ("source", "family")})
     try:
-        _run(job_path, report_only, record)
+        if quantize:
+            with tempfile.TemporaryDirectory(prefix="onnx2bir-sweep-") as folder:
+                target = _quantized(job_path, quantize, Path(folder), record)
+                _run(target, report_only, record)
+        else:
+            _run(job_path, report_only, record)
+    except QuantizeFailed as exc:
+        record.update(category="quantize", reason=one_line(str(exc)))
     except MachineError as exc:
         record.update(category="crash", reason=one_line(f"machine rejected: {exc}"))
     except UserError as exc:
@@ -87,6 +100,20 @@ def run_one(path: str, report_only: bool = False) -> dict:
     if record["category"] is None:
         record.update(passed=True, verdict="pass")
     return record
+
+
+def _quantized(path: Path, variant: str, folder: Path, record: dict) -> Path:
+    """The model quantized by onnxruntime's tool, saved in `folder` under the model's name."""
+    import onnx
+
+    from onnx2bir.sweep.quantize import quantize_model
+
+    start = time.perf_counter()
+    model = quantize_model(path, variant)
+    target = folder / f"{model_name(path)}.onnx"
+    onnx.save(model, str(target))
+    record["times"]["quantize"] = round(time.perf_counter() - start, 3)
+    return target
 
 
 def _run(path: Path, report_only: bool, record: dict) -> None:
@@ -180,18 +207,19 @@ def _drift_summary(outputs: list[dict]) -> dict:
     }
 
 
-def _timeout_record(path: Path, seconds: float) -> dict:
-    record = blank_record(path)
+def _timeout_record(path: Path, seconds: float, quantize: str | None) -> dict:
+    record = blank_record(path, quantize)
     record.update(category="timeout", reason=f"stopped after {seconds:g} s")
     record["times"] = {"total": round(seconds, 3)}
     return record
 
 
-def blank_record(path: Path) -> dict:
+def blank_record(path: Path, quantize: str | None = None) -> dict:
     """A record of a model that did not run (category crash until something better is known)."""
     return {
         "model": model_name(path),
         "path": str(path),
+        "quantize": quantize,
         "source": None,
         "family": None,
         "passed": False,
@@ -211,18 +239,23 @@ def blank_record(path: Path) -> dict:
     }
 
 
-def _child(path: str, report_only: bool, conn) -> None:
+def _child(path: str, report_only: bool, quantize: str | None, conn) -> None:
     try:
-        conn.send(run_one(path, report_only))
+        conn.send(run_one(path, report_only, quantize))
     finally:
         conn.close()
 
 
-def run_guarded(path: str, report_only: bool = False, timeout: float = DEFAULT_TIMEOUT) -> dict:
+def run_guarded(
+    path: str,
+    report_only: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    quantize: str | None = None,
+) -> dict:
     """`run_one` in a child process: a crash or a hang of the model costs only its record."""
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(path, report_only, send), daemon=True)
+    process = context.Process(target=_child, args=(path, report_only, quantize, send), daemon=True)
     process.start()
     send.close()
     try:
@@ -230,11 +263,11 @@ def run_guarded(path: str, report_only: bool = False, timeout: float = DEFAULT_T
             if process.is_alive():
                 process.kill()
                 process.join(5)
-                return _timeout_record(Path(path), timeout)
+                return _timeout_record(Path(path), timeout, quantize)
         try:
             return receive.recv()
         except EOFError:
-            record = blank_record(Path(path))
+            record = blank_record(Path(path), quantize)
             record["reason"] = _died(process)
             return record
     finally:

@@ -27,6 +27,12 @@ sweep continues where it stopped. With `--merge`, the rows of an existing `--md`
 not in this sweep are kept (by name), and so are the records of `--json OUT`, so sweeping a
 few models updates the page without dropping the rest; each record says the day it was
 measured ("measured", UTC).
+
+With `--quantize VARIANT` (qdq, qop, dynamic, int4), each model is first quantized by
+onnxruntime's own tool in its worker (`onnx2bir.sweep.quantize`, seeded calibration) and the
+quantized model is validated; the record says the variant ("quantize"), and a model the
+quantizer fails on gets the category quantize with the quantizer's message. A JSON or page to
+resume or merge must hold records of the same variant.
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ from onnx2bir.sweep.model import (
     run_guarded,
     run_one,
 )
+from onnx2bir.sweep.quantize import VARIANTS as QUANTIZE_VARIANTS
 
 CATEGORIES = (
     "export",
+    "quantize",
     "unsupported op",
     "codegen refusal",
     "mismatch",
@@ -98,7 +106,12 @@ def collect(paths: Iterable[str | Path]) -> list[Job]:
 
 
 def run_local(
-    jobs: list[Job], workers: int, report_only: bool, timeout: float, done: Callable[[dict], None]
+    jobs: list[Job],
+    workers: int,
+    report_only: bool,
+    timeout: float,
+    done: Callable[[dict], None],
+    quantize: str | None = None,
 ) -> None:
     """At most `workers` models at a time, each in its own process; `done(record)` in order of
     completion, on this thread."""
@@ -106,7 +119,8 @@ def run_local(
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(run_guarded, str(job.path), report_only, timeout): job for job in jobs
+            pool.submit(run_guarded, str(job.path), report_only, timeout, quantize): job
+            for job in jobs
         }
         pending = set(futures)
         while pending:
@@ -124,6 +138,7 @@ def run_ray(
     report_only: bool,
     timeout: float,
     done: Callable[[dict], None],
+    quantize: str | None = None,
 ) -> None:
     """Each model a Ray task asking for one CPU and its memory estimate (`memory_estimate`);
     the task runs the model in a child process with the timeout, as locally."""
@@ -133,7 +148,7 @@ def run_ray(
     task = ray.remote(run_guarded)
     refs = {
         task.options(num_cpus=1, memory=memory_estimate(job.path), max_retries=0).remote(
-            str(job.path), report_only, timeout
+            str(job.path), report_only, timeout, quantize
         ): job
         for job in jobs
     }
@@ -144,7 +159,7 @@ def run_ray(
             try:
                 record = ray.get(ref)
             except Exception as exc:  # the task's worker died
-                record = blank_record(job.path)
+                record = blank_record(job.path, quantize)
                 record["reason"] = one_line(f"Ray task failed: {type(exc).__name__}: {exc}")
             done(record)
 
@@ -223,11 +238,13 @@ def sweep(
     timeout: float = DEFAULT_TIMEOUT,
     progress: bool = True,
     merge: bool = False,
+    quantize: str | None = None,
 ) -> tuple[list[dict], dict]:
     """Run the sweep; returns every record (resumed ones included, in name order) and the
     summary. Writes `json_out` after each model and `md_out` at the end; with `merge`, both
     also keep what they held for models not in `paths` (the JSON's record, else the page's
-    row)."""
+    row). With `quantize`, each model is first quantized that way (module docstring)."""
+    from onnx2bir.sweep.quantize import VARIANTS, onnx_ir_missing
     from onnx2bir.sweep.table import markdown, parse
 
     if merge and md_out is None and json_out is None:
@@ -237,6 +254,10 @@ def sweep(
         raise UserError(f"--jobs {jobs}: must be at least 1")
     if not 0 < timeout < float("inf"):
         raise UserError(f"--timeout {timeout:g}: must be a finite number > 0")
+    if quantize is not None and quantize not in VARIANTS:
+        raise UserError(f"--quantize {quantize}: not one of {', '.join(VARIANTS)}")
+    if quantize == "int4" and onnx_ir_missing():
+        raise UserError(onnx_ir_missing())
     todo = collect(paths)
     if not todo:
         raise UserError(f"no .onnx models in {', '.join(map(str, paths))}")
@@ -244,6 +265,7 @@ def sweep(
         if out is not None:
             output_paths.check_file(out, flag)
     previous = read_json(json_out) if json_out else []
+    _same_variant(previous, quantize, json_out)
     by_name = {job.name: job for job in todo}
     # A recorded export failure is stale once the model file exists: run that model.
     records = {
@@ -257,6 +279,7 @@ def sweep(
     if merge:
         if md_out is not None and md_out.exists():
             kept = {r["model"]: r for r in parse(md_out.read_text(), str(md_out))}
+            _same_variant(list(kept.values()), quantize, md_out)
         kept.update((r["model"], r) for r in previous if r.get("model"))
         kept = {name: r for name, r in kept.items() if name not in by_name}
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
@@ -273,20 +296,36 @@ def sweep(
 
     if todo:
         if use_ray:
-            run_ray(todo, ray_address, report_only, timeout, done)
+            run_ray(todo, ray_address, report_only, timeout, done, quantize)
         else:
-            run_local(todo, jobs, report_only, timeout, done)
+            run_local(todo, jobs, report_only, timeout, done, quantize)
     ordered = [records[n] for n in sorted(records)]
     summary = summarize(ordered, time.monotonic() - start)
-    summary["report_only"] = report_only
+    summary.update(report_only=report_only, quantize=quantize)
     every = sorted([*ordered, *kept.values()], key=lambda r: r["model"])
-    whole = summarize(every, summary["wall_seconds"]) | {"report_only": report_only}
+    whole = summarize(every, summary["wall_seconds"])
+    whole.update(report_only=report_only, quantize=quantize)
     if json_out:
         write_json(json_out, every, whole)
     if md_out:
         table = markdown(every, whole)
         output_paths.replace_file(md_out, lambda tmp: tmp.write_text(table))
     return ordered, summary
+
+
+def _same_variant(records: list[dict], quantize: str | None, where: Path | None) -> None:
+    """Records to resume from or to keep must be of this sweep's quantization variant."""
+    other = {r.get("quantize") for r in records} - {quantize}
+    if other:
+        made = ", ".join(sorted(_variant_flag(v) for v in other))
+        raise UserError(
+            f"{where} holds records made with {made}, this sweep runs with "
+            f"{_variant_flag(quantize)}: give another output file"
+        )
+
+
+def _variant_flag(variant: str | None) -> str:
+    return f"--quantize {variant}" if variant else "no --quantize"
 
 
 def format_summary(records: list[dict], summary: dict) -> str:
@@ -297,6 +336,11 @@ def format_summary(records: list[dict], summary: dict) -> str:
         f" models {'compile' if summary.get('report_only') else 'validate'}"
         + (f" ({100 * rate:.1f}%)" if rate is not None else "")
         + (f" in {summary['wall_seconds']:.1f}s" if summary.get("wall_seconds") else "")
+        + (
+            f", each quantized by onnxruntime ({summary['quantize']})"
+            if summary.get("quantize")
+            else ""
+        )
     ]
     for category, count in sorted(summary["by_category"].items()):
         lines.append(f"  {category}: {count}")
@@ -314,9 +358,9 @@ def add_parser(commands) -> None:
         "sweep",
         help="validate (or only report) many models, in parallel and resumably",
         description="Validate every model under PATH... (folders give their *.onnx and "
-        "*.export-error files) and summarise the failures by category: export, unsupported "
-        "op, codegen refusal, mismatch, timeout, crash. Exit 0: every model passed; 1: some "
-        "did not; 2: bad input.",
+        "*.export-error files) and summarise the failures by category: export, quantize, "
+        "unsupported op, codegen refusal, mismatch, unverifiable, race, timeout, crash. Exit 0: "
+        "every model passed; 1: some did not; 2: bad input.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="ONNX models or folders")
     parser.add_argument(
@@ -356,6 +400,13 @@ def add_parser(commands) -> None:
         metavar="SECONDS",
         help="stop a model after this long (default %(default)g)",
     )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_VARIANTS,
+        metavar="{" + ",".join(QUANTIZE_VARIANTS) + "}",
+        help="first quantize each model with onnxruntime's tool: QDQ, QOperator, dynamic, or "
+        "4-bit MatMul weights (int4 needs the onnx_ir package); seeded calibration",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
@@ -373,6 +424,7 @@ def cmd_sweep(args) -> int:
         timeout=args.timeout,
         progress=not args.no_progress and not args.json,
         merge=args.merge,
+        quantize=args.quantize,
     )
     if args.json:
         print(json.dumps({"summary": summary, "models": records}, indent=1))

@@ -4,7 +4,9 @@ In: the records and summary of `onnx2bir.sweep.run`. Out: Markdown text. Columns
 source, family, ops (nodes / distinct op types), convs matched to a kernel, attention and MLP
 blocks raised, verdict, max abs error against the emulating oracle, drift from plain fp32
 onnxruntime (the smallest cosine and the largest R over the outputs, docs/validation.md#drift),
-times (compile, simulate, onnxruntime, seconds) and the day the row was measured (UTC).
+times (compile, simulate, onnxruntime, seconds) and the day the row was measured (UTC). A
+sweep of quantized models (`--quantize`) has a "quantized" column after the family: the
+variant onnxruntime's tool made.
 
 `parse` reads such a page back into records (the fields the table shows), so a sweep of a few
 models can keep the other rows of an existing page (`onnx2bir sweep --merge`).
@@ -21,6 +23,7 @@ HEADER = (
     "| verdict | max abs err | drift cosine | drift R | compile s | simulate s "
     "| onnxruntime s | measured |"
 )
+QUANTIZED_HEADER = HEADER.replace("| family |", "| family | quantized |")
 TIME_COLUMNS = {"compile s": "compile", "simulate s": "simulate", "onnxruntime s": "onnxruntime"}
 
 
@@ -52,20 +55,29 @@ def markdown(records: list[dict], summary: dict) -> str:
         ),
         "",
     ]
+    quantized = any(r.get("quantize") for r in records)
+    if summary.get("quantize"):
+        lines += [
+            f"Each model was first quantized by onnxruntime's quantization tool "
+            f"(`--quantize {summary['quantize']}`, docs/sweep.md).",
+            "",
+        ]
     if summary["by_category"]:
         lines += ["| failure category | models |", "| --- | --- |"]
         lines += [f"| {c} | {n} |" for c, n in sorted(summary["by_category"].items())]
         lines.append("")
     families = Counter(r.get("family") or "?" for r in records)
     lines.append("Families: " + ", ".join(f"{f} {n}" for f, n in sorted(families.items())) + ".")
-    lines += ["", HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"]
+    header = QUANTIZED_HEADER if quantized else HEADER
+    lines += ["", header, "|" + " --- |" * header.count(" | ") + " --- |"]
     for r in records:
         convs = r.get("convs")
         conv_text = f"{convs['matched']}/{convs['total']}" if convs and convs["total"] else ""
         ops = "" if r.get("ops") is None else f"{r['ops']} ({r['op_types']})"
         verdict = "pass" if r["passed"] else f"FAIL: {r['category']}"
+        variant = f" {r.get('quantize') or ''} |" if quantized else ""
         lines.append(
-            f"| {r['model']} | {r.get('source') or ''} | {r.get('family') or ''} | {ops} "
+            f"| {r['model']} | {r.get('source') or ''} | {r.get('family') or ''} |{variant} {ops} "
             f"| {conv_text} | {'' if r.get('attention') is None else r['attention']} "
             f"| {'' if r.get('mlp') is None else r['mlp']} | {verdict} "
             f"| {_num(r.get('max_abs_err'))} | {_num(r.get('drift_cosine'), '.6f')} "
@@ -112,6 +124,7 @@ def _row_record(row: dict[str, str]) -> dict:
         "path": None,
         "source": row.get("source") or None,
         "family": row.get("family") or None,
+        "quantize": row.get("quantized") or None,
         "passed": passed,
         "verdict": "pass" if passed else "fail",
         "category": None if passed else verdict.removeprefix("FAIL: "),
