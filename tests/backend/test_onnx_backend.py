@@ -45,7 +45,11 @@ from onnx2bir.errors import MachineError, UserError
 EXPECTED_FAILURES = Path(__file__).with_name("expected_failures.toml")
 # The importer folds every Constant, and every Shape and Size (all shapes are static there).
 FOLDED_OPS = frozenset({"Constant", "Shape", "Size"})
-SUPPORTED_OPS = frozenset(GENERIC_LOWERINGS) | FOLDED_OPS
+# Ops the quantized models' passes rewrite into lowered ones (patterns/quant).
+QUANT_PASS_OPS = frozenset(
+    {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
+)
+SUPPORTED_OPS = frozenset(GENERIC_LOWERINGS) | FOLDED_OPS | QUANT_PASS_OPS
 MACHINE_ELEM_TYPES = frozenset(
     helper.np_dtype_to_tensor_dtype(dtype.numpy) for dtype in Dtype if not dtype.autocast_only
 )
