@@ -121,7 +121,10 @@ def plan_casts(
             unemulated[origin] = f"{op_type} stores values of its own in {dtype} ({name})"
     ordered = [points[key] for key in sorted(points, key=_order_key(source))]
     watched = {p.input for p in ordered}
-    if ordered:
+    if ordered or compiled.integer_operands:
+        # A program that rounds, or one that sums integers exactly where onnxruntime sums
+        # their dequantized floats: a QuantizeLinear after either can land one step apart,
+        # so every stored intermediate is checked and fed on (docs/quantization.md#exactness).
         watched |= _intermediates(source)
     probes = _probes(source, compiled, locations, watched, homes or {})
     boundaries: dict[str, Boundary] = {}

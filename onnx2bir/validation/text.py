@@ -229,7 +229,14 @@ def _segment_line(piece: dict) -> str:
 def _emulation_text(doc: dict) -> list[str]:
     emulation = doc["emulation"]
     if not emulation["casts"] and not emulation["unemulated"]:
-        return ["  oracle: the program rounds nothing; onnxruntime as the model is"]
+        if not emulation["probes_read"]:
+            return ["  oracle: the program rounds nothing; onnxruntime as the model is"]
+        return [
+            "  oracle: onnxruntime as the model is (the program rounds nothing; its integer "
+            f"matmuls sum exactly); {emulation['probes_read']} intermediates read from the "
+            f"machine, {emulation['resynchronised']} checked and fed on "
+            "(docs/quantization.md#exactness)"
+        ]
     inexact = f" ({emulation['inexact_casts']} approximately)" if emulation["inexact_casts"] else ""
     lines = [
         f"  oracle: onnxruntime rounding at the program's {emulation['casts']} cast points"
