@@ -230,6 +230,7 @@ def _qdq(graph, name, op_type, inputs, output, attrs) -> IntegerMatmul | str | N
     if not _per_tensor(x):
         return "input A is quantized per channel"
     op = IntegerMatmul(name, "QDQ", op_type, x, w, output, attrs)
+    op.consumed = tuple(p for p in (x.source, w.source) if p)  # the bias's joins below
     if op_type == "Gemm":
         op.alpha = float(attrs.get("alpha", 1.0))
         if float(attrs.get("beta", 1.0)) != 1.0 and inputs[2]:
@@ -249,7 +250,6 @@ def _qdq(graph, name, op_type, inputs, output, attrs) -> IntegerMatmul | str | N
             op.bias_float = bias
         else:
             op.bias_int = integer
-    op.consumed = tuple(p for p in (x.source, w.source) if p)
     return op
 
 

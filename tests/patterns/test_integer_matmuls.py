@@ -137,7 +137,7 @@ def _without_zero_point(centred):
     return wrong
 
 
-def _qdq_conv(tmp_path, rng, c, m, weight_high):
+def _qdq_conv(tmp_path, rng, c, m, weight_high, int32_bias=False):
     """A QDQ conv: QuantizeLinear → DequantizeLinear on the input, an int8 weight behind a
     DequantizeLinear, a float bias, QuantizeLinear → DequantizeLinear after."""
     inits = {
@@ -153,25 +153,38 @@ def _qdq_conv(tmp_path, rng, c, m, weight_high):
         helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
         helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
+    ]
+    if int32_bias:  # as onnxruntime's quantizer writes it: int32 at scale x_scale · w_scale
+        inits["bq"] = rng.integers(-3000, 3000, m).astype(np.int32)
+        inits["bs"] = np.array(np.float32(0.05) * np.float32(0.002), np.float32)
+        nodes.append(helper.make_node("DequantizeLinear", ["bq", "bs"], ["b"]))
+        del inits["b"]
+    nodes += [
         helper.make_node("Conv", ["xd", "wd", "b"], ["conv"], pads=[1] * 4),
         helper.make_node("QuantizeLinear", ["conv", "ys", "yz"], ["yq"]),
         helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, 8, 8])
-    return _save(tmp_path, nodes, [x], [y], inits, f"qdq_{c}_{weight_high}")
+    return _save(tmp_path, nodes, [x], [y], inits, f"qdq_{c}_{weight_high}_{int32_bias}")
 
 
-def test_a_qdq_conv_runs_on_integers_with_no_drift_under_the_autocast(tmp_path, capsys):
-    path = _qdq_conv(tmp_path, np.random.default_rng(5), c=8, m=16, weight_high=127)
+@pytest.mark.parametrize("int32_bias", [False, True])
+def test_a_qdq_conv_runs_on_integers_with_no_drift_under_the_autocast(tmp_path, capsys, int32_bias):
+    path = _qdq_conv(tmp_path, np.random.default_rng(5), 8, 16, 127, int32_bias)
     code, doc = _validate(capsys, path)
     assert code == 0
     assert doc["outputs"][0]["drift"]["max_abs_err"] == 0  # the casts cost nothing
     # the conv's float result is read from the machine and fed on: the QuantizeLinear after
     # it sees the machine's value, not onnxruntime's differently rounded one
     assert "conv" in doc["emulation"]["resynchronised_tensors"]
-    [entry] = _report(capsys, path)["quantized"]
+    report = _report(capsys, path)
+    [entry] = report["quantized"]
     assert entry["path"] == "integer" and entry["weight_dtype"] == "int8"
+    # the int32 bias joins the integer sum: its DequantizeLinear is gone with the input's and
+    # the weight's; left are x − zx (a DequantizeLinear of scale 1) and the output's
+    assert report["ops_after_passes"]["DequantizeLinear"] == 2
+    assert report["casts"] == []
 
 
 def test_a_sum_that_may_pass_2_24_is_split_and_added_in_int32(tmp_path, capsys):
