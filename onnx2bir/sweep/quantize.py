@@ -116,9 +116,9 @@ def unshare_initializers(model: onnx.ModelProto) -> int:
 def _quiet() -> Iterator[None]:
     """onnxruntime's quantizer logs advice, per-node progress and, when its pre-processing
     cannot optimize the model, a traceback at level ERROR before it goes on without the
-    optimization; its numpy arithmetic warns on a zero range (a constant tensor). A sweep
-    prints one line a model, so those records and warnings are held back. What fails raises,
-    and the sweep records it."""
+    optimization; its numpy arithmetic warns on a degenerate range (a constant, a mask of
+    ±3.4e38). A sweep prints one line a model, so those records and warnings are held back.
+    What fails raises, and the sweep records it."""
     import onnxruntime
 
     previous = logging.root.manager.disable
