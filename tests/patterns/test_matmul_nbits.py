@@ -5,6 +5,8 @@ wrong unpacking, and the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -315,3 +317,32 @@ def test_expanded_projections_raised_into_an_mlp_kernel_validate():
     unemulated = result.details.cast_plan.unemulated
     assert {"gate", "up", "y"} <= set(unemulated)
     assert validate(swiglu_of_nbits(), auto_cast="none").passed
+
+
+def test_the_oracle_reads_the_weights_as_onnxruntime_prepacks_them(monkeypatch):
+    """accuracy_level 4 changes onnxruntime's answer only when the weight is an initializer:
+    the emulating oracle gives MatMulNBits its held-aside weights back
+    (`emulating.restore_prepacked_weights`). Without that, the oracle ignores the level and
+    rejects a program that computes exactly what onnxruntime computes."""
+    import onnx2bir.runtime.oracle.emulating as emulating
+
+    model = with_accuracy_level(nbits_model(k=256, n=32, block=32)[0], 4)
+    assert validate(model, auto_cast="none").passed
+    monkeypatch.setattr(emulating, "restore_prepacked_weights", lambda model, weights: set())
+    assert not validate(model, auto_cast="none").passed
+
+
+@pytest.mark.parametrize("gain", [0.0, 1.02])
+def test_with_the_weights_restored_a_wrong_scale_still_fails(monkeypatch, gain):
+    """Through the same oracle path, zeros and a 2% gain on the weight's scales fail."""
+    model = with_accuracy_level(nbits_model(k=256, n=32, block=32)[0], 4)
+    read = nbits.read_weight
+
+    def scaled(graph, node):
+        weight = read(graph, node)
+        return dataclasses.replace(
+            weight, scales=(weight.scales * gain).astype(weight.scales.dtype)
+        )
+
+    monkeypatch.setattr(nbits, "read_weight", scaled)
+    assert not validate(model, auto_cast="none").passed
