@@ -91,8 +91,10 @@ def test_the_script_rebuilds_the_same_bytes(stem, tmp_path):
     path = QUANTIZED / f"{stem}.onnx"
     recorded = _meta(onnx.load(str(path), load_external_data=False))["onnxruntime"]
     if recorded != onnxruntime.__version__:
+        # the quantizer's output is what this version of it writes; another version may round
+        # a scale differently, which is not a defect of the file (validation still runs on it)
         pytest.skip(f"made with onnxruntime {recorded}, this is {onnxruntime.__version__}")
-    if variant == "int4" and onnx_ir_missing():
+    if variant == "int4" and onnx_ir_missing():  # the [test] extra installs it
         pytest.skip(onnx_ir_missing())
     sys.path.insert(0, str(ROOT / "models"))
     try:
