@@ -42,6 +42,7 @@ from onnx2bir.graph import Graph, TensorInfo
 from onnx2bir.op_traits import STANDARD_DOMAINS
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.passes import PassResult, Statistic
+from onnx2bir.patterns.queries import const_value
 
 INTEGER_VENDOR_OPS: frozenset[str] = frozenset({"com.microsoft.QGemm"})
 
@@ -62,6 +63,7 @@ class Operand:
     source: str | None = None  # the DequantizeLinear that made it float (QDQ)
     # a scalar zero point computed at run time (DynamicQuantizeLinear's), instead of the value
     runtime_zero_point: str = ""
+    axis: int = 1  # the DequantizeLinear's axis, along which a vector scale varies
 
     def magnitude(self, graph: Graph) -> int:
         """The largest |q − zero_point| the dtype allows (any zero point of the dtype when it
@@ -102,8 +104,8 @@ class IntegerMatmul:
 
 
 def _const(graph: Graph, tensor: str) -> np.ndarray | None:
-    info = graph.tensors.get(tensor) if tensor else None
-    return None if info is None or not info.is_const else np.asarray(info.const)
+    value = const_value(graph, tensor) if tensor else None
+    return None if value is None else np.asarray(value)
 
 
 def _zero_point(graph: Graph, tensor: str, like: str) -> np.ndarray | None:
@@ -143,7 +145,7 @@ def _dequantized(graph: Graph, tensor: str, what: str) -> Operand | str:
         operand.source = producer
         rank = len(graph.tensors[inputs[0]].shape)
         axis = int(data["attrs"].get("axis", 1)) % max(rank, 1)
-        operand.axis = axis  # type: ignore[attr-defined]
+        operand.axis = axis
     return operand
 
 
@@ -156,8 +158,7 @@ def _weight_axis_ok(operand: Operand, out_axis: int, graph: Graph) -> bool:
     QOperator op's vectors always do)."""
     if _per_tensor(operand) or operand.source is None:
         return True
-    axis = getattr(operand, "axis", 1)
-    return axis == out_axis % len(graph.tensors[operand.tensor].shape)
+    return operand.axis == out_axis % len(graph.tensors[operand.tensor].shape)
 
 
 def _out_axis(op: IntegerMatmul, graph: Graph) -> int:
