@@ -23,6 +23,7 @@ from onnx2bir.codegen.driver import kernel_name_of
 from onnx2bir.codegen.narrowing import Narrowing, narrowings
 from onnx2bir.codegen.planner import MemoryPlan, plan_memory
 from onnx2bir.codegen.registry import lowering_key
+from onnx2bir.codegen.views import drop_identity_views
 from onnx2bir.codegen.weight_cast import store_in_cast_dtype
 from onnx2bir.errors import CompileError, UserError
 from onnx2bir.frontend.importer import import_model
@@ -182,6 +183,7 @@ def compile_graph(
     check_exclusions(source, options.auto_cast_exclude)
     manager = PassManager(default_passes() if passes is None else passes)
     manager.run(graph, options)
+    drop_identity_views(graph)
     hosts, _ = kernel_hosts(manager.records, graph)
     graph.keep_fp32 = resolve_exclusions(source, graph, hosts, options.auto_cast_exclude)
     timings["passes"] = time.perf_counter() - start

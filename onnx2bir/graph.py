@@ -187,6 +187,55 @@ class Graph:
                 self.uses[tensor] = [use for use in self.uses[tensor] if use[0] != name]
         self.nx.remove_node(name)
 
+    def remove_dead_producers(self, tensors) -> int:
+        """Remove the writers of `tensors` that nothing reads any more, and so on up their
+        inputs: what a rewrite stopped reading. A graph output, or a tensor a Loop/If/Scan body
+        reads by name (it is listed in `uses` of no node), is never dead."""
+        bodies = _read_by_bodies(
+            body
+            for _, data in self.nodes()
+            for value in data["attrs"].values()
+            for body in (value if isinstance(value, list) else [value])
+            if hasattr(body, "node")
+        )
+        kept = set(self.outputs) | bodies
+        stack, removed = [t for t in tensors if t], 0
+        while stack:
+            node = self.producers.get(stack.pop())
+            if node is None:
+                continue
+            data = self.nx.nodes[node]
+            if any(t in kept or self.uses.get(t) for t in data["outputs"] if t):
+                continue
+            self.remove_node(node)
+            removed += 1
+            stack.extend(t for t in data["inputs"] if t)
+        return removed
+
+    def redirect_uses(self, old: str, new: str) -> None:
+        """Every reader of tensor `old` reads `new` instead (same shape and dtype)."""
+        self._mutations += 1
+        old_producer, new_producer = self.producers.get(old), self.producers.get(new)
+        for consumer, index in self.uses.pop(old, []):
+            self.nx.nodes[consumer]["inputs"][index] = new
+            self.uses.setdefault(new, []).append((consumer, index))
+            if old_producer is not None:
+                for key, data in list(self.nx.get_edge_data(old_producer, consumer, {}).items()):
+                    if data["tensor"] == old and data["index"] == index:
+                        self.nx.remove_edge(old_producer, consumer, key)
+            if new_producer is not None:
+                self.nx.add_edge(new_producer, consumer, tensor=new, index=index)
+
+    def rename_output(self, old: str, new: str) -> None:
+        """The node that writes `old` writes `new` instead; `new` has no writer yet."""
+        node = self.producers.pop(old)
+        self._mutations += 1
+        data = self.nx.nodes[node]
+        data["outputs"] = [new if t == old else t for t in data["outputs"]]
+        self.producers[new] = node
+        for consumer, index in self.uses.get(new, ()):
+            self.nx.add_edge(node, consumer, tensor=new, index=index)
+
     def topological_order(self) -> list[str]:
         """Node names in a topological order that keeps insertion order wherever it can.
 
@@ -227,3 +276,16 @@ class Graph:
             self.parameters,
             self.imported,
         )
+
+
+def _read_by_bodies(bodies) -> set[str]:
+    """Every tensor name a node inside these subgraphs (onnx GraphProtos) reads, at any
+    depth."""
+    names: set[str] = set()
+    for body in bodies:
+        for inner in body.node:
+            names.update(inner.input)
+            for attr in inner.attribute:
+                nested = [*attr.graphs, *([attr.g] if attr.HasField("g") else [])]
+                names |= _read_by_bodies(nested)
+    return names

@@ -73,11 +73,19 @@ def plan_custom_call(em: Emitter, data: dict) -> None:
     attrs = data["attrs"]
     steps, post = json.loads(attrs.get("steps", "[]")), json.loads(attrs.get("post_steps", "[]"))
     q, kt, v = (_uncast(em, t) for t in data["inputs"][:3])
-    extras = list(data["inputs"][3:])
+    extras = [_unview(em, t) for t in data["inputs"][3:]]
     if len({em.info(t).dtype for t in (q, kt, v)}) != 1:
         raise Unsupported("q, kᵀ and v have different dtypes")
     output = data["outputs"][0]
     users = graph.consumers(output)
+    if (  # the raise's packaging: the kernel's layout viewed back into the block's output
+        len(users) == 1
+        and users[0][0] == f"{name}/layout_out/reshape"
+        and output not in graph.outputs
+    ):
+        em.remove.append(users[0][0])
+        output = graph.node(users[0][0])["outputs"][0]
+        users = graph.consumers(output)
     if (
         len(users) == 1
         and users[0][0] == f"{name}/cast_out"
@@ -107,7 +115,18 @@ def plan_custom_call(em: Emitter, data: dict) -> None:
         if step["op"] != "nan_to_zero":
             raise Unsupported(f"unknown post step {step['op']!r}")
     nan_to_zero = any(step["op"] == "nan_to_zero" for step in post)
-    em.finish(emit_core(em, q, kt, v, core, nan_to_zero=nan_to_zero), output)
+    result = emit_core(em, q, kt, v, core, nan_to_zero=nan_to_zero)
+    em.finish(em.reshape("layout_out", result, tuple(graph.tensors[output].shape)), output)
+
+
+def _unview(em: Emitter, tensor: str) -> str:
+    """Look through an identity Reshape of the raise's packaging ("<root>/layout_<role>"), so
+    a constant mask reads as the constant it is."""
+    producer = em.graph.producer(tensor)
+    if producer is None or not producer.startswith(f"{em.root}/layout_"):
+        return tensor
+    source = em.graph.node(producer)["inputs"][0]
+    return source if em.shape(source) == em.shape(tensor) else tensor
 
 
 def _uncast(em: Emitter, tensor: str) -> str:

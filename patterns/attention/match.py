@@ -8,15 +8,18 @@ or the first reason the match is not an attention block. The gates and the raise
 `attention`.
 
 Pattern. Anchored on Softmax: `QK = MatMul(q, kᵀ)`, then up to four score steps, each a Mul or
-Div by a scalar (the scale), an Add of any tensor (mask, position bias), a Where with a scalar
-fill (masked_fill) or a Cast, then Softmax, an optional tail (one Cast or two, Dropout/Identity,
-or the NaN guard `Where(IsNaN(P), 0, P)`), then `MatMul(P, v)`. The variants are concrete graphs
+Div by a scalar (the scale), an Add of any tensor (mask, position bias, computed at run time or
+not), a Where with a scalar fill (masked_fill), a Cast, or a Reshape that views the scores with
+other batch dims (keeping each row of keys whole), then Softmax, an optional tail (one Cast or
+two, Dropout/Identity, the NaN guard `Where(IsNaN(P), 0, P)`, or a Reshape view), then
+`MatMul(P, v)`. The variants are concrete graphs
 matched by subgraph monomorphism, longest first (most specific first); they are written as
 the ops they match (`_attention`, with `patterns/builder.py`), one variant per
 choice. Q/K/V paths — where a scale may also sit (on Q, or √scale on both Q and Kᵀ), how
 Kᵀ and the heads are formed, packed QKV, grouped-query K/V — are classified for the report
-but stay in the graph: the kernel takes q, kᵀ and v exactly as the QK and PV matmuls did, so
-no reshape is absorbed on a guess about its target.
+but stay in the graph: the kernel takes q, kᵀ and v as the QK and PV matmuls did, reshaped
+only into the batch layout the views and grouped-query repeats define
+(`patterns/attention/layout.py`), so no reshape is absorbed on a guess about its target.
 
 A match counts only if it is valid by the matcher's rules (`patterns/matcher.py`: anchored,
 self-contained, acyclic after fusing, non-overlapping — the first block in topological order
@@ -31,6 +34,7 @@ import numpy as np
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.graph import Graph
+from onnx2bir.patterns.attention.layout import plan_layout
 from onnx2bir.patterns.builder import PatternOps, expand
 from onnx2bir.patterns.matcher import find_matches, validity_problem
 from onnx2bir.patterns.queries import (
@@ -43,12 +47,13 @@ from onnx2bir.patterns.queries import (
 )
 
 MAX_SCORE_STEPS = 4
-_SCORE_OPS = ("Mul", "Div", "Add", "Where", "Cast")
+_SCORE_OPS = ("Mul", "Div", "Add", "Where", "Cast", "Reshape")
 
 
 # "cast_cast": softmax(scores, dtype=float32).to(query.dtype), as current transformers
-# releases write eager attention, exports as Softmax → Cast → Cast.
-TAILS = ("none", "cast", "cast_cast", "identity", "nan_guard")
+# releases write eager attention, exports as Softmax → Cast → Cast. "reshape": the
+# probabilities viewed with other batch dims before the PV matmul (DeBERTa, BLOOM).
+TAILS = ("none", "cast", "cast_cast", "identity", "nan_guard", "reshape")
 
 
 def _attention(op: PatternOps) -> str:
@@ -67,6 +72,8 @@ def _attention(op: PatternOps) -> str:
         p = op.any_of("Dropout", "Identity")(p, key="tail_identity")
     elif tail == "nan_guard":
         p = op.Where(op.IsNaN(p, key="isnan"), None, p, key="guard")
+    elif tail == "reshape":
+        p = op.Reshape(p, None, key="tail_reshape")
     op.MatMul(p, None, key="pv")
     op.tag(f"{steps} steps")
     op.tag(tail)
@@ -88,6 +95,10 @@ class AttentionBlock:
     output: str = ""
     steps: list[dict] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
+    # The batch dims the scores are seen in: the QK matmul's, then one per Reshape that views
+    # them anew (patterns/attention/layout.py); each extra input's index into them.
+    spaces: list[tuple[int, ...]] = field(default_factory=list)
+    extra_spaces: list[int] = field(default_factory=list)
     post_steps: list[dict] = field(default_factory=list)
     variant: list[str] = field(default_factory=list)
     causal_const: bool = False
@@ -121,6 +132,7 @@ def check_block(
     if axis != rank - 1:
         return None, f"softmax over axis {axis}, not the key axis {rank - 1}"
     current = qk["outputs"][0]
+    block.spaces.append(tuple(graph.tensors[current].shape[:-2]))
     step_keys = sorted((k for k in match if k.startswith("step")), key=lambda k: int(k[4:]))
     for key in step_keys:
         reason = _read_step(graph, match[key], current, block)
@@ -133,6 +145,10 @@ def check_block(
             return None, "Where after softmax is not the NaN guard (fill is not 0)"
         block.post_steps.append({"op": "nan_to_zero"})
         block.variant.append("NaN guard after softmax")
+    if "tail_reshape" in match:
+        reason = _read_view(graph, match["tail_reshape"], softmax["outputs"][0], block)
+        if reason:
+            return None, f"Reshape {match['tail_reshape']!r} after softmax: {reason}"
     casts = [match[key] for key in ("tail_cast", "tail_cast2") if key in match]
     for cast in casts:
         if not graph.tensors[graph.node(cast)["outputs"][0]].dtype.is_float:
@@ -144,13 +160,35 @@ def check_block(
     if problem:
         return None, problem
     _classify_paths(graph, block)
+    layout, reason = plan_layout(graph, block)
+    if layout is None:
+        return None, reason
+    if layout.grouped:
+        block.variant.append("grouped-query K/V read once per group (zero-stride heads)")
     return block, None
+
+
+def _read_view(graph: Graph, node: str, current: str, block: AttentionBlock) -> str | None:
+    """A Reshape of the scores that keeps each row of keys whole: a view with other batch
+    dims (`block.spaces`), no step of the kernel's."""
+    data = graph.node(node)
+    if data["inputs"][0] != current:
+        return "reshapes its shape input by the scores"
+    before = tuple(graph.tensors[current].shape)
+    after = tuple(graph.tensors[data["outputs"][0]].shape)
+    if len(after) < 2 or after[-2:] != before[-2:]:
+        return f"changes the score rows {list(before[-2:])} to {list(after[-2:])}"
+    block.spaces.append(after[:-2])
+    block.variant.append(f"scores viewed as {list(after[:-2])}")
+    return None
 
 
 def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> str | None:
     data = graph.node(node)
     op = data["op_type"]
     found = other_input(graph, node, current)
+    if op == "Reshape":
+        return _read_view(graph, node, current, block)
     if op == "Cast":
         if graph.tensors[data["outputs"][0]].dtype.is_float:
             block.variant.append("Cast around softmax")
@@ -170,6 +208,7 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
         return None
     if op == "Add":
         block.extras.append(other)
+        block.extra_spaces.append(len(block.spaces) - 1)
         block.steps.append({"op": "add", "input": len(block.extras) - 1})
         mask = const_value(graph, other)
         if mask is not None and _is_causal_mask(mask, block.seq_q, block.seq_k):
@@ -188,6 +227,7 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
         if fill is None:
             return "Where without a scalar fill value"
         block.extras.append(inputs[0])
+        block.extra_spaces.append(len(block.spaces) - 1)
         block.steps.append(
             {
                 "op": "masked_fill",
@@ -307,6 +347,60 @@ def find_blocks(graph: Graph) -> list[tuple[AttentionBlock | None, dict, str | N
                 continue
             break
         else:
-            if first_reason:
-                found.append((None, {"softmax": node}, first_reason))
+            found.append((None, {"softmax": node}, first_reason or describe_unmatched(graph, node)))
     return found
+
+
+_PATH_LIMIT = 10  # ops walked each way from an unmatched Softmax
+_MATMULS = ("MatMul", "Gemm", "Einsum")
+
+
+def _data_input(graph: Graph, data: dict) -> str | None:
+    """The one non-constant input a node passes values along (None when there are several)."""
+    live = [t for t in data["inputs"] if t and const_value(graph, t) is None]
+    return live[0] if len(live) == 1 else None
+
+
+def describe_unmatched(graph: Graph, softmax: str) -> str:
+    """Why a Softmax no attention pattern matched is not a block: the ops between it and the
+    matmuls on either side, as far as they go (every Softmax is listed, docs/attention.md)."""
+    up, tensor, qk = [], graph.node(softmax)["inputs"][0], None
+    for _ in range(_PATH_LIMIT):
+        node = graph.producer(tensor)
+        if node is None:
+            break
+        data = graph.node(node)
+        live = [t for t in data["inputs"] if t and const_value(graph, t) is None]
+        if data["op_type"] in _MATMULS and len(live) >= 2:
+            qk = node
+            break
+        up.append(data["op_type"] + (" by a constant" if data["op_type"] in _MATMULS else ""))
+        if len(live) != 1:
+            break
+        tensor = live[0]
+    down, tensor, pv = [], graph.node(softmax)["outputs"][0], None
+    for _ in range(_PATH_LIMIT):
+        users = graph.consumers(tensor)
+        if len(users) != 1:
+            break
+        data = graph.node(users[0][0])
+        live = [t for t in data["inputs"] if t and const_value(graph, t) is None]
+        if data["op_type"] in _MATMULS and len(live) >= 2:
+            pv = users[0][0]
+            break
+        down.append(data["op_type"] + (" by a constant" if data["op_type"] in _MATMULS else ""))
+        tensor = data["outputs"][0]
+    before = " → ".join([f"QK {graph.node(qk)['op_type']} {qk!r}"] if qk else ["?"])
+    chain = " → ".join([*reversed(up), "Softmax", *down])
+    after = f"PV {graph.node(pv)['op_type']} {pv!r}" if pv else "?"
+    if qk is None:
+        return f"no matmul of two computed operands feeds the Softmax ({chain} → {after})"
+    if pv is None:
+        return f"the probabilities reach no matmul with a computed operand ({before} → {chain})"
+    mixing = any(op.endswith("by a constant") for op in [*up, *down])
+    return (
+        f"{before} → {chain} → {after}: "
+        + ("the scores are mixed across heads by a constant matmul (talking heads); " if mixing else "")
+        + "the kernel takes only score steps (scale, Add, masked-fill Where, Cast, a row-keeping "
+        "Reshape) before the softmax and a Cast, Dropout, NaN guard or Reshape after it"
+    )

@@ -40,6 +40,8 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.graph import Graph, TensorInfo
@@ -51,6 +53,7 @@ from onnx2bir.kernels.attention import (
 from onnx2bir.kernels.attention.plan import sb_shape
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention.fused import raise_fused, read_fused
+from onnx2bir.patterns.attention.layout import plan_layout
 from onnx2bir.patterns.attention.match import MAX_SCORE_STEPS as MAX_SCORE_STEPS
 from onnx2bir.patterns.attention.match import PATTERNS as PATTERNS
 from onnx2bir.patterns.attention.match import AttentionBlock, _is_causal_step, find_blocks
@@ -123,33 +126,49 @@ def storage_dtype(block, options: CompileOptions) -> Dtype:
 
 # --- the rewrite -------------------------------------------------------------------------------
 def raise_block(graph: Graph, block: AttentionBlock, target: str, options: CompileOptions) -> None:
-    """Replace the block by one CustomCall, with Casts around it when the policy casts."""
+    """Replace the block by one CustomCall and its packaging: each operand reshaped into the
+    kernel's batch layout, q, kᵀ and v transposed into its operand layout (the identity
+    permutation unless a grouped K is read untransposed) and cast when the policy casts, the
+    output reshaped back (docs/attention_kernel.md#packaging). Identity Reshapes and
+    Transposes cost nothing: the code generator drops them."""
     storage = storage_dtype(block, options)
     steps = list(block.steps)
-    extras = list(block.extras)
     if target == CAUSAL_ATTENTION_WITHOUT_SWAP:
         # The kernel masks causally itself: the constant triangle's Add becomes that step.
         for i, step in enumerate(steps):
             if step["op"] in ("add", "masked_fill") and _is_causal_step(
-                graph, step, extras[step["input"]], block
+                graph, step, block.extras[step["input"]], block
             ):
                 steps[i] = {"op": "causal"}
+    layout, reason = plan_layout(graph, block)
+    if layout is None:  # check_block lays every block out before it is gated
+        raise AssertionError(f"attention block at {block.match['pv']!r}: {reason}")
     anchor = block.match["pv"]
     for node in block.nodes:
         graph.remove_node(node)
+    read = {operand.source for operand, _ in layout.operands}
+    # What the kernel no longer reads: the repeat of a grouped-query K or V, a causal mask
+    # the kernel computes itself. Never computed.
+    unread = [t for t in (block.q, block.kt, block.v, *block.extras) if t not in read]
     operands = []
-    for role, tensor in (("q", block.q), ("kt", block.kt), ("v", block.v)):
-        operands.append(_cast(graph, tensor, storage, f"{anchor}/cast_{role}"))
+    for operand, shape in layout.operands:
+        tensor = _reshape(graph, operand.source, shape, f"{anchor}/layout_{operand.role}")
+        if operand.role in ("q", "kt", "v"):
+            rank = len(shape)
+            perm = list(range(rank))
+            if operand.swap:
+                perm[-2:] = [rank - 1, rank - 2]
+            tensor = _transpose(graph, tensor, perm, f"{anchor}/layout_{operand.role}")
+            tensor = _cast(graph, tensor, storage, f"{anchor}/cast_{operand.role}")
+        operands.append(tensor)
     output = block.output
-    kernel_out = output
-    if graph.tensors[output].dtype is not storage:
-        kernel_out = f"{output}@{storage}"
-        graph.tensors[kernel_out] = TensorInfo(kernel_out, graph.tensors[output].shape, storage)
+    kernel_out = f"{output}@kernel"
+    graph.tensors[kernel_out] = TensorInfo(kernel_out, layout.output_shape, storage)
     config = backend_config(block, target, options)
     graph.add_node(
         anchor,
         "CustomCall",
-        [*operands, *extras],
+        operands,
         [kernel_out],
         {
             "custom_call_target": target,
@@ -161,14 +180,39 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
         },
         domain="onnx2bir",
     )
-    if kernel_out != output:
-        graph.add_node(
-            f"{anchor}/cast_out",
-            "Cast",
-            [kernel_out],
-            [output],
-            {"to": _onnx_type(graph.tensors[output].dtype)},
-        )
+    graph.remove_dead_producers(unread)
+    out_info = graph.tensors[output]
+    if out_info.dtype is storage:
+        _reshape(graph, kernel_out, out_info.shape, f"{anchor}/layout_out", into=output)
+        return
+    viewed = _reshape(graph, kernel_out, out_info.shape, f"{anchor}/layout_out")
+    graph.add_node(
+        f"{anchor}/cast_out", "Cast", [viewed], [output], {"to": _onnx_type(out_info.dtype)}
+    )
+
+
+def _reshape(
+    graph: Graph, tensor: str, shape: tuple[int, ...], name: str, into: str | None = None
+) -> str:
+    """Reshape(tensor, shape) into a new tensor (or `into`); an identity when the shape is
+    the tensor's own."""
+    info = graph.tensors[tensor]
+    out = into or f"{name}/reshaped"
+    graph.tensors.setdefault(out, TensorInfo(out, tuple(shape), info.dtype))
+    target = f"{name}/shape"
+    value = np.asarray(shape, dtype=np.int64)
+    graph.tensors[target] = TensorInfo(target, value.shape, Dtype.INT64, value)
+    graph.add_node(f"{name}/reshape", "Reshape", [tensor, target], [out])
+    return out
+
+
+def _transpose(graph: Graph, tensor: str, perm: list[int], name: str) -> str:
+    info = graph.tensors[tensor]
+    out = f"{name}/transposed"
+    shape = tuple(info.shape[p] for p in perm)
+    graph.tensors[out] = TensorInfo(out, shape, info.dtype)
+    graph.add_node(f"{name}/transpose", "Transpose", [tensor], [out], {"perm": perm})
+    return out
 
 
 def backend_config(block, target: str, options: CompileOptions) -> dict:
@@ -221,7 +265,7 @@ class LowerToCustomNativeKernel:
                         "nodes": list(match.values()),
                         "variant": None,
                         "target": None,
-                        "reason": f"not attention: {reason}",
+                        "reason": f"not an attention block the kernel takes: {reason}",
                         "is_attention": False,
                         "status": "refused",
                     }

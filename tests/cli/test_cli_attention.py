@@ -49,7 +49,10 @@ def test_report_json_packaging_and_sb_bytes_differ_for_matmult_and_all(capsys):
         assert code == 0
         entries[cast] = attention_entry(out)
     matmult, cast_all = entries["matmult-to-bf16"], entries["all-to-bf16"]
-    assert matmult["packaging"] == cast_all["packaging"] == {"Cast": 4}
+    # docs/attention_kernel.md#packaging: q, kᵀ, v and the output reshaped, q, kᵀ, v transposed
+    # and cast, the output cast back (the causal mask is the kernel's own: no mask operand).
+    packaging = {"Cast": 4, "Reshape": 4, "Transpose": 3}
+    assert matmult["packaging"] == cast_all["packaging"] == packaging
     # fp32 scores under matmult: 2 bytes more per key of the 512-key tile.
     assert matmult["sb_bytes"] - cast_all["sb_bytes"] == 2 * 512
 

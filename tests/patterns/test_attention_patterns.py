@@ -360,7 +360,11 @@ def test_raised_entry_lists_sb_bytes_and_config(cast):
     graph, (block,) = run_pass(model, options)
     expected = sb_shape(1024, 1024, False, Dtype.BF16, cast.startswith("matmult"))
     assert block["status"] == "raised" and block["sb_bytes"] == expected[2]
-    assert block["packaging"] == {"Cast": 4}  # q, kᵀ, v to bf16 and the output back
+    # A Reshape for each of q, kᵀ, v and the output (in and out of the kernel's batch layout),
+    # a Transpose for each of q, kᵀ, v (into its operand layout), Casts of q, kᵀ, v to bf16
+    # and of the output back. This unmasked block needs no reshaping: the code generator
+    # drops every Reshape and Transpose of it.
+    assert block["packaging"] == {"Cast": 4, "Reshape": 4, "Transpose": 3}
     (call,) = [d for _, d in graph.nodes() if d["op_type"] == "CustomCall"]
     config = json.loads(call["attrs"]["backend_config"])
     assert config["sb_shape"] == list(expected) and config["auto_cast"] == cast.split("-")[0]

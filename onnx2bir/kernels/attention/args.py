@@ -150,6 +150,12 @@ def attention_args(cg: BirCodeGen, node: Node) -> AttentionArgs:
     q, kt, v, *extra_names = node.inputs
     out = node.outputs[0]
     shape = {name: tuple(cg.graph.tensors[name].shape) for name in (q, kt, v, out, *extra_names)}
+    rank = len(shape[out])
+    for name, dims in shape.items():
+        # Leading unit dims past the output's rank broadcast over nothing.
+        while len(dims) > rank and dims[0] == 1:
+            dims = dims[1:]
+        shape[name] = dims
     *_, sq, d = shape[q]
     d_k, sk = shape[kt][-2:]
     sk_v, dv = shape[v][-2:]
