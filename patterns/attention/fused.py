@@ -84,10 +84,6 @@ class FusedAttention:
         return self.heads.head if self.heads else 0
 
     @property
-    def causal_const(self) -> bool:
-        return self.causal
-
-    @property
     def nodes(self) -> list[str]:
         return [self.node]
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.graph import Graph
+from onnx2bir.patterns.attention.causal import causal_problem, looks_causal
 from onnx2bir.patterns.attention.layout import plan_layout
 from onnx2bir.patterns.builder import PatternOps, expand
 from onnx2bir.patterns.matcher import find_matches, validity_problem
@@ -101,7 +102,7 @@ class AttentionBlock:
     extra_spaces: list[int] = field(default_factory=list)
     post_steps: list[dict] = field(default_factory=list)
     variant: list[str] = field(default_factory=list)
-    causal_const: bool = False
+    causal: bool = False  # the score mask is the causal triangle (the kernel applies it itself)
     seq_q: int = 0
     seq_k: int = 0
     head_dim: int = 0
@@ -211,13 +212,22 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
         block.extra_spaces.append(len(block.spaces) - 1)
         block.steps.append({"op": "add", "input": len(block.extras) - 1})
         mask = const_value(graph, other)
+        # docs/attention.md#structural-causality: a mask too big to fold is read structurally.
+        why = (
+            "folded" if mask is not None else causal_problem(graph, other, block.seq_q, block.seq_k)
+        )
         if mask is not None and _is_causal_mask(mask, block.seq_q, block.seq_k):
-            block.causal_const = True
+            block.causal = True
             block.variant.append("causal mask (constant)")
+        elif why is None:
+            block.causal = True
+            block.variant.append("causal mask (structural)")
         else:
             kind = "causal " if {"Trilu", "LessOrEqual", "Less"} & cone_ops(graph, other) else ""
             source = "runtime" if cone_reaches_input(graph, other) else "constant"
             block.variant.append(f"additive {kind}mask/bias ({source})")
+            if mask is None and looks_causal(graph, other):
+                block.variant.append(f"not the causal triangle: {why}")
         return None
     if op == "Where":
         inputs = data["inputs"]
@@ -240,25 +250,40 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
         masked = (
             None if cond is None else (cond.astype(bool) if fill_at == 1 else ~cond.astype(bool))
         )
+        # docs/attention.md#structural-causality: a mask too big to fold is read structurally.
+        on_true = fill_at == 1
+        why = (
+            "folded"
+            if cond is not None
+            else causal_problem(graph, inputs[0], block.seq_q, block.seq_k, fill, on_true)
+        )
         if (
             masked is not None
             and fill <= -1e4
             and _is_causal_mask(np.where(masked, -np.inf, 0.0), block.seq_q, block.seq_k)
         ):
-            block.causal_const = True
+            block.causal = True
             block.variant.append(f"causal masked_fill Where({fill:g}) (constant)")
+        elif why is None:
+            block.causal = True
+            block.variant.append(f"causal masked_fill Where({fill:g}) (structural)")
         else:
             causal = "causal " if "Trilu" in cone_ops(graph, inputs[0]) else ""
             block.variant.append(f"{causal}masked_fill Where({fill:g})")
+            if cond is None and looks_causal(graph, inputs[0]):
+                block.variant.append(f"not the causal triangle: {why}")
         return None
     return f"unexpected op {op}"
 
 
 def _is_causal_step(graph: Graph, step: dict, tensor: str, block: AttentionBlock) -> bool:
-    """Whether an add or masked_fill step applies exactly a constant causal triangle."""
+    """Whether an add or masked_fill step applies exactly the causal triangle: a folded
+    constant, or a subgraph read structurally (docs/attention.md#structural-causality)."""
     value = const_value(graph, tensor)
     if value is None:
-        return False
+        fill = step["value"] if step["op"] == "masked_fill" else None
+        on_true = step.get("fill_on_true", True)
+        return causal_problem(graph, tensor, block.seq_q, block.seq_k, fill, on_true) is None
     if step["op"] == "add":
         return _is_causal_mask(value, block.seq_q, block.seq_k)
     masked = value.astype(bool) if step["fill_on_true"] else ~value.astype(bool)

@@ -12,9 +12,11 @@ valid here, the options reject anything else); `enable_native_kernel_attention_b
 only tensors already in bf16 match; on: any dtype, intermediates forced to the cast type);
 query sequence > 1007, head dim ≤ 128, SBUF bytes ≤ 196608.
 
-Target (INFERRED, the reference does not spell out the decision): a score mask that is a constant
-causal triangle selects CausalAttentionMMSoftmaxMMWithoutSwap and the mask step becomes the
-kernel's own causal masking; otherwise query and key lengths equal (self-attention) select
+Target (INFERRED, the reference does not spell out the decision): a score mask that is the causal
+triangle — a folded constant, or a subgraph that computes one, read structurally
+(patterns/attention/causal.py, docs/attention.md#structural-causality) — selects
+CausalAttentionMMSoftmaxMMWithoutSwap, the mask step becomes the kernel's own causal masking and
+the mask's subgraph leaves the graph; otherwise query and key lengths equal (self-attention) select
 AttentionMMSoftmaxMMWithoutSwap, and unequal lengths AttentionMMSoftmaxMM, whose first matmul
 swaps the operand roles so the longer sequence streams as the moving operand.
 
@@ -52,6 +54,7 @@ from onnx2bir.kernels.attention import (
 )
 from onnx2bir.kernels.attention.plan import sb_shape
 from onnx2bir.options import CompileOptions
+from onnx2bir.patterns.attention.causal import drop_replaced_masks
 from onnx2bir.patterns.attention.fused import raise_fused, read_fused
 from onnx2bir.patterns.attention.layout import plan_layout
 from onnx2bir.patterns.attention.match import MAX_SCORE_STEPS as MAX_SCORE_STEPS
@@ -78,7 +81,7 @@ def block_sb_shape(block, options: CompileOptions) -> tuple[int, int, int]:
     return sb_shape(
         block.seq_q,
         block.seq_k,
-        block.causal_const,
+        block.causal,
         storage_dtype(block, options),
         options.what_to_cast == "matmult",
     )
@@ -110,7 +113,7 @@ def gate(block, options: CompileOptions) -> tuple[str | None, str | None]:
             f"SBUF bytes {sb_bytes(block, options)} (with {options.dynamic_dma_sbuf_bytes} "
             f"for dynamic DMA) > {MAX_SB_BYTES}"
         )
-    if block.causal_const:
+    if block.causal:
         return CAUSAL_ATTENTION_WITHOUT_SWAP, None
     if block.seq_q == block.seq_k:
         return ATTENTION_WITHOUT_SWAP, None
@@ -133,25 +136,30 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     Transposes cost nothing: the code generator drops them."""
     storage = storage_dtype(block, options)
     steps = list(block.steps)
+    dropped: list[str] = []
     if target == CAUSAL_ATTENTION_WITHOUT_SWAP:
-        # The kernel masks causally itself: the constant triangle's Add becomes that step.
+        # The kernel masks causally itself: the triangle's Add or Where becomes that step, and
+        # the mask, read by nothing else, is never computed
+        # (docs/attention.md#structural-causality).
         for i, step in enumerate(steps):
             if step["op"] in ("add", "masked_fill") and _is_causal_step(
                 graph, step, block.extras[step["input"]], block
             ):
                 steps[i] = {"op": "causal"}
+        steps, _, dropped = drop_replaced_masks(steps, list(block.extras))
     layout, reason = plan_layout(graph, block)
     if layout is None:  # check_block lays every block out before it is gated
         raise AssertionError(f"attention block at {block.match['pv']!r}: {reason}")
     anchor = block.match["pv"]
     for node in block.nodes:
         graph.remove_node(node)
-    read = {operand.source for operand, _ in layout.operands}
+    laid = [(o, shape) for o, shape in layout.operands if o.source not in dropped]
+    read = {operand.source for operand, _ in laid}
     # What the kernel no longer reads: the repeat of a grouped-query K or V, a causal mask
     # the kernel computes itself. Never computed.
     unread = [t for t in (block.q, block.kt, block.v, *block.extras) if t not in read]
     operands = []
-    for operand, shape in layout.operands:
+    for operand, shape in laid:
         tensor = _reshape(graph, operand.source, shape, f"{anchor}/layout_{operand.role}")
         if operand.role in ("q", "kt", "v"):
             rank = len(shape)
@@ -335,7 +343,7 @@ class LowerToCustomNativeKernel:
         entry["packaging"].pop("CustomCall", None)
         shape = block_sb_shape(block, options)
         entry.update(storage_dtype=str(storage), sb_shape=list(shape), sb_bytes=shape[2])
-        params = [block.seq_q, block.seq_k, block.head_dim, int(block.causal_const), str(storage)]
+        params = [block.seq_q, block.seq_k, block.head_dim, int(block.causal), str(storage)]
         log.info(
             "Found match (%s with params %d: %s) for native kernel %s",
             ", ".join(entry["nodes"]),
