@@ -97,17 +97,40 @@ def _float_cast(graph: Graph, node: str) -> bool:
 
 
 def match_norm(graph: Graph, tensor: str, width: int) -> Norm | None:
-    node = graph.producer(tensor)
-    if node is None:
+    top = tensor
+    wrappers = []  # Identity, float Casts and Reshapes keeping the last dim, after the norm
+    while (node := graph.producer(tensor)) is not None and _transparent(graph, node, width):
+        wrappers.append(node)
+        tensor = graph.node(node)["inputs"][0]
+    if node is None or graph.node(node)["domain"] not in ("", "ai.onnx"):
         return None
+    op = graph.node(node)["op_type"]
+    if op in ROW_OPS:
+        norm = _norm_op(graph, node, width)
+    elif op in NORM_OPS:
+        norm = _written_out(graph, tensor, width)
+    else:
+        return None
+    if norm is None:
+        return None
+    if norm.nodes:
+        norm.nodes += wrappers[::-1]
+    else:  # not found: the MLP walk goes through the wrappers and the cone
+        norm.input = top
+    return norm
+
+
+def _transparent(graph: Graph, node: str, width: int) -> bool:
     data = graph.node(node)
-    if data["domain"] not in ("", "ai.onnx"):
-        return None
-    if data["op_type"] in ROW_OPS:
-        return _norm_op(graph, node, width)
-    if data["op_type"] not in NORM_OPS:
-        return None
-    return _written_out(graph, tensor, width)
+    if data["domain"] not in ("", "ai.onnx") or not data["inputs"]:
+        return False
+    if data["op_type"] in ("Identity", "Reshape"):
+        return (
+            _shape(graph, data["outputs"][0])[-1:]
+            == (width,)
+            == _shape(graph, data["inputs"][0])[-1:]
+        )
+    return data["op_type"] == "Cast" and _float_cast(graph, node)
 
 
 # --- the op ----------------------------------------------------------------------------------
@@ -219,8 +242,9 @@ def _written_out(graph: Graph, tensor: str, width: int) -> Norm | None:
         norm.nodes = []
         first = min(reduced, key=list(graph.nx.nodes).index)
         norm.problem = (
-            f"ReduceMean {first!r} is part of a normalisation that does not read one value "
-            f"(no value that every path up from {tensor!r} passes through is left unreduced)"
+            f"{_ending(graph, tensor)} (written-out norm rule): no value that every path up "
+            f"from it passes through is left unreduced by ReduceMean {first!r}, so it does "
+            f"not normalise one value"
         )
         return norm
     x = inputs[-1]  # the one nearest the down projection
@@ -268,8 +292,8 @@ def _name(graph: Graph, norm: Norm, width: int) -> None:
                 epsilons.append(scalar_const(graph, value))
     if len(scales) > 1 or len(shifts) > 1:
         norm.problem = (
-            f"the normalisation ending at {norm.output!r} reads {len(scales)} scale and "
-            f"{len(shifts)} shift vectors (at most one each)"
+            f"{_ending(graph, norm.output)} (written-out norm rule) reads {len(scales)} scale "
+            f"and {len(shifts)} shift vectors (at most one each)"
         )
         return
     norm.scale = scales[0] if scales else ""
@@ -284,10 +308,17 @@ def _name(graph: Graph, norm: Norm, width: int) -> None:
             if np.allclose(got, want, rtol=1e-6, atol=1e-9):
                 norm.kind, norm.epsilon = kind, float(eps)
                 return
+    candidates = ", ".join(f"{e:.3g}" for e in sorted(set(epsilons))) or "0"
     norm.problem = (
-        f"the reduction ending at {norm.output!r} is not a LayerNorm or an RMSNorm over the "
-        f"hidden features (by value, with epsilon among {sorted(set(epsilons)) or [0.0]})"
+        f"{_ending(graph, norm.output)} (written-out norm rule) is not a LayerNorm or an "
+        f"RMSNorm over the hidden features, by value (epsilon among {candidates})"
     )
+
+
+def _ending(graph: Graph, tensor: str) -> str:
+    """`the normalisation ending at <Op> '<node>'`, naming the node that computes `tensor`."""
+    node = graph.producer(tensor)
+    return f"the normalisation ending at {graph.node(node)['op_type']} {node!r}"
 
 
 def _axes(graph: Graph, data: dict) -> list[int] | None:
@@ -364,8 +395,8 @@ class _Probes:
         got = self.values[norm.output]
         if got.size != self.x.size:
             norm.problem = (
-                f"the normalisation ending at {norm.output!r} does not keep the shape of "
-                f"{norm.input!r}"
+                f"{_ending(self.graph, norm.output)} (written-out norm rule) does not keep the "
+                f"shape of {norm.input!r}"
             )
             return None
         return got.reshape(-1, self.width)

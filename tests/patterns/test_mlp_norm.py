@@ -95,7 +95,7 @@ class Block:
         shift = vec(self.h) if affine else ""
         if kind == "layer_op":  # without affine weights: the scale (required) only
             inputs = [h, scale, shift] if affine else [h, vec(self.h, low=0.5)]
-            return op("LayerNormalization", inputs, epsilon=EPS)
+            return op("LayerNormalization", inputs, axis=-1, epsilon=EPS, stash_type=1)
         if kind == "rms_div":  # x / sqrt(mean(x²) + ε) · γ
             ms = op("ReduceMean", [op("Pow", [h, self.const(2.0)]), self.axes()])
             normed = op("Div", [h, op("Sqrt", [op("Add", [ms, self.const(EPS)])])])
@@ -225,6 +225,17 @@ def test_gelu_mlp_with_an_inner_norm():
     model = b.model(b.down(b.norm("layer_op", b.op("Gelu", [z]))))
     graph, (finding,) = raised(model)
     assert finding["activation"] == "gelu+layer_norm" and finding["target"] == TARGET
+    assert compare(model).passed
+
+
+def test_reshape_between_the_norm_and_the_down_projection():
+    """LN → Reshape to [tokens, H] → Gemm: the Reshape is part of the block."""
+    b = Block()
+    normed = b.op("Reshape", [b.norm("layer_op", b.swiglu()), b.const([T, H], np.int64)])
+    model = b.model(b.op("Gemm", [normed, b.weight(H, N), b.vector(N)]))
+    graph, (finding,) = raised(model)
+    assert finding["activation"] == "swiglu+layer_norm" and finding["target"] == TARGET
+    assert graph.op_counts() == {"CustomCall": 1}
     assert compare(model).passed
 
 
