@@ -368,6 +368,22 @@ def test_residual_pre_norm_is_not_an_mlp():
     assert findings == []
 
 
+# --- EVA-02 as timm and torch 2.14 export it ---------------------------------------------------
+IDIOM_EVA02 = ROOT / "models" / "idioms" / "eva02.onnx"
+
+
+@pytest.mark.skipif(not IDIOM_EVA02.is_file(), reason="models/idioms/eva02.onnx is not here")
+def test_eva02_scale_mlp_export_raises_both_blocks_and_validates():
+    """models/idioms' EVA-02 (scale_mlp: timm's SwiGLU with norm_layer=LayerNorm, hidden 170, so
+    a partial hidden tile): fc1_g and fc1_x, silu(gate)·x, LayerNormalization, fc2 — both
+    blocks raised with the norm, and the model validates with the default options."""
+    graph = import_model(str(IDIOM_EVA02))
+    findings = LowerToNKIKernelCC().run(graph, CompileOptions()).findings
+    assert [(f["activation"], f["target"]) for f in findings] == [("swiglu+layer_norm", TARGET)] * 2
+    result = validate(str(IDIOM_EVA02))
+    assert result.passed, result.text()
+
+
 # --- the sweep's EVA-02 ------------------------------------------------------------------------
 EVA02 = ROOT / "models" / ".cache" / "sweep" / "timm_eva02_tiny_patch14_224.onnx"
 
