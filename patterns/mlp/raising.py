@@ -10,6 +10,13 @@ with a 2-D weight, constant or computed, and an optional bias (Gemm's C or an Ad
 [hidden] vector) — on any subset of the projections. An Add of an [out] vector after the
 second dot is its bias.
 
+A gated form's gate and up may be the two parts of one projection, split by a Split or two
+Slices along its features (docs/mlp.md#fused): the kernel reads each part in place. Between the
+activation and the second dot there may be a LayerNorm or an RMSNorm over the hidden features
+(the op, or written out: `norm.match_norm`, docs/mlp.md#inner-norm), raised with the block; a
+norm the rules do not recognise, or a reduction inside the activation, refuses it with the
+reason, and a norm of a linear function of projections (a residual stream) is not an MLP.
+
 The region becomes the kernel's activation: a named one (relu, gelu, gelu_tanh, silu,
 quick_gelu, swiglu) when the program computes it (`mlp_region.classify`, by value, so every
 multiplication order matches), which the kernel runs from its lookup tables; otherwise the
@@ -28,6 +35,7 @@ from onnx2bir.kernels.mlp import TARGET
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.findings import BlockFinding, Idiom, Status
 from onnx2bir.patterns.matcher import validity_problem
+from onnx2bir.patterns.mlp.norm import Norm
 from onnx2bir.patterns.mlp.region import DOTS, Region, Source, classify, match_region
 from onnx2bir.patterns.passes import PassResult, Statistic
 from onnx2bir.patterns.queries import const_value
@@ -49,13 +57,34 @@ class MlpBlock:
     trans_w1: int = 0
     trans_w_up: int = 0
     trans_w2: int = 0
+    w1_offset: int = 0  # the hidden features' first column in w1 (and b1): a fused projection
+    w_up_offset: int = 0
     output: str = ""
     extra_nodes: list[str] = field(default_factory=list)
 
     @property
+    def norm(self) -> Norm | None:
+        return self.region.norm
+
+    @property
+    def fused(self) -> bool:
+        """Gate and up are the two parts of one projection (docs/mlp.md#fused)."""
+        return any(s.split for s in self.region.sources)
+
+    @property
+    def label(self) -> str:
+        """The activation, and the inner norm when there is one (`swiglu+layer_norm`)."""
+        return self.activation + (f"+{self.norm.label}" if self.norm else "")
+
+    @property
     def nodes(self) -> list[str]:
-        sources = [n for s in self.region.sources for n in (s.dot, s.bias_add) if n]
-        return [*sources, *self.region.nodes, self.region.dot2, *self.extra_nodes]
+        sources = [n for s in self.region.sources for n in (s.dot, s.bias_add, s.split) if n]
+        norm = self.norm.nodes if self.norm else []
+        return list(
+            dict.fromkeys(
+                [*sources, *self.region.nodes, *norm, self.region.dot2, *self.extra_nodes]
+            )
+        )
 
 
 def _dot_operands(graph: Graph, node: str) -> tuple[str, str, int, str] | str:
@@ -100,8 +129,10 @@ def check_block(graph: Graph, region: Region) -> tuple[MlpBlock | None, str | No
         if isinstance(operands, str):
             return None, operands
     block.x, block.w1, block.trans_w1, block.b1 = projections[0]
+    block.w1_offset = region.sources[0].offset
     if len(projections) == 2:
         x_up, block.w_up, block.trans_w_up, block.b_up = projections[1]
+        block.w_up_offset = region.sources[1].offset
         if x_up != block.x:
             return None, "gate and up projections read different inputs"
     _, block.w2, block.trans_w2, block.b2 = second
@@ -126,6 +157,7 @@ def raise_block(graph: Graph, block: MlpBlock) -> None:
     for node in block.nodes:
         graph.remove_node(node)
     named = block.activation in KERNEL_ACTIVATIONS
+    inputs = [block.x, block.w1, block.b1, block.w2, block.b2, block.w_up, block.b_up]
     attrs = {
         "custom_call_target": TARGET,
         "backend_config": "",
@@ -137,14 +169,14 @@ def raise_block(graph: Graph, block: MlpBlock) -> None:
     }
     if not named:
         attrs["program"] = block.region.program.to_json()
-    graph.add_node(
-        anchor,
-        "CustomCall",
-        [block.x, block.w1, block.b1, block.w2, block.b2, block.w_up, block.b_up],
-        [block.output],
-        attrs,
-        domain="onnx2bir",
-    )
+    if block.fused:
+        attrs["w1_offset"] = block.w1_offset
+        attrs["w_up_offset"] = block.w_up_offset
+    if block.norm is not None:
+        attrs["norm"] = block.norm.kind
+        attrs["norm_epsilon"] = block.norm.epsilon
+        inputs += [block.norm.scale, block.norm.bias]
+    graph.add_node(anchor, "CustomCall", inputs, [block.output], attrs, domain="onnx2bir")
 
 
 @dataclass(frozen=True)
@@ -168,9 +200,10 @@ class LowerToNKIKernelCC:
                 continue
             block, reason = check_block(graph, region)
             if block is None:
+                norm = region.norm.nodes if region.norm else []
                 findings.append(
                     {
-                        "nodes": [*region.nodes, node],
+                        "nodes": [*region.nodes, *norm, node],
                         "activation": None,
                         "target": None,
                         "reason": reason,
@@ -182,7 +215,7 @@ class LowerToNKIKernelCC:
             findings.append(
                 {
                     "nodes": block.nodes,
-                    "activation": block.activation,
+                    "activation": block.label,
                     "target": TARGET,
                     "reason": None,
                     "status": "raised",
@@ -195,6 +228,8 @@ class LowerToNKIKernelCC:
                         if w
                     ),
                     "pattern": "mlp.dot2_rooted",
+                    "norm": block.norm.label if block.norm else None,
+                    "fused_projection": block.fused,
                 }
             )
             raise_block(graph, block)

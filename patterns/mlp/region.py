@@ -34,6 +34,7 @@ import networkx as nx
 import numpy as np
 
 from onnx2bir.graph import Graph
+from onnx2bir.patterns.mlp.norm import ROW_OPS, Norm, match_norm
 from onnx2bir.patterns.queries import const_value, scalar_const
 
 DOTS = ("MatMul", "Gemm")
@@ -193,12 +194,16 @@ def classify(program: Program) -> tuple[str, bool]:
 # --- the walk --------------------------------------------------------------------------------
 @dataclass
 class Source:
-    """A projection feeding the region: dot(x, w) [+ bias]."""
+    """A projection feeding the region: dot(x, w) [+ bias], or one part of a fused projection
+    split along its features (`split`: the Split or Slice node; `offset`: the part's first
+    feature in the projection's output, its weight's columns and its bias)."""
 
     dot: str
     output: str  # the value the region reads (after the bias Add, if any)
     bias_add: str = ""  # the absorbed bias Add node
     bias: str = ""  # the bias vector (Gemm's C or the Add's other input)
+    offset: int = 0
+    split: str = ""
 
 
 @dataclass
@@ -208,6 +213,7 @@ class Region:
     nodes: list[str] = field(default_factory=list)  # elementwise nodes, topological order
     program: Program | None = None
     problem: str | None = None
+    norm: Norm | None = None  # the normalisation between the activation and dot2 (norm.py)
 
 
 def _float_rank_shape(graph: Graph, tensor: str) -> tuple[int, ...]:
@@ -215,7 +221,25 @@ def _float_rank_shape(graph: Graph, tensor: str) -> tuple[int, ...]:
 
 
 def _source(graph: Graph, tensor: str, width: int) -> Source | None:
-    """The projection producing `tensor`, through an optional bias Add of a [width] vector."""
+    """The projection producing `tensor`, through an optional bias Add of a [width] vector; or
+    a part of one fused projection (a Split or Slice along its features, docs/mlp.md#fused)."""
+    node = graph.producer(tensor)
+    if node is None:
+        return None
+    data = graph.node(node)
+    if data["op_type"] in ("Split", "Slice") and data["domain"] in ("", "ai.onnx"):
+        offset = _part_offset(graph, node, tensor)
+        whole = data["inputs"][0]
+        if offset is None or _float_rank_shape(graph, tensor)[-1:] != (width,):
+            return None
+        inner = _projection_source(graph, whole, _float_rank_shape(graph, whole)[-1])
+        if inner is None:
+            return None
+        return Source(inner.dot, tensor, inner.bias_add, inner.bias, offset, node)
+    return _projection_source(graph, tensor, width)
+
+
+def _projection_source(graph: Graph, tensor: str, width: int) -> Source | None:
     node = graph.producer(tensor)
     if node is None:
         return None
@@ -236,6 +260,35 @@ def _source(graph: Graph, tensor: str, width: int) -> Source | None:
     return None
 
 
+def _part_offset(graph: Graph, node: str, tensor: str) -> int | None:
+    """The first feature of output `tensor` of a Split or Slice along the last axis (step 1)
+    of its input; None for any other split."""
+    data = graph.node(node)
+    shape = _float_rank_shape(graph, data["inputs"][0])
+    rank = len(shape)
+    if not rank:
+        return None
+    if data["op_type"] == "Split":
+        if int(data["attrs"].get("axis", 0)) % rank != rank - 1:
+            return None
+        outputs = data["outputs"]
+        index = outputs.index(tensor)
+        return sum(_float_rank_shape(graph, t)[-1] for t in outputs[:index])
+    values = [const_value(graph, t) if t else None for t in [*data["inputs"], "", "", "", ""][1:5]]
+    starts, ends, axes, steps = values
+    if starts is None or ends is None or starts.size != 1:
+        return None
+    if data["inputs"][3:4] and data["inputs"][3] and axes is None:
+        return None
+    if data["inputs"][4:5] and data["inputs"][4] and (steps is None or int(steps.ravel()[0]) != 1):
+        return None
+    axis = int(axes.ravel()[0]) if axes is not None else 0
+    if axis % rank != rank - 1:
+        return None
+    start = int(starts.ravel()[0])
+    return min(max(start + shape[-1] if start < 0 else start, 0), shape[-1])
+
+
 def match_region(graph: Graph, dot2: str) -> Region | None:
     data = graph.node(dot2)
     start = data["inputs"][0]
@@ -244,9 +297,15 @@ def match_region(graph: Graph, dot2: str) -> Region | None:
         return None
     width = shape[-1]
     region = Region(dot2)
+    norm = match_norm(graph, start, width)
+    if norm is not None:  # the walk starts at the value the norm reads (docs/mlp.md#inner-norm)
+        region.norm = norm
+        start = norm.input
     registers: dict[str, int] = {}
     nodes: list[str] = []
     blockers: list[str] = []
+    nonlinear = False  # an op other than a sum or a product by a constant (`_linear`)
+    reduced = False  # a normalisation or a reduction crossed inside the activation
     stack, seen = [start], set()
     while stack:
         tensor = stack.pop()
@@ -263,15 +322,26 @@ def match_region(graph: Graph, dot2: str) -> Region | None:
         op = graph.node(node)["op_type"]
         if op in DOTS:
             continue
+        if op in ROW_OPS or op == "ReduceMean":
+            blockers.append(
+                f"{op} {node!r} reduces over the hidden features inside the activation: the "
+                f"kernel computes the activation a tile of hidden features at a time, and takes "
+                f"a normalisation only between the activation and the down projection"
+            )
+            stack.append(graph.node(node)["inputs"][0])
+            reduced = True
+            continue
         if not _elementwise(graph, node, width):
             if op not in OTHER_ELEMENTWISE:
                 return None  # the chain is open (a norm, a reduction, ...): not an MLP
             blockers.append(f"{op} {node!r} is elementwise but has no MLP kernel step")
+            nonlinear = True
             stack.extend(
                 t for t in graph.node(node)["inputs"] if t and const_value(graph, t) is None
             )
             continue
         nodes.append(node)
+        nonlinear = nonlinear or not _linear(graph, node)
         if len(nodes) > MAX_REGION:
             return None
         for value in graph.node(node)["inputs"]:
@@ -282,6 +352,10 @@ def match_region(graph: Graph, dot2: str) -> Region | None:
                 blockers.append(f"{op} {node!r} reads a non-scalar constant {shape_}")
     if not region.sources or not (nodes or blockers):
         return None  # dot2 is not fed by projection → elementwise chain → it: not an MLP
+    if (norm is not None or reduced) and not nonlinear:
+        # A norm of a sum of projections (and constants): a transformer's residual stream
+        # normalised before the next dot, not an MLP's activation (docs/mlp.md#inner-norm).
+        return None
     # The region's own dependency order (every path between two of its nodes runs inside
     # it: its sources are projections of the block's input), ties kept in graph order.
     members = set(nodes)
@@ -290,6 +364,8 @@ def match_region(graph: Graph, dot2: str) -> Region | None:
         nx.lexicographical_topological_sort(graph.nx.subgraph(members), key=rank.__getitem__)
     )
     region.nodes = order
+    if norm is not None and norm.problem:
+        blockers.insert(0, norm.problem)
     if blockers:
         region.problem = blockers[0]
         return region
@@ -300,10 +376,24 @@ def match_region(graph: Graph, dot2: str) -> Region | None:
     for index, source in enumerate(region.sources):
         registers[source.output] = index
     try:
-        region.program = _program(graph, order, registers, data["inputs"][0])
+        region.program = _program(graph, order, registers, start)
     except ValueError as exc:
         region.problem = str(exc)
     return region
+
+
+def _linear(graph: Graph, node: str) -> bool:
+    """Whether the op is linear in the region's values: a sum, a difference, a negation, a
+    product or quotient by a constant, or a transparent op."""
+    data = graph.node(node)
+    op = data["op_type"]
+    if op in ("Add", "Sub", "Neg", *TRANSPARENT):
+        return True
+    if op in ("Mul", "Div"):
+        return any(
+            const_value(graph, t) is not None for t in data["inputs"][1 if op == "Div" else 0 :]
+        )
+    return False
 
 
 def _first_user(graph: Graph, tensor: str, order: list[str]) -> str:

@@ -144,12 +144,13 @@ class Mlp:
         onnx.checker.check_model(model, full_check=True)
         return model
 
-    def fused(self, activation: str | None = None) -> tuple[onnx.ModelProto, Graph]:
+    def fused(self, activation: str | None = None, **attrs) -> tuple[onnx.ModelProto, Graph]:
         model = self.model()
         graph = import_model(model)
         for name, _ in list(graph.nodes()):
             graph.remove_node(name)
         attrs = {
+            **attrs,
             "custom_call_target": TARGET,
             "backend_config": "",
             "api_version": 1,
@@ -253,4 +254,17 @@ def test_hidden_too_large_fails_clearly():
 def test_unsupported_activation_fails():
     model, graph = Mlp((4, 8), 16, 8, "relu").fused(activation="sigmoid_mul")
     with pytest.raises(CodegenError, match="activation 'sigmoid_mul'"):
+        compile_graph(graph, FP32, passes=[])
+
+
+def test_unknown_norm_fails():
+    model, graph = Mlp((4, 8), 16, 8, "relu").fused(norm="group")
+    with pytest.raises(CodegenError, match="norm 'group' is not one of layer, rms"):
+        compile_graph(graph, FP32, passes=[])
+
+
+def test_fused_offset_past_the_weight_fails():
+    """w1_offset + H beyond w1's columns (H from w2's rows)."""
+    model, graph = Mlp((4, 8), 16, 8, "relu").fused(w1_offset=4)
+    with pytest.raises(CodegenError, match="has no 16 hidden features from 4"):
         compile_graph(graph, FP32, passes=[])

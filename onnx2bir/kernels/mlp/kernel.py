@@ -17,6 +17,19 @@ or `activation` "program" with attr `program` (JSON, patterns/mlp/region.py): re
 {"kind": "tensor", "func", "b"} VectorE ALU ops; h is register `out`. Each register is a
 [H-tile, block] fp32 SBUF tile (`program_step`).
 
+Fused projection (docs/mlp.md#fused): with attrs w1_offset / w_up_offset, w1 and w_up (often
+one tensor) hold more than H output features and the projections are H of them from each
+offset, as are b1 and b_up of their (longer) biases; H is then w2's rows.
+
+Inner norm (docs/mlp.md#inner-norm): with attr `norm` ("layer" or "rms") and `norm_epsilon`,
+inputs 7 and 8 are its scale and shift [H] ("" for absent), and
+
+    y = norm(h)·w2 + b2    layer: (h − mean_H(h)) / √(var_H(h) + ε) · scale + shift
+                           rms:   h / √(mean_H(h²) + ε) · scale (+ shift)
+
+over the hidden features of each token (`MlpEmitter.normalize`): h of the whole token block is
+in SBUF before the down projection starts, so the norm is a pass over it between the matmuls.
+
 The MLP raise carries no cast policy of its own (docs/attention.md#mlp-raise): its matmuls
 follow the general autocast like any MatMul (docs/autocast.md). Under `--auto-cast matmult/all`
 the PE operands xᵀ, hᵀ, w1, w_up and w2 are stored in the cast dtype — the TensorCopy out of the
@@ -62,6 +75,7 @@ from onnx2bir.bir.opcodes import (
     SB_ALIGN,
     SBUF_BYTES_PER_PARTITION,
 )
+from onnx2bir.codegen.act_range import reciprocal_sqrt
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, MatrixView, load_tile
@@ -88,6 +102,7 @@ LUT_ACTIVATIONS = {
 }
 ACTIVATIONS = (*LUT_ACTIVATIONS, "quick_gelu", "swiglu")
 PROGRAM = "program"  # the activation given as steps (attr `program`)
+NORMS = ("layer", "rms")  # attr `norm`: the inner normalisation over the hidden features
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,11 @@ class MlpArgs:
     activation: str
     out_dtype: Dtype
     program: dict | None = None  # activation "program": {"sources", "out", "steps"}
+    bias_offsets: tuple[int, int] = (0, 0)  # b1's and b_up's first element (fused projection)
+    norm: str | None = None  # "layer" or "rms": the inner normalisation over H
+    norm_epsilon: float = 0.0
+    norm_scale: str | None = None  # [H]
+    norm_bias: str | None = None  # [H]
 
     @property
     def registers(self) -> int:
@@ -118,7 +138,7 @@ class MlpArgs:
 
     @property
     def h(self) -> int:
-        return self.w1.cols
+        return self.w2.rows
 
     @property
     def n(self) -> int:
@@ -131,9 +151,14 @@ def _row_major(loc: str, rows: int, cols: int) -> MatrixView:
 
 def mlp_args(cg: BirCodeGen, node: Node) -> MlpArgs:
     attrs = node.attrs
-    names = [*node.inputs, *[""] * 7][:7]
-    x, w1, b1, w2, b2, w_up, b_up = names
+    names = [*node.inputs, *[""] * 9][:9]
+    x, w1, b1, w2, b2, w_up, b_up, norm_scale, norm_bias = names
     out = node.outputs[0]
+    norm = attrs.get("norm") or None
+    if norm not in (None, *NORMS):
+        raise cg.fail(f"norm {norm!r} is not one of {', '.join(NORMS)}")
+    if (norm_scale or norm_bias) and norm is None:
+        raise cg.fail(f"inputs {names}: a norm scale or bias without attr norm")
     activation = attrs.get("activation", "")
     if activation not in (*ACTIVATIONS, PROGRAM):
         raise cg.fail(
@@ -164,20 +189,43 @@ def mlp_args(cg: BirCodeGen, node: Node) -> MlpArgs:
             raise cg.fail(f"weight {name!r} {shape} does not contract {rows} features")
         return view
 
-    def bias(name: str, size: int) -> str | None:
+    def bias(name: str, size: int, offset: int | None = None) -> str | None:
+        """A [size] vector, or (`offset` given: a fused projection's bias) `size` elements of
+        a longer one from `offset`."""
         if not name:
             return None
-        if math.prod(tensors[name].shape) != size:
-            raise cg.fail(f"bias {name!r} {tuple(tensors[name].shape)} is not [{size}]")
+        count = math.prod(tensors[name].shape)
+        if count != size if offset is None else offset + size > count:
+            shape = tuple(tensors[name].shape)
+            raise cg.fail(f"bias {name!r} {shape} has no [{size}] from {offset or 0}")
         return cg.dram(name).name
 
-    w1_view = weight(w1, bool(attrs.get("trans_w1", 0)), k)
-    h = w1_view.cols
+    def hidden_part(view: MatrixView, name: str, offset: int, h: int) -> MatrixView:
+        """Columns offset .. offset + h of a fused projection's weight."""
+        if not fused:
+            return view
+        if offset < 0 or offset + h > view.cols:
+            raise cg.fail(
+                f"weight {name!r} {tuple(tensors[name].shape)} has no {h} hidden features "
+                f"from {offset}"
+            )
+        return view.window(0, view.rows, offset, h)
+
+    fused = "w1_offset" in attrs or "w_up_offset" in attrs
+    offsets = int(attrs.get("w1_offset", 0)), int(attrs.get("w_up_offset", 0))
+    w1_full = weight(w1, bool(attrs.get("trans_w1", 0)), k)
+    if len(tensors[w2].shape) != 2:
+        raise cg.fail(f"weight {w2!r} {tuple(tensors[w2].shape)} is not a matrix")
+    w2_rows = tensors[w2].shape[1 if attrs.get("trans_w2", 0) else 0]
+    h = w2_rows if fused else w1_full.cols
+    w1_view = hidden_part(w1_full, w1, offsets[0], h)
     w2_view = weight(w2, bool(attrs.get("trans_w2", 0)), h)
     trans_up = attrs.get("trans_w_up", attrs.get("trans_w1", 0))
     up_view = weight(w_up, bool(trans_up), k) if w_up else None
-    if up_view is not None and up_view.cols != h:
-        raise cg.fail(f"w_up {tensors[w_up].shape} does not match w1 {tensors[w1].shape}")
+    if up_view is not None:
+        if not fused and up_view.cols != h:
+            raise cg.fail(f"w_up {tensors[w_up].shape} does not match w1 {tensors[w1].shape}")
+        up_view = hidden_part(up_view, w_up, offsets[1], h)
     n = w2_view.cols
     out_shape = tuple(tensors[out].shape)
     if out_shape[-1:] != (n,) or math.prod(out_shape[:-1]) != t:
@@ -186,15 +234,20 @@ def mlp_args(cg: BirCodeGen, node: Node) -> MlpArgs:
     return MlpArgs(
         _row_major(cg.dram(x).name, t, k),
         w1_view,
-        bias(b1, h),
+        bias(b1, h, offsets[0] if fused else None),
         w2_view,
         bias(b2, n),
         up_view,
-        bias(b_up, h),
+        bias(b_up, h, offsets[1] if fused else None),
         _row_major(cg.dram(out).name, t, n),
         activation,
         tensors[out].dtype,
         program,
+        offsets,
+        norm,
+        float(attrs.get("norm_epsilon", 0.0)),
+        bias(norm_scale, h),
+        bias(norm_bias, h),
     )
 
 
@@ -251,7 +304,16 @@ def sbuf_bytes(a: MlpArgs, block: int, pe_bytes: int = 4) -> int:
         + _row_bytes(2 * h_tiles)  # b1, b_up: one column per hidden tile
         + (_row_bytes(block) if gated else 0)  # the gate's second operand
         + a.registers * _row_bytes(block)  # the program's registers
+        + (_norm_bytes(a, block, pe_bytes) if a.norm else 0)
     )
+
+
+def _norm_bytes(a: MlpArgs, block: int, pe_bytes: int) -> int:
+    """The inner norm's tiles (see MlpTiles): h before the norm in fp32 (unless hᵀ is fp32
+    itself), the ones, the square, the mean and rstd rows, the scale and shift columns."""
+    h_tiles = -(-a.h // P)
+    raw = _row_bytes(h_tiles * block) if pe_bytes != 4 else 0
+    return raw + _row_bytes(P) + 3 * _row_bytes(block) + _row_bytes(2 * h_tiles)
 
 
 def token_block(cg: BirCodeGen, a: MlpArgs) -> int:
@@ -288,6 +350,19 @@ class MlpTiles:
         gated = a.activation in ("quick_gelu", "swiglu")
         self.gate = cg.sb_tile("gate", P, block, fp32) if gated else None
         self.registers = [cg.sb_tile(f"r{i}", P, block, fp32) for i in range(a.registers)]
+        # The inner norm (docs/mlp.md#inner-norm): the activation writes h in fp32 (into hᵀ
+        # itself when that is fp32), the norm writes hᵀ. Its row sums come from the PE array
+        # (a ones stationary: every partition gets the sum over the hidden tile's partitions),
+        # accumulated in the first bank of h's PSUM tile, free between the two matmuls.
+        self.raw = self.h
+        if a.norm:
+            if pe is not fp32:
+                self.raw = cg.sb_tile("h_raw", P, self.h_tiles * block, fp32)
+            self.ones = cg.sb_tile("ones", P, P, fp32)
+            self.square = cg.sb_tile("square", P, block, fp32)
+            self.mean = cg.sb_tile("mean", P, block, fp32)
+            self.rstd = cg.sb_tile("rstd", P, block, fp32)
+            self.affine = cg.sb_tile("norm_affine", P, 2 * self.h_tiles, fp32)
         # The flips of x go through PANEL_FLIPS 128-column slots of one bank, so that one
         # flip need not wait for the previous one's copy out of PSUM.
         self.transposed = cg.psum_tile("transposed", P, PANEL_FLIPS * P)
@@ -340,25 +415,36 @@ class MlpEmitter:
         for blk in tiles(self.cg, self.a.tokens, self.block, "tok"):
             self.load_x_transposed(blk)
             self.hidden(blk)
+            if self.a.norm:
+                self.normalize(blk)
             self.output(blk)
 
     def load_biases(self) -> None:
-        """b1 and b_up into their columns of the bias tile, once for the whole kernel."""
+        """b1 and b_up into their columns of the bias tile, the norm's scale and shift into
+        theirs, once for the whole kernel; the norm's ones."""
         cg, a, t = self.cg, self.a, self.t
-        full, rest = divmod(a.h, P)
-        for name, base in ((a.b1, 0), (a.b_up, t.h_tiles)):
-            if name is None:
-                continue
-            if full:
-                cg.dma(
-                    cg.ap(t.bias, [(1, full)], base, partitions=P),
-                    cg.dram_ap(name, Affine(), [(1, P), (P, full)]),
-                )
-            if rest:
-                cg.dma(
-                    cg.ap(t.bias, [(1, 1)], base + full, partitions=rest),
-                    cg.dram_ap(name, Affine(full * P), [(1, rest), (1, 1)]),
-                )
+        columns = [(a.b1, t.bias, 0, a.bias_offsets[0]), (a.b_up, t.bias, 1, a.bias_offsets[1])]
+        if a.norm:
+            columns += [(a.norm_scale, t.affine, 0, 0), (a.norm_bias, t.affine, 1, 0)]
+            cg.memset(cg.ap(t.ones, [(1, P)], partitions=P), 1.0)
+        for name, tile, column, offset in columns:
+            if name is not None:
+                self.load_columns(name, tile, column * t.h_tiles, offset)
+
+    def load_columns(self, name: str, tile, base: int, offset: int) -> None:
+        """Elements offset .. offset + H of vector `name`, one column per hidden tile."""
+        cg = self.cg
+        full, rest = divmod(self.a.h, P)
+        if full:
+            cg.dma(
+                cg.ap(tile, [(1, full)], base, partitions=P),
+                cg.dram_ap(name, Affine(offset), [(1, P), (P, full)]),
+            )
+        if rest:
+            cg.dma(
+                cg.ap(tile, [(1, 1)], base + full, partitions=rest),
+                cg.dram_ap(name, Affine(offset + full * P), [(1, rest), (1, 1)]),
+            )
 
     def load_x_transposed(self, blk: Tile) -> None:
         """xᵀ[K, block] from 128-token rows (read in place when x has an SBUF home), flipped
@@ -407,8 +493,66 @@ class MlpEmitter:
                 if up is not None:
                     w_up = self.weight_tile(a.w_up, t.w_up, kc, hc, P, hc.slot)
                     cg.matmul(up, w_up, moving, accumulate=not kc.first)
-            h = cg.ap(t.h, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
+            h = cg.ap(t.raw, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
             self.activate(h, acc, up, hc, blk)
+
+    def normalize(self, blk: Tile) -> None:
+        """hᵀ = norm(h) over the H partitions of every token (docs/mlp.md#inner-norm):
+        layer: (h − mean)·rstd·scale + shift, rstd = 1/√(mean((h − mean)²) + ε) (two passes:
+        the mean, then the centred squares); rms: h·rstd·scale (+ shift), rstd = 1/√(mean(h²)
+        + ε). A sum over H is a matmul per hidden tile of a ones stationary by the tile,
+        accumulating [128, tokens] in PSUM: the sum of every token on every partition, so the
+        mean and rstd rows apply to any hidden tile as they are."""
+        cg, a, t = self.cg, self.a, self.t
+        sums = cg.ap(t.h_ps, [(1, blk.size)], partitions=P)
+        mean = cg.ap(t.mean, [(1, blk.size)], partitions=P)
+        rstd = cg.ap(t.rstd, [(1, blk.size)], partitions=P)
+
+        def raw(hc: Tile) -> AccessPattern:
+            return cg.ap(t.raw, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
+
+        def row_sum(values, name: str) -> None:
+            for hc in tiles(cg, a.h, P, name, peel_first=True):
+                ones = cg.ap(t.ones, [(1, P)], partitions=hc.size)
+                cg.matmul(sums, ones, values(hc), accumulate=not hc.first)
+
+        def squares(hc: Tile) -> AccessPattern:
+            square = cg.ap(t.square, [(1, blk.size)], partitions=hc.size)
+            cg.activation(square, raw(hc), ActFunc.SQUARE)
+            return square
+
+        if a.norm == "layer":
+            row_sum(raw, "hsum")
+            cg.activation(mean, sums, ActFunc.COPY, scale=1.0 / a.h)
+            for hc in tiles(cg, a.h, P, "hc"):
+                part = cg.ap(t.mean, [(1, blk.size)], partitions=hc.size)
+                cg.tensor_tensor(raw(hc), raw(hc), part, AluOp.SUBTRACT)
+        row_sum(squares, "hsq")
+        reciprocal_sqrt(cg, rstd, sums, 1.0 / a.h, a.norm_epsilon)
+        for hc in tiles(cg, a.h, P, "hn"):
+            h = cg.ap(t.h, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
+            part = cg.ap(t.rstd, [(1, blk.size)], partitions=hc.size)
+            affine = self.norm_columns(hc)
+            if not affine:
+                cg.tensor_tensor(h, raw(hc), part, AluOp.MULTIPLY)
+                continue
+            cg.tensor_tensor(raw(hc), raw(hc), part, AluOp.MULTIPLY)
+            (op0, scalar0), *more = affine
+            op1, scalar1 = more[0] if more else (None, None)
+            cg.tensor_scalar(h, raw(hc), op0, scalar0, op1, scalar1)
+
+    def norm_columns(self, hc: Tile) -> list[tuple[AluOp, AccessPattern]]:
+        """(op, column) of the norm's scale (multiply) and shift (add) present, for hidden
+        tile `hc`: per-partition scalars of one TensorScalar."""
+        t, a = self.t, self.a
+        return [
+            (op, self.cg.ap(t.affine, [(1, 1)], base + tile_index(hc, P), partitions=hc.size))
+            for name, op, base in (
+                (a.norm_scale, AluOp.MULTIPLY, 0),
+                (a.norm_bias, AluOp.ADD, t.h_tiles),
+            )
+            if name is not None
+        ]
 
     def weight_tile(
         self, view: MatrixView, tile, rows: Tile, cols: Tile, width: int, slot: Affine
