@@ -1,4 +1,4 @@
-"""Estimated device time of BERT-base, DistilBERT-base and BERT-large beside published latencies.
+"""Estimated device time beside published Inf2 latencies: BERT-base, DistilBERT-base, BERT-large.
 
 Usage (after `nice -n 10 /work/venv-export/bin/python models/calibration.py`):
     python benchmarks/device_time.py                  # prints a markdown table
@@ -13,21 +13,38 @@ extrapolated linearly: t(L) = t(1) + (L - 1) x (t(2) - t(1)); when the full dept
 too (`models/calibration.py --full`), it is compiled and estimated as a check. Published:
 Inf2 per-batch P50 latency on one NeuronCore-v2 (batch 4, sequence 128, matmul autocast to
 bf16).
+
+`--inf2` prints the other rows of the same published table instead (models/inf2_table.py:
+ResNet-18/50, VGG-16, ViT-base, BERT-base and RoBERTa-base at batch 1, ResNet-50 at batch 8),
+each with where its time goes:
+
+    nice -n 10 /work/venv-export/bin/python models/inf2_table.py --full
+    python benchmarks/device_time.py --inf2 [ROW ...] [--markdown OUT.md]
+
+A CNN row is compiled whole. An encoder row is compiled at 1 and 2 layers and extrapolated as
+above, and at its full depth when that was exported (`--full`): the full depth's program is
+then the one the breakdown describes, and the extrapolation is shown beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from models import inf2_table  # noqa: E402
 from models.calibration import MODELS, VOCAB, path_of  # noqa: E402
 from onnx2bir.api import commands as api  # noqa: E402
-from onnx2bir.bir.enums import Dtype, Engine  # noqa: E402
-from onnx2bir.runtime.timing.cost import CostTable, estimate  # noqa: E402
+from onnx2bir.bir.enums import Dtype, Engine, MemoryKind, MemoryType  # noqa: E402
+from onnx2bir.runtime.timing.cost import DEFAULT_TABLE, CostTable, estimate  # noqa: E402
+from onnx2bir.runtime.timing.device_time import simulate  # noqa: E402
+from onnx2bir.runtime.timing.summary import cost_report  # noqa: E402
 
 PUBLISHED_MS = {"bert_base": 2.95, "distilbert_base": 1.67, "bert_large": 8.73}
 TABLE = CostTable(pe_dtype=Dtype.BF16)
@@ -88,24 +105,254 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the Inf2 table's other rows (models/inf2_table.py) -------------------------------------
+
+ENGINES = ("PE", "ACT", "DVE", "POOL")
+
+
+def model_flops(model) -> int:
+    """2 x multiply-adds of every Conv, MatMul and Gemm of an ONNX model (after shape inference),
+    the FLOPs the model asks for: unlike the simulation's count, no PE transposes, no padding."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    shapes: dict[str, list[int]] = {}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        dims = info.type.tensor_type.shape.dim
+        shapes[info.name] = [d.dim_value for d in dims]
+    for init in graph.initializer:
+        shapes[init.name] = list(init.dims)
+    total = 0
+    for node in graph.node:
+        if node.op_type == "Conv":
+            weight, out = shapes[node.input[1]], shapes[node.output[0]]
+            # every output element: (input channels / groups) x kernel window multiply-adds
+            total += 2 * math.prod(out) * math.prod(weight[1:])
+        elif node.op_type == "MatMul":
+            a, out = shapes[node.input[0]], shapes[node.output[0]]
+            total += 2 * math.prod(out) * a[-1]
+        elif node.op_type == "Gemm":
+            a, out = shapes[node.input[0]], shapes[node.output[0]]
+            trans_a = any(x.name == "transA" and x.i for x in node.attribute)
+            total += 2 * math.prod(out) * (a[0] if trans_a else a[1])
+    return total
+
+
+def critical_path_split(slices) -> dict[str, Counter]:
+    """Seconds of the critical path by stream kind, by rule or kernel and by (stream, opcode).
+
+    The path is followed back from the last slice to end through each slice's `cause` (what
+    made it wait: its stream's previous slice, a dependency or the shared DMA bandwidth), each
+    step counted from the end of the slice it waited for, so the steps add up to the estimate;
+    a loop's steady-state trips, which the simulation stands for by shifting its last trip, are
+    counted on the slice after the shift."""
+    split = {"stream": Counter(), "rule": Counter(), "opcode": Counter()}
+    if not slices:
+        return split
+    index = max(range(len(slices)), key=lambda i: slices[i].end)
+    seen: set[int] = set()
+    while index >= 0 and index not in seen:
+        seen.add(index)
+        step = slices[index]
+        begin = slices[step.cause].end if step.cause >= 0 else 0.0
+        stream = "DMA" if step.stream.startswith("DMA") else step.stream
+        split["stream"][stream] += step.end - begin
+        split["rule"][step.ins.origin.rule or "(no rule)"] += step.end - begin
+        split["opcode"][f"{stream} {step.ins.opcode.value}"] += step.end - begin
+        index = step.cause
+    return split
+
+
+def spill_bytes(sim, function) -> int:
+    """DMA bytes to or from DRAM tensors of the program's own (intermediates in DRAM)."""
+    locations = function.memory_locations
+    total = 0
+    for s in sim.slices:
+        if s.ins.engine is not Engine.DMA:
+            continue
+        for ap in (*s.ins.srcs.values(), s.ins.dst):
+            location = locations.get(ap.loc) if ap is not None else None
+            if (
+                location is not None
+                and location.memory is MemoryType.DRAM
+                and location.kind is MemoryKind.INTERNAL
+            ):
+                total += s.dma_bytes
+                break
+    return total
+
+
+def program_figures(path: Path) -> dict:
+    """Compile and estimate one export; the figures of the Inf2 table, wall times included."""
+    import onnx
+
+    start = time.perf_counter()
+    compiled = api.compile(str(path))
+    compile_s = time.perf_counter() - start
+    function = compiled.module.functions[0]
+    start = time.perf_counter()
+    sim = simulate(function, TABLE)
+    report = cost_report(function, sim, TABLE)
+    estimate_s = time.perf_counter() - start
+    queues = {k: v for k, v in report.stream_busy_seconds.items() if k.startswith("DMA")}
+    busiest_queue = max(queues, key=queues.get) if queues else "-"
+    figures = {
+        "seconds": report.total_seconds,
+        # `onnx2bir report`'s figure: the default table, fp32 PE operands (the transposes of
+        # fp32 tiles against the fp32 identity) at a quarter of the rate
+        "report_seconds": simulate(function, DEFAULT_TABLE).total_seconds,
+        **{e.lower(): report.stream_busy_seconds.get(e, 0.0) for e in ENGINES},
+        "dma": sum(queues.values()),
+        "dma_queue": queues.get(busiest_queue, 0.0),
+        "dma_bytes": report.dma_bytes,
+        "compulsory": report.compulsory_dma_bytes,
+        "spill": spill_bytes(sim, function),
+        "flops": report.flops,
+        "model_flops": model_flops(onnx.load(str(path))),
+    }
+    walls = {
+        "compile_s": compile_s,
+        "estimate_s": estimate_s,
+        "instructions": compiled.instruction_count,
+    }
+    return {
+        "figures": figures,
+        "walls": walls,
+        "queue": busiest_queue,
+        "path": critical_path_split(sim.slices),
+        "top_nodes": report.top_nodes,
+    }
+
+
+def inf2_row(name: str) -> dict:
+    """One Inf2 row: the program's figures, for an encoder also its extrapolation."""
+    row = inf2_table.ROWS[name]
+    exports = [p for p in inf2_table.exports_of(name, full=True) if p.exists()]
+    measured = {p.name: program_figures(p) for p in exports}
+    walls = {p.name: measured[p.name]["walls"] for p in exports}
+    out = {"name": name, "row": row, "walls": walls, "extrapolated": None}
+    if not row.encoder:
+        program = measured[exports[0].name]
+        out.update(program=program, depth_note="whole model")
+    else:
+        one = measured[inf2_table.path_of(name, 1).name]["figures"]
+        two = measured[inf2_table.path_of(name, 2).name]["figures"]
+        out["extrapolated"] = {k: extrapolate(one[k], two[k], row.depth) for k in one}
+        full = inf2_table.path_of(name, row.depth)
+        if full.name in measured:
+            out.update(program=measured[full.name], depth_note=f"{row.depth} layers compiled")
+        else:  # the breakdown of the 2-layer program, the figures extrapolated
+            program = dict(measured[inf2_table.path_of(name, 2).name])
+            program["figures"] = out["extrapolated"]
+            out.update(program=program, depth_note="extrapolated from 1 and 2 layers")
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}" if seconds < 1e-2 else f"{seconds * 1e3:.2f}"
+
+
+def _top(counter: Counter, total: float, count: int = 3) -> str:
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in counter.most_common(count))
+
+
+def inf2_markdown(table: list[dict]) -> str:
+    lines = [
+        "| row | batch | depth | published (ms) | estimate (ms) | estimate / published "
+        "| extrapolated from 1, 2 layers (ms) | `report` (ms) "
+        "| PE busy (ms) | ACT busy (ms) | DVE busy (ms) | POOL busy (ms) "
+        "| DMA busy, 16 queues summed (ms) | busiest DMA queue (ms) "
+        "| matmul GFLOP simulated (model) | PE share of peak, simulated (model) "
+        "| DMA MB | compulsory MB | DMA / compulsory | intermediates through DRAM MB |",
+        "|---|" + "---|" * 19,
+    ]
+    peak = TABLE.pe_peak_flops
+    for r in table:
+        row, f = r["row"], r["program"]["figures"]
+        t = f["seconds"]
+        extra = r["extrapolated"]
+        lines.append(
+            f"| {r['name']} | {row.batch} | {r['depth_note']} | {row.published_ms:.3f} "
+            f"| {_ms(t)} | {t * 1e3 / row.published_ms:.2f}x "
+            f"| {_ms(extra['seconds']) if extra else '-'} | {_ms(f['report_seconds'])} "
+            + "".join(f"| {_ms(f[e.lower()])} " for e in ENGINES)
+            + f"| {_ms(f['dma'])} | {_ms(f['dma_queue'])} ({r['program']['queue']}) "
+            f"| {f['flops'] / 1e9:.1f} ({f['model_flops'] / 1e9:.1f}) "
+            f"| {f['flops'] / (t * peak):.1%} ({f['model_flops'] / (t * peak):.1%}) "
+            f"| {f['dma_bytes'] / 1e6:.1f} | {f['compulsory'] / 1e6:.1f} "
+            f"| {f['dma_bytes'] / f['compulsory']:.2f} | {f['spill'] / 1e6:.1f} |"
+        )
+    lines += [
+        "",
+        "Where the time goes: the critical path (docs/device_time.md#what-the-report-shows) "
+        "split by stream, by rule or kernel and by instruction, each a share of the estimate "
+        "(the program of the `depth` column).",
+        "",
+        "| row | critical path by stream | by rule or kernel | by instruction |",
+        "|---|---|---|---|",
+    ]
+    for r in table:
+        path, t = r["program"]["path"], r["program"]["figures"]["seconds"]
+        if r["depth_note"].startswith("extrapolated"):
+            t = sum(path["stream"].values())  # the 2-layer program's own path
+        lines.append(
+            f"| {r['name']} | {_top(path['stream'], t)} | {_top(path['rule'], t)} "
+            f"| {_top(path['opcode'], t)} |"
+        )
+    lines += [
+        "",
+        "Wall time (this machine: 2 cores shared, `nice -n 10`): compiling each export "
+        "(`api.compile`, the work of `onnx2bir convert` without writing the files) and "
+        "simulating it.",
+        "",
+        "| export | instructions | compile (s) | estimate (s) |",
+        "|---|---|---|---|",
+    ]
+    for r in table:
+        for export, walls in r["walls"].items():
+            lines.append(
+                f"| `{export}` | {walls['instructions']:,} | {walls['compile_s']:.1f} "
+                f"| {walls['estimate_s']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", metavar="OUT.md", help="also write the table here")
     parser.add_argument(
         "--vocab", type=int, default=VOCAB, help="the exports' vocabulary (default %(default)s)"
     )
-    parser.add_argument("names", nargs="*", default=list(MODELS), help="models (default all)")
+    parser.add_argument(
+        "--inf2",
+        action="store_true",
+        help="the other Inf2 rows (models/inf2_table.py) with their breakdown",
+    )
+    parser.add_argument("names", nargs="*", help="models, or with --inf2 rows (default all)")
     args = parser.parse_args(argv)
-    missing = [
-        str(path_of(n, k, args.vocab))
-        for n in args.names
-        for k in (1, 2)
-        if not path_of(n, k, args.vocab).exists()
-    ]
-    if missing:
-        print(f"missing exports (run models/calibration.py): {', '.join(missing)}")
-        return 2
-    text = markdown(rows(args.names, args.vocab))
+    if args.inf2:
+        names = args.names or list(inf2_table.ROWS)
+        unknown = [n for n in names if n not in inf2_table.ROWS]
+        if unknown:
+            parser.error(f"unknown rows {unknown}; rows: {', '.join(inf2_table.ROWS)}")
+        missing = [str(p) for n in names for p in inf2_table.exports_of(n) if not p.exists()]
+        if missing:
+            print(f"missing exports (run models/inf2_table.py): {', '.join(missing)}")
+            return 2
+        text = inf2_markdown([inf2_row(n) for n in names])
+    else:
+        names = args.names or list(MODELS)
+        missing = [
+            str(path_of(n, k, args.vocab))
+            for n in names
+            for k in (1, 2)
+            if not path_of(n, k, args.vocab).exists()
+        ]
+        if missing:
+            print(f"missing exports (run models/calibration.py): {', '.join(missing)}")
+            return 2
+        text = markdown(rows(names, args.vocab))
     print(text, end="")
     if args.markdown:
         Path(args.markdown).write_text(text)

@@ -1,0 +1,225 @@
+"""Exports for the Inf2 table rows: ResNet-18/50, VGG-16, ViT-base, BERT-base, RoBERTa-base.
+
+The rows of the Neuron "Inf2 Inference Performance" table (Inf2.xlarge, FP32 models compiled
+with matmult -> bf16 autocast, P50 latency per call on one NeuronCore-v2; vision at 224 x 224,
+encoders at sequence 128) that benchmarks/device_time.py compares its estimate with, beside the
+batch-4 BERT rows of models/calibration.py.
+
+In: nothing. The CNNs are torchvision's (``weights=None``, so torchvision's own initialisation
+after ``torch.manual_seed(0)``); the encoders are transformers models built from config objects
+(``torch.manual_seed(0)``, random weights, no hub call) at the released models' sizes and
+vocabularies. Out: ``models/.cache/inf2_<row>[_L<layers>].onnx`` (git-ignored):
+
+- a CNN row is one export at its batch (``inf2_resnet50_b8.onnx``);
+- an encoder row is exported with 1 and 2 layers (the benchmark extrapolates linearly in the
+  number of layers, as for the calibration rows) and, with ``--full``, at its full depth.
+
+Each export is the zoo's (``models/zoo.py _export``: the dynamo exporter at opset 18, exporter
+metadata stripped), with its default optimizer: unlike the zoo's own CNNs, a BatchNorm is folded
+into the convolution before it, as a deployment compiler does (the Neuron compiler folds it
+too); the batch norms of the random ResNets are first given the statistics of one seeded batch
+(``models/zoo.py _calibrate_batchnorm``), so the folded weights are not the identity's.
+
+Run with the export venv, one at a time::
+
+    nice -n 10 /work/venv-export/bin/python models/inf2_table.py            # every row
+    nice -n 10 /work/venv-export/bin/python models/inf2_table.py vgg16_b1   # one
+    nice -n 10 /work/venv-export/bin/python models/inf2_table.py --full vit_base_b1
+
+This module's tables (ROWS, path_of, exports_of) are read by benchmarks/device_time.py without
+torch: torch, torchvision and transformers are imported only where a model is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CACHE = Path(__file__).resolve().parent / ".cache"
+IMAGE, SEQ = 224, 128
+LAYERS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the published table."""
+
+    model: str  # torchvision name, or "vit_base", "bert_base", "roberta_base"
+    batch: int
+    published_ms: float  # P50 latency per call, one NeuronCore-v2
+    depth: int = 0  # encoder layers of the released model; 0 for a CNN (exported whole)
+    vocab: int = 0  # token rows of the embedding table (encoders with token input)
+
+    @property
+    def encoder(self) -> bool:
+        return self.depth > 0
+
+
+ROWS = {
+    "resnet18_b1": Row("resnet18", 1, 0.596),
+    "resnet50_b1": Row("resnet50", 1, 0.83),
+    "resnet50_b8": Row("resnet50", 8, 7.28),
+    "vgg16_b1": Row("vgg16", 1, 1.956),
+    "vit_base_b1": Row("vit_base", 1, 1.322, depth=12),
+    "bert_base_b1": Row("bert_base", 1, 1.00, depth=12, vocab=30522),
+    "roberta_base_b1": Row("roberta_base", 1, 1.00, depth=12, vocab=50265),
+}
+
+
+def path_of(name: str, layers: int | None = None) -> Path:
+    """The export of row `name` (an encoder's with `layers` layers)."""
+    if ROWS[name].encoder:
+        return CACHE / f"inf2_{name}_L{layers}.onnx"
+    return CACHE / f"inf2_{name}.onnx"
+
+
+def exports_of(name: str, full: bool = False) -> list[Path]:
+    row = ROWS[name]
+    if not row.encoder:
+        return [path_of(name)]
+    depths = (*LAYERS, row.depth) if full else LAYERS
+    return [path_of(name, layers) for layers in depths]
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _cnn(row: Row):
+    import torch
+    import torchvision
+
+    from models.zoo import Built, _calibrate_batchnorm
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, row.model)(weights=None)
+    model.eval()
+    shape = (row.batch, 3, IMAGE, IMAGE)
+    if any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()):
+        _calibrate_batchnorm(model, shape)
+    pixels = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    # batchnorms=0: the exporter's optimizer folds them into the convolutions.
+    return Built(model, {"input": pixels}, ["logits"], 0, 0, {"name": row.model, **vars(row)})
+
+
+def _encoder(row: Row, layers: int):
+    import torch
+    from transformers import (
+        BertConfig,
+        BertModel,
+        RobertaConfig,
+        RobertaModel,
+        ViTConfig,
+        ViTForImageClassification,
+    )
+
+    from models.zoo import Built, PixelWrapper, TokenWrapper
+
+    torch.manual_seed(0)
+    config = {"name": row.model, "layers": layers, "batch": row.batch}
+    common = dict(
+        hidden_size=768,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        attn_implementation="eager",
+    )
+    if row.model == "vit_base":  # google/vit-base-patch16-224: 1,000 ImageNet classes
+        model = ViTForImageClassification(
+            ViTConfig(**common, image_size=IMAGE, patch_size=16, num_channels=3, num_labels=1000)
+        )
+        model.eval()
+        pixels = torch.randn(row.batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+        return Built(
+            PixelWrapper(model, "logits"),
+            {"pixel_values": pixels},
+            ["logits"],
+            layers,
+            layers,
+            config,
+        )
+    if row.model == "bert_base":  # bert-base-uncased
+        model = BertModel(
+            BertConfig(**common, vocab_size=row.vocab, max_position_embeddings=512),
+            add_pooling_layer=False,
+        )
+        low = 0
+    else:  # roberta-base
+        model = RobertaModel(
+            RobertaConfig(
+                **common,
+                vocab_size=row.vocab,
+                max_position_embeddings=514,
+                type_vocab_size=1,
+                layer_norm_eps=1e-5,
+                pad_token_id=1,
+            ),
+            add_pooling_layer=False,
+        )
+        low = 3  # no padding (1) or special tokens: every position counts
+    model.eval()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(low, row.vocab, (row.batch, SEQ), generator=generator, dtype=torch.int64)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(row.batch, SEQ, dtype=torch.int64)}
+    return Built(
+        TokenWrapper(model, "last_hidden_state"),
+        inputs,
+        ["last_hidden_state"],
+        layers,
+        layers,
+        config,
+    )
+
+
+def build(name: str, layers: int | None = None):
+    """The zoo's `Built` (module, inputs) for row `name` (an encoder cut to `layers`)."""
+    row = ROWS[name]
+    return _encoder(row, layers) if row.encoder else _cnn(row)
+
+
+def main(argv: list[str]) -> int:
+    import onnx
+    import torch
+
+    from models.strip_metadata import strip_exporter_metadata
+    from models.zoo import _export
+
+    full = "--full" in argv
+    names = [arg for arg in argv if arg != "--full"] or list(ROWS)
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        print(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
+        return 2
+    CACHE.mkdir(exist_ok=True)
+    for name in names:
+        for out in exports_of(name, full):
+            if out.exists():
+                print(f"{out}: exists")
+                continue
+            layers = int(out.stem.rsplit("_L", 1)[1]) if ROWS[name].encoder else None
+            start = time.time()
+            with torch.no_grad():
+                proto, exporter = _export(build(name, layers))
+            strip_exporter_metadata(proto)
+            ops: dict[str, int] = {}
+            for node in proto.graph.node:
+                ops[node.op_type] = ops.get(node.op_type, 0) + 1
+            onnx.save(proto, out)
+            print(
+                f"{out}: {exporter}, {out.stat().st_size / 1e6:.1f} MB, "
+                f"{time.time() - start:.0f} s, sha256 {sha256(out)}\n  ops {ops}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
