@@ -80,6 +80,42 @@ def one_node_model(
     return make_model(node, inputs, {"y": out_shape}, opset, initializers)
 
 
+class OnnxWriter:
+    """Writes a float graph node by node: `input` declares an input, `const` an initializer,
+    `op` a node with a fresh output name, `model` the opset-18 model with inferred shapes."""
+
+    def __init__(self):
+        self.nodes, self.inputs, self.inits, self.count = [], [], [], 0
+
+    def input(self, name, shape, dtype=TensorProto.FLOAT):
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(shape)))
+        return name
+
+    def const(self, value, dtype=np.float32):
+        name = f"c{self.count}"
+        self.count += 1
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def op(self, op_type, inputs, name=None, **attrs):
+        out = f"t{self.count}"
+        self.count += 1
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name or out, **attrs))
+        return out
+
+    def reshape(self, x, shape):
+        return self.op("Reshape", [x, self.const(np.array(shape, np.int64), np.int64)])
+
+    def model(self, output, extra_outputs=()):
+        outs = [
+            helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+            for o in (output, *extra_outputs)
+        ]
+        graph = helper.make_graph(self.nodes, "attention", self.inputs, outs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+        return onnx.shape_inference.infer_shapes(model)
+
+
 def is_copy(inst: Instruction) -> bool:
     """A DmaCopy, a TensorCopy, or ScalarE's copy: an Activation of the identity, unscaled and
     without bias (NeuronCore-v2 has no TensorCopy on ScalarE, docs/neuroncore.md#rules)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from onnx2bir.graph import Graph
 from onnx2bir.patterns.queries import producer_op
 
+
 def swaps_last_two(perm: list[int] | tuple[int, ...], rank: int) -> bool:
     return list(perm) == [*range(rank - 2), rank - 1, rank - 2]
 

@@ -380,12 +380,6 @@ _PATH_LIMIT = 10  # ops walked each way from an unmatched Softmax
 _MATMULS = ("MatMul", "Gemm", "Einsum")
 
 
-def _data_input(graph: Graph, data: dict) -> str | None:
-    """The one non-constant input a node passes values along (None when there are several)."""
-    live = [t for t in data["inputs"] if t and const_value(graph, t) is None]
-    return live[0] if len(live) == 1 else None
-
-
 def describe_unmatched(graph: Graph, softmax: str) -> str:
     """Why a Softmax no attention pattern matched is not a block: the ops between it and the
     matmuls on either side, as far as they go (every Softmax is listed, docs/attention.md)."""
@@ -415,7 +409,7 @@ def describe_unmatched(graph: Graph, softmax: str) -> str:
             break
         down.append(data["op_type"] + (" by a constant" if data["op_type"] in _MATMULS else ""))
         tensor = data["outputs"][0]
-    before = " → ".join([f"QK {graph.node(qk)['op_type']} {qk!r}"] if qk else ["?"])
+    before = f"QK {graph.node(qk)['op_type']} {qk!r}" if qk else "?"
     chain = " → ".join([*reversed(up), "Softmax", *down])
     after = f"PV {graph.node(pv)['op_type']} {pv!r}" if pv else "?"
     if qk is None:
@@ -423,9 +417,10 @@ def describe_unmatched(graph: Graph, softmax: str) -> str:
     if pv is None:
         return f"the probabilities reach no matmul with a computed operand ({before} → {chain})"
     mixing = any(op.endswith("by a constant") for op in [*up, *down])
+    heads = "the scores are mixed across heads by a constant matmul (talking heads); "
     return (
         f"{before} → {chain} → {after}: "
-        + ("the scores are mixed across heads by a constant matmul (talking heads); " if mixing else "")
+        + (heads if mixing else "")
         + "the kernel takes only score steps (scale, Add, masked-fill Where, Cast, a row-keeping "
         "Reshape) before the softmax and a Cast, Dropout, NaN guard or Reshape after it"
     )

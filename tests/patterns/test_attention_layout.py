@@ -16,9 +16,8 @@ import json
 import math
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from conftest import OnnxWriter
 
 from onnx2bir.compiler import compile_graph
 from onnx2bir.frontend.importer import import_model
@@ -38,36 +37,6 @@ U = 2.0**-8  # bf16 unit roundoff
 @pytest.fixture(autouse=True)
 def short_blocks_raise(monkeypatch):
     monkeypatch.setattr(raising, "MIN_SEQUENCE", 0)
-
-
-class Graph:
-    def __init__(self):
-        self.nodes, self.inputs, self.inits, self.count = [], [], [], 0
-
-    def input(self, name, shape):
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
-        return name
-
-    def const(self, value, dtype=np.float32):
-        name = f"c{self.count}"
-        self.count += 1
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def op(self, op_type, inputs, name=None, **attrs):
-        out = f"t{self.count}"
-        self.count += 1
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name or out, **attrs))
-        return out
-
-    def reshape(self, x, shape):
-        return self.op("Reshape", [x, self.const(np.array(shape, np.int64), np.int64)])
-
-    def model(self, output):
-        out = helper.make_tensor_value_info(output, TensorProto.FLOAT, None)
-        graph = helper.make_graph(self.nodes, "attention", self.inputs, [out], self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-        return onnx.shape_inference.infer_shapes(model)
 
 
 def feeds_for(model, seed=0):
@@ -113,7 +82,7 @@ def test_refinement_of_views():
 def bloom_block(batch=2, heads=4, seq=16, d=8):
     """BLOOM's eager attention: ALiBi added to [B·H, S, S] scores (baddbmm), viewed as
     [B, H, S, S] for the mask, softmax, then the probabilities against v [B, H, S, D]."""
-    g = Graph()
+    g = OnnxWriter()
     q = g.input("q", (batch * heads, seq, d))
     kt = g.input("kt", (batch * heads, d, seq))
     alibi = g.input("alibi", (batch * heads, 1, seq))
@@ -147,7 +116,7 @@ def test_bloom_alibi_through_a_view_is_raised_and_runs():
 def swin_block(batch=2, windows=4, heads=3, n=9, d=8):
     """Swin's shifted-window attention: relative position bias on [B·nW, H, N, N] scores,
     viewed as [B, nW, H, N, N] for the window mask, and back."""
-    g = Graph()
+    g = OnnxWriter()
     rng = np.random.default_rng(1)
     q = g.input("q", (batch * windows, heads, n, d))
     k = g.input("k", (batch * windows, heads, n, d))
@@ -179,7 +148,7 @@ def test_swin_shifted_window_views_are_raised_and_run():
 
 
 def test_views_that_do_not_nest_are_listed_with_the_reason():
-    g = Graph()
+    g = OnnxWriter()
     q = g.input("q", (6, 4, 8))
     kt = g.input("kt", (6, 8, 4))
     v = g.input("v", (3, 2, 4, 8))
@@ -192,7 +161,7 @@ def test_views_that_do_not_nest_are_listed_with_the_reason():
     graph = import_model(model)
     (finding,) = LowerToCustomNativeKernel().run(graph, RAISE).findings
     assert finding["target"] is not None  # [6] and [3, 2] nest: cut at 3 and 6
-    g2 = Graph()
+    g2 = OnnxWriter()
     q = g2.input("q", (2, 3, 4, 8))
     kt = g2.input("kt", (2, 3, 8, 4))
     v = g2.input("v", (3, 2, 4, 8))
@@ -209,7 +178,7 @@ def test_views_that_do_not_nest_are_listed_with_the_reason():
 def gqa_block(batch=1, kv_heads=2, group=3, seq=16, d=8):
     """Llama's eager attention with repeat_kv: K and V [B, Hkv, S, D] unsqueezed, expanded to
     [B, Hkv, G, S, D] and reshaped to [B, Hkv·G, S, D]; Kᵀ by a Transpose after the repeat."""
-    g = Graph()
+    g = OnnxWriter()
     heads = kv_heads * group
     q = g.input("q", (batch, heads, seq, d))
     k = g.input("k", (batch, kv_heads, seq, d))
@@ -249,7 +218,7 @@ def test_grouped_query_kv_read_once_per_group_with_zero_stride_heads():
 
 
 def test_packaging_is_the_seeds_and_its_identities_cost_nothing():
-    g = Graph()
+    g = OnnxWriter()
     q, k, v = (g.input(n, (1, 2, 16, 8)) for n in "qkv")
     s = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
     s = g.op("Add", [g.op("Mul", [s, g.const(0.25)]), g.input("mask", (1, 1, 16, 16))])
@@ -276,11 +245,13 @@ def test_packaging_is_the_seeds_and_its_identities_cost_nothing():
 
 def test_class_attention_query_length_one_is_a_block():
     """CaiT's class attention: one class token against all tokens (seq_q 1, seq_k N+1)."""
-    g = Graph()
+    g = OnnxWriter()
     q = g.input("q", (1, 2, 1, 8))
     k = g.input("k", (1, 2, 17, 8))
     v = g.input("v", (1, 2, 17, 8))
-    s = g.op("MatMul", [g.op("Mul", [q, g.const(8**-0.5)]), g.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    s = g.op(
+        "MatMul", [g.op("Mul", [q, g.const(8**-0.5)]), g.op("Transpose", [k], perm=[0, 1, 3, 2])]
+    )
     p = g.op("Softmax", [s], axis=-1)
     model = g.model(g.op("MatMul", [p, v], name="pv"))
     (finding,) = LowerToCustomNativeKernel().run(import_model(model), RAISE).findings
@@ -294,7 +265,7 @@ def test_class_attention_query_length_one_is_a_block():
 def test_talking_heads_softmax_is_listed_with_the_ops_around_it():
     """CaiT's talking heads: the scores mixed across heads by a constant matmul before and
     after the softmax. Not the kernel's form, and listed, never silent."""
-    g = Graph()
+    g = OnnxWriter()
     rng = np.random.default_rng(2)
     q, k, v = (g.input(n, (1, 2, 16, 8)) for n in "qkv")
     s = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 1, 3, 2])], name="qk")
@@ -306,12 +277,14 @@ def test_talking_heads_softmax_is_listed_with_the_ops_around_it():
     model = g.model(g.op("MatMul", [p, v], name="pv"))
     (finding,) = LowerToCustomNativeKernel().run(import_model(model), RAISE).findings
     assert finding["status"] == "refused" and "softmax" in finding["nodes"]
-    assert "'qk' → Transpose → MatMul by a constant → Add → Transpose → Softmax" in finding["reason"]
+    assert (
+        "'qk' → Transpose → MatMul by a constant → Add → Transpose → Softmax" in finding["reason"]
+    )
     assert "talking heads" in finding["reason"] and "'pv'" in finding["reason"]
 
 
 def test_a_classifier_softmax_is_listed_as_no_attention():
-    g = Graph()
+    g = OnnxWriter()
     x = g.input("x", (1, 16))
     logits = g.op("MatMul", [x, g.const(np.ones((16, 4)))])
     model = g.model(g.op("Softmax", [logits], name="softmax", axis=-1))

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
 import pytest
-from conftest import assert_matches_onnxruntime
-from onnx import TensorProto, helper, numpy_helper
+from conftest import OnnxWriter, assert_matches_onnxruntime
+from onnx import TensorProto, helper
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.frontend.importer import import_model
@@ -28,43 +27,18 @@ RAISE = CompileOptions(
 )
 
 
-class Builder:
-    """Writes an attention graph node by node; `t(name)` declares a float tensor input."""
+class Builder(OnnxWriter):
+    """An attention graph with q, k, v inputs of `seq_q` and `seq_k` tokens."""
 
     def __init__(self, seq_q: int = 16, seq_k: int | None = None):
+        super().__init__()
         self.sq, self.sk = seq_q, seq_k or seq_q
-        self.nodes, self.inputs, self.inits, self.count = [], [], [], 0
-
-    def input(self, name, shape, dtype=TensorProto.FLOAT):
-        self.inputs.append(helper.make_tensor_value_info(name, dtype, list(shape)))
-        return name
-
-    def const(self, value, dtype=np.float32):
-        name = f"c{self.count}"
-        self.count += 1
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def op(self, op_type, inputs, name=None, **attrs):
-        out = f"t{self.count}"
-        self.count += 1
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name or out, **attrs))
-        return out
 
     def qkv(self):
         q = self.input("q", (B, H, self.sq, D))
         k = self.input("k", (B, H, self.sk, D))
         v = self.input("v", (B, H, self.sk, D))
         return q, k, v
-
-    def model(self, output, extra_outputs=()):
-        outs = [
-            helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-            for o in (output, *extra_outputs)
-        ]
-        graph = helper.make_graph(self.nodes, "attention", self.inputs, outs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-        return onnx.shape_inference.infer_shapes(model)
 
 
 DEFAULT = CompileOptions()

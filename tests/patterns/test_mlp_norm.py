@@ -372,7 +372,6 @@ def test_residual_pre_norm_is_not_an_mlp():
 IDIOM_EVA02 = ROOT / "models" / "idioms" / "eva02.onnx"
 
 
-@pytest.mark.skipif(not IDIOM_EVA02.is_file(), reason="models/idioms/eva02.onnx is not here")
 def test_eva02_scale_mlp_export_raises_both_blocks_and_validates():
     """models/idioms' EVA-02 (scale_mlp: timm's SwiGLU with norm_layer=LayerNorm, hidden 170, so
     a partial hidden tile): fc1_g and fc1_x, silu(gate)·x, LayerNormalization, fc2 — both
