@@ -166,16 +166,22 @@ def tile_count(extent: int, size: int) -> int:
 
 
 def buffer_count(
-    cg: BirCodeGen, trips: int, sb_bytes: int = 0, psum_banks: int = 0, limit: int = FULL_EXPANSION
+    cg: BirCodeGen,
+    trips: int,
+    sb_bytes: int = 0,
+    psum_banks: int = 0,
+    limit: int = FULL_EXPANSION,
+    reserved: int = 0,
 ) -> int:
     """Copies for a loop of `trips` tiles whose rotated tiles take `sb_bytes` of each SBUF
     partition and `psum_banks` PSUM banks per copy: one per tile when `trips` ≤ `limit` and
-    they fit, else 2 (double buffering) when that fits, else 1 (docs/buffers.md#choice)."""
+    they fit, else 2 (double buffering) when that fits, else 1 (docs/buffers.md#choice).
+    `reserved`: SBUF bytes per partition that tiles allocated after these still need."""
     if trips < 2:
         return 1
 
     def fits(copies: int) -> bool:
-        return copies * sb_bytes <= cg.sb_free_bytes() and copies * psum_banks <= (
+        return copies * sb_bytes + reserved <= cg.sb_free_bytes() and copies * psum_banks <= (
             cg.psum_free_banks()
         )
 

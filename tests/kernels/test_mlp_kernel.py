@@ -18,6 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx2bir.api import commands as api
+from onnx2bir.api.validate import validate
 from onnx2bir.bir.enums import Dtype, MemoryType, Opcode
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.driver import BirCodeGen, CodegenError
@@ -209,6 +211,66 @@ def test_tokens_k_h_over_128_n_over_512(activation):
     assert all(
         locs[i.srcs[r].loc].dtype is Dtype.FP32 for i in matmuls for r in ("stationary", "moving")
     )
+
+
+def _weight_loads(module, weight: str) -> list:
+    """The DMAs that read `weight` (or its stored transpose `<node>/<weight>.T`)."""
+    return [
+        i
+        for i in module.functions[0].instructions()
+        if i.opcode is Opcode.DMA_COPY
+        and _source(i).loc.split("/")[-1] in (weight, f"{weight}.T")
+    ]
+
+
+def _row_tiles(load) -> int:
+    """128-row tiles one weight DMA brings: its source's row-tile count."""
+    counts = _source(load).counts
+    return counts[1] if len(counts) == 3 else 1
+
+
+def _source(dma):
+    (src,) = dma.srcs.values()
+    return src
+
+
+def test_w2_blocks_over_the_limit_come_in_row_groups():
+    """H = 2560: a 512-column block of w2 is 20 row tiles of 2 KiB per partition in fp32, over
+    WEIGHT_BLOCK_BYTES, so it comes in groups of 16 row tiles (and a last group of 4), one DMA
+    each, for both N chunks (512 and 88 columns); the accumulation runs across the groups."""
+    module = run(*Mlp((4, 256), 2560, 600, "relu").fused())
+    loads = _weight_loads(module, "w2")
+    assert sorted({_row_tiles(i) for i in loads}) == [4, 16]
+
+
+def test_w1_and_w_up_blocks_over_the_limit_come_in_row_groups():
+    """K = 8448 (66 row tiles): a 128-column block of w1 or w_up is 33 KiB per partition in
+    fp32, so each comes in a group of 64 row tiles and one of 2, the gated pair together."""
+    module = run(*Mlp((3, 8448), 130, 20, "swiglu").fused())
+    for weight in ("w1", "w_up"):
+        assert sorted({_row_tiles(i) for i in _weight_loads(module, weight)}) == [2, 64]
+
+
+def test_transposed_classifier_weights_stored_transposed_in_bf16():
+    """A classifier (Gemm transB, Relu, Gemm transB) raised under the default autocast: its
+    weights are stored transposed and in bf16 at compile time (docs/autocast.md#weights), so
+    they are loaded by plain DMAs, w1's 16,512 rows in row groups, and never flipped on the
+    PE array (no matmul against the identity); the model validates."""
+    model = Mlp((1, 16512), 256, 1000, "relu", trans_w1=True, trans_w2=True).model()
+    result = validate(model)
+    assert result.passed, result.text()
+    module = api.compile(model).module
+    fn = module.functions[0]
+    stored = {n: loc.dtype for n, loc in fn.memory_locations.items() if n.endswith(".T")}
+    assert sorted(n.split("/")[-1] for n in stored) == ["w1.T", "w2.T"]
+    assert set(stored.values()) == {Dtype.BF16}
+    assert {_row_tiles(i) for i in _weight_loads(module, "w1")} == {128, 1}
+    flips = [
+        i
+        for i in fn.instructions()
+        if i.opcode is Opcode.MATMULT and i.srcs["stationary"].loc.startswith("identity")
+    ]
+    assert not flips
 
 
 def test_reshape_between_the_dots():

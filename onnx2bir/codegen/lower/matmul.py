@@ -40,15 +40,18 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
-from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_heads import emit_heads, heads_fit
 from onnx2bir.codegen.matmul_panels import try_panels
-from onnx2bir.codegen.matmul_tiles import MatmulTiles, MatrixView, evict_tile, load_tile
+from onnx2bir.codegen.matmul_tiles import (
+    MatmulTiles,
+    MatrixView,
+    evict_tile,
+    load_tile,
+    stored_transposed,
+)
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
@@ -254,7 +257,7 @@ def lower_gemm(cg: BirCodeGen, node: Node) -> None:
     a = _row_major(cg.dram(a_name).name, Affine(), *a_shape)
     if attrs.get("transA", 0):
         a = a.T
-    b = _stored_transposed(cg, b_name, node) if attrs.get("transB", 0) else None
+    b = stored_transposed(cg, b_name, node["name"]) if attrs.get("transB", 0) else None
     if b is None:
         b = _row_major(cg.dram(b_name).name, Affine(), *b_shape)
         if attrs.get("transB", 0):
@@ -272,31 +275,3 @@ def lower_gemm(cg: BirCodeGen, node: Node) -> None:
         return
     mm = _rotating_tiles(cg, dtype, [tile_count(a.rows, NUM_PARTITIONS)], b.cols)
     emit_gemm(cg, a, b, y, mm, alpha, c, beta)
-
-
-def _transposed_copy(matrix: np.ndarray) -> np.ndarray:
-    """matrixᵀ, contiguous, copied 128 source rows at a time: each block's reads stay in the
-    cache (vgg19's first classifier weight, 411 MB: about 0.35 s against 1 s for one copy)."""
-    out = np.empty(matrix.shape[::-1], matrix.dtype)
-    for start in range(0, matrix.shape[0], 128):
-        out[:, start : start + 128] = matrix[start : start + 128].T
-    return out
-
-
-def _stored_transposed(cg: BirCodeGen, name: str, node: Node) -> MatrixView | None:
-    """Gemm's constant B read transposed (transB, a classifier's weight) under the general
-    autocast: stored once as Bᵀ, a compile-time constant of its own (docs/autocast.md#weights),
-    so that its loads are plain row DMAs, which cast it (and let it be stored in the cast
-    dtype), instead of fp32 tiles flipped on the PE array. None when B is computed, shared
-    with another node, or the autocast is off."""
-    info = cg.graph.tensors[name]
-    if not info.is_const or len(info.shape) != 2 or pe_operand_dtype(cg) is Dtype.FP32:
-        return None
-    if len(cg.graph.consumers(name)) != 1:
-        return None
-    stored = f"{node['name']}/{name}.T"
-    payload = cg.derived_constants.get(stored)
-    if payload is None:
-        payload = cg.derived_constants[stored] = _transposed_copy(info.const)
-    loc = cg.add_dram_const(stored, payload)
-    return _row_major(loc.name, Affine(), info.shape[1], info.shape[0])

@@ -52,8 +52,13 @@ and the working tiles do not fit, the block shrinks (512 → 256 → 128 tokens)
 even for 128 tokens fails with `cg.fail`. Weights stream per block: for each 128-column
 block of w1/w_up (the stationaries) and each ≤512-column block of w2 (the movings), one DMA
 brings every 128-row tile of the block when the weight's rows come in whole tiles and its
-columns are contiguous; otherwise tile by tile, transposed ones flipped on the PE array by
-`matmul_tiles.load_tile`.
+columns are contiguous. A block larger than WEIGHT_BLOCK_BYTES per partition (a classifier's
+25,088 input features) comes in groups of row tiles, one DMA per group, the groups' copies
+rotating so that the next group loads while this one is multiplied (`row_group`,
+`MlpEmitter.weight_rows`). Otherwise tile by tile, transposed ones flipped on the PE array by
+`matmul_tiles.load_tile`. Under the autocast a constant transposed weight (trans_w1, trans_w2:
+Gemm's transB) read by this node only is stored transposed at compile time
+(`matmul_tiles.stored_transposed`, docs/autocast.md#weights), so it is never flipped.
 b1 and b_up are loaded once, one column per hidden tile. x is read in place when the memory
 plan keeps it in SBUF, and its flips rotate over four 128-column PSUM slots of one bank, so the
 PE array flips the next K tile while the previous one is copied out; hᵀ accumulates in two
@@ -78,7 +83,13 @@ from onnx2bir.bir.opcodes import (
 from onnx2bir.codegen.act_range import reciprocal_sqrt
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, MatrixView, load_tile
+from onnx2bir.codegen.matmul_tiles import (
+    BANK_FP32,
+    PANEL_FLIPS,
+    MatrixView,
+    load_tile,
+    stored_transposed,
+)
 from onnx2bir.codegen.tiling import (
     Affine,
     Tile,
@@ -183,8 +194,14 @@ def mlp_args(cg: BirCodeGen, node: Node) -> MlpArgs:
         shape = tuple(tensors[name].shape)
         if len(shape) != 2:
             raise cg.fail(f"weight {name!r} {shape} is not a matrix")
-        view = _row_major(cg.dram(name).name, *shape)
-        view = view.T if transposed else view
+        # A constant transposed weight is stored transposed at compile time under the
+        # autocast (docs/autocast.md#weights): plain row DMAs that cast, no PE flips.
+        stored = stored_transposed(cg, name, node["name"]) if transposed else None
+        if stored is not None:
+            view = stored
+        else:
+            view = _row_major(cg.dram(name).name, *shape)
+            view = view.T if transposed else view
         if view.rows != rows:
             raise cg.fail(f"weight {name!r} {shape} does not contract {rows} features")
         return view
@@ -258,31 +275,41 @@ def _row_bytes(elements: int, itemsize: int = 4) -> int:
 WEIGHT_BLOCK_BYTES = 32 * 1024  # SBUF per partition one weight's column block may take
 
 
+def row_group(view: MatrixView, width: int, itemsize: int) -> int:
+    """Row tiles of a column block of `width` that one DMA brings: all of them when the block
+    fits in WEIGHT_BLOCK_BYTES, else as many as fit (a classifier's 25,088-row weight comes in
+    groups); 0 when the weight cannot come in blocks (its columns are strided or its rows are
+    not whole 128-row tiles) and is loaded one tile at a time."""
+    if view.col_stride != 1 or view.rows % P:
+        return 0
+    per_tile = min(width, view.cols) * itemsize
+    return max(1, min(view.rows // P, WEIGHT_BLOCK_BYTES // per_tile))
+
+
 def whole_rows(view: MatrixView, width: int, itemsize: int) -> bool:
-    """A weight whose rows come in whole 128-row tiles, whose columns are contiguous and
-    whose column block of `width` fits in WEIGHT_BLOCK_BYTES: one DMA brings all its row
-    tiles for a column block."""
-    block = (view.rows // P) * min(width, view.cols) * itemsize
-    return view.col_stride == 1 and view.rows % P == 0 and block <= WEIGHT_BLOCK_BYTES
+    """Whether one DMA brings every row tile of a column block of `width`."""
+    group = row_group(view, width, itemsize)
+    return group > 0 and group == view.rows // P
 
 
 def weight_columns(view: MatrixView, width: int, itemsize: int) -> int:
-    """Free elements of the SBUF tile that holds one column block of `view`."""
+    """Free elements of the SBUF tile that holds one load of `view`: a group of row tiles of
+    a column block, or one tile."""
     width = min(width, view.cols)
-    return (view.rows // P) * width if whole_rows(view, width, itemsize) else width
+    return max(1, row_group(view, width, itemsize)) * width
 
 
-def load_weight_block(
-    cg: BirCodeGen, view: MatrixView, tile, cols: Tile, width: int, offset: Affine
+def load_weight_rows(
+    cg: BirCodeGen, view: MatrixView, tile, rows: Tile, cols: Tile, width: int, offset: Affine
 ) -> None:
-    """All row tiles of `view`'s columns `cols` in one DMA: row tile r at free offset
-    `offset` + r · width of `tile`, rows within the tile on partitions."""
+    """Row tiles `rows` (whole 128-row tiles) of `view`'s columns `cols` in one DMA: row tile r
+    of them at free offset `offset` + r · width of `tile`, rows within the tile on partitions."""
     cg.dma(
-        cg.ap(tile, [(width, view.rows // P), (1, cols.size)], offset, partitions=P),
+        cg.ap(tile, [(width, rows.size // P), (1, cols.size)], offset, partitions=P),
         cg.dram_ap(
             view.loc,
-            view.offset + cols.start,
-            [(view.row_stride, P), (P * view.row_stride, view.rows // P), (1, cols.size)],
+            view.offset + rows.start * view.row_stride + cols.start,
+            [(view.row_stride, P), (P * view.row_stride, rows.size // P), (1, cols.size)],
         ),
     )
 
@@ -340,7 +367,6 @@ class MlpTiles:
         self.x = cg.sb_tile("x", P, a.k, fp32)
         self.xt = cg.sb_tile("xT", P, -(-a.k // P) * block, pe)
         self.h = cg.sb_tile("hT", P, -(-a.h // P) * block, pe)
-        self.pe_bytes = pe.itemsize
         self.staging = cg.sb_tile("staging", P, P, fp32)
         self.b2 = cg.sb_tile("b2", P, N_CHUNK, fp32)
         self.y = cg.sb_tile("y", P, N_CHUNK, a.out_dtype)
@@ -372,22 +398,50 @@ class MlpTiles:
         # tile's matmuls need not wait for this one's activation to empty its bank.
         self.h_banks = 2 if cg.psum_free_banks() >= 2 and tile_count(a.h, P) > 1 else 1
         self.h_ps = cg.psum_tile("h", P, (self.h_banks - 1) * BANK_FP32 + block)
-        # A weight tile holds every 128-row tile of one column block (`whole_rows`), or one
+        # A weight tile holds every 128-row tile of one column block (`whole_rows`), a group
+        # of them when the block is larger than WEIGHT_BLOCK_BYTES (`row_group`), or one
         # 128 x 128 tile when the weight is transposed or its rows are not whole tiles; with
-        # room left, two copies, so that the next block loads while this one is multiplied
-        # (docs/buffers.md#rotation).
+        # room left, two copies, so that the next load is in flight while this one is
+        # multiplied (docs/buffers.md#rotation). Whole blocks rotate with the column blocks,
+        # groups with the row groups (`MlpEmitter.weight_rows`).
         self.strides: dict[str, int] = {}
-        width1 = weight_columns(a.w1, P, pe.itemsize)
-        per_copy = copy_stride(width1, pe) * pe.itemsize * (2 if a.w_up is not None else 1)
-        self.hidden_copies = buffer_count(cg, tile_count(a.h, P), per_copy, limit=2)
-        self.w1 = self._weight(cg, "w1", width1, pe, self.hidden_copies)
-        self.w_up = (
-            self._weight(cg, "w_up", width1, pe, self.hidden_copies) if a.w_up is not None else None
-        )
+        self.pe_bytes = pe.itemsize
+        first = [view for view in (a.w1, a.w_up) if view is not None]
+        self.hidden_group = self.grouped(first, P)
+        self.output_group = self.grouped([a.w2], N_CHUNK)
+        width1 = max(weight_columns(view, P, pe.itemsize) for view in first)
         width2 = weight_columns(a.w2, N_CHUNK, pe.itemsize)
-        per_copy = copy_stride(width2, pe) * pe.itemsize
-        self.output_copies = buffer_count(cg, tile_count(a.n, N_CHUNK), per_copy, limit=2)
-        self.w2 = self._weight(cg, "w2", width2, pe, self.output_copies)
+        per_copy1 = copy_stride(width1, pe) * pe.itemsize * len(first)
+        per_copy2 = copy_stride(width2, pe) * pe.itemsize
+        # The first weights' copies leave room for one copy of w2.
+        h_trips = tile_count(a.h, P)
+        if self.hidden_group:
+            trips = h_trips * tile_count(a.k, self.hidden_group * P)
+            self.w1_copies = buffer_count(cg, trips, per_copy1, limit=2, reserved=per_copy2)
+            self.hidden_copies = min(2, h_trips)  # for the PSUM banks of hᵀ only
+        else:
+            self.w1_copies = buffer_count(cg, h_trips, per_copy1, limit=2, reserved=per_copy2)
+            self.hidden_copies = self.w1_copies
+        self.w1 = self._weight(cg, "w1", width1, pe, self.w1_copies)
+        self.w_up = (
+            self._weight(cg, "w_up", width1, pe, self.w1_copies) if a.w_up is not None else None
+        )
+        n_trips = tile_count(a.n, N_CHUNK)
+        if self.output_group:
+            trips = n_trips * tile_count(a.h, self.output_group * P)
+            self.w2_copies = buffer_count(cg, trips, per_copy2, limit=2)
+            self.output_copies = 1
+        else:
+            self.w2_copies = self.output_copies = buffer_count(cg, n_trips, per_copy2, limit=2)
+        self.w2 = self._weight(cg, "w2", width2, pe, self.w2_copies)
+
+    def grouped(self, views: list[MatrixView], width: int) -> int:
+        """Row tiles per load when the weights `views` (read together) come in row groups
+        rather than whole column blocks or single tiles; 0 otherwise."""
+        groups = [row_group(view, width, self.pe_bytes) for view in views]
+        if min(groups) == 0 or all(g == v.rows // P for g, v in zip(groups, views, strict=True)):
+            return 0
+        return min(groups)
 
     def _weight(self, cg: BirCodeGen, tag: str, free: int, dtype: Dtype, copies: int):
         stride = copy_stride(free, dtype)
@@ -480,19 +534,15 @@ class MlpEmitter:
             bank = hc.slot if t.h_banks == t.hidden_copies else Affine()
             acc = cg.ap(t.h_ps, [(1, blk.size)], bank * BANK_FP32, partitions=hc.size)
             up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
-            for view, tile in ((a.w1, t.w1), (a.w_up, t.w_up)):
-                if view is not None and whole_rows(view, P, t.pe_bytes):
-                    width = min(P, view.cols)
-                    load_weight_block(cg, view, tile, hc, width, t.at(tile, hc.slot))
-            for kc in tiles(cg, a.k, P, "k", peel_first=True):
+            loads = [(v, tile) for v, tile in ((a.w1, t.w1), (a.w_up, t.w_up)) if v is not None]
+            rows = self.weight_rows(loads, a.k, hc, P, "k", hc.slot, t.hidden_group, t.w1_copies)
+            for kc, weight in rows:
                 moving = cg.ap(
                     t.xt, [(1, blk.size)], tile_index(kc, P) * self.block, partitions=kc.size
                 )
-                w1 = self.weight_tile(a.w1, t.w1, kc, hc, P, hc.slot)
-                cg.matmul(acc, w1, moving, accumulate=not kc.first)
+                cg.matmul(acc, weight(a.w1, t.w1), moving, accumulate=not kc.first)
                 if up is not None:
-                    w_up = self.weight_tile(a.w_up, t.w_up, kc, hc, P, hc.slot)
-                    cg.matmul(up, w_up, moving, accumulate=not kc.first)
+                    cg.matmul(up, weight(a.w_up, t.w_up), moving, accumulate=not kc.first)
             h = cg.ap(t.raw, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
             self.activate(h, acc, up, hc, blk)
 
@@ -553,6 +603,39 @@ class MlpEmitter:
             )
             if name is not None
         ]
+
+    def weight_rows(
+        self, loads, extent: int, cols: Tile, width: int, name: str, slot, group: int, copies: int
+    ):
+        """The 128-row tiles of the weights `loads` ([(view, tile)], read together) for columns
+        `cols` of a block `width` wide, under the loops that bring them: yields (rows, operand),
+        `rows.first` on the tile that opens the accumulation and operand(view, tile) the
+        weight's [rows, cols] tile. Whole column blocks are loaded here in copy `slot`; with
+        a row `group` (MlpTiles.grouped), each group of row tiles is loaded by one DMA per
+        weight in a loop of its own whose `copies` rotate, and the row tiles run inside it."""
+        cg, t = self.cg, self.t
+        if not group:
+            for view, tile in loads:
+                if whole_rows(view, width, t.pe_bytes):
+                    every = Tile(Affine(), view.rows, True)
+                    at = t.at(tile, slot)
+                    load_weight_rows(cg, view, tile, every, cols, min(width, view.cols), at)
+            for rows in tiles(cg, extent, P, name, peel_first=True):
+                yield rows, lambda v, tile, r=rows: self.weight_tile(v, tile, r, cols, width, slot)
+            return
+        width = min(width, loads[0][0].cols)
+        for rg in tiles(cg, extent, group * P, f"{name}g", peel_first=True, buffers=copies):
+            for view, tile in loads:
+                load_weight_rows(cg, view, tile, rg, cols, width, t.at(tile, rg.slot))
+            for kc in tiles(cg, rg.size, P, name, peel_first=rg.first):
+                base = tile_index(kc, P) * width
+
+                def operand(view, tile, rg=rg, base=base, size=kc.size) -> AccessPattern:
+                    return cg.ap(
+                        tile, [(1, cols.size)], t.at(tile, rg.slot) + base, partitions=size
+                    )
+
+                yield Tile(rg.start + kc.start, kc.size, rg.first and kc.first), operand
 
     def weight_tile(
         self, view: MatrixView, tile, rows: Tile, cols: Tile, width: int, slot: Affine
@@ -625,11 +708,11 @@ class MlpEmitter:
                     cg.ap(t.b2, [(1, nc.size)], partitions=P),
                     cg.dram_ap(a.b2, nc.start, [(0, P), (1, nc.size)]),
                 )
-            if whole_rows(a.w2, N_CHUNK, t.pe_bytes):
-                width = min(N_CHUNK, a.w2.cols)
-                load_weight_block(cg, a.w2, t.w2, nc, width, t.at(t.w2, nc.slot))
-            for hc in tiles(cg, a.h, P, "h2", peel_first=True):
-                w2 = self.weight_tile(a.w2, t.w2, hc, nc, N_CHUNK, nc.slot)
+            rows = self.weight_rows(
+                [(a.w2, t.w2)], a.h, nc, N_CHUNK, "h2", nc.slot, t.output_group, t.w2_copies
+            )
+            for hc, weight in rows:
+                w2 = weight(a.w2, t.w2)
                 for ts in tiles(cg, blk.size, P, "ty"):
                     cg.matmul(
                         self.y_acc(ts, nc),
