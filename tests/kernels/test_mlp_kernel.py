@@ -218,8 +218,7 @@ def _weight_loads(module, weight: str) -> list:
     return [
         i
         for i in module.functions[0].instructions()
-        if i.opcode is Opcode.DMA_COPY
-        and _source(i).loc.split("/")[-1] in (weight, f"{weight}.T")
+        if i.opcode is Opcode.DMA_COPY and _source(i).loc.split("/")[-1] in (weight, f"{weight}.T")
     ]
 
 
