@@ -53,6 +53,8 @@ PANEL_CASES = {
     "columns": ({"a": (64, 150)}, {"b": _weights((150, 1100))}, {}),
     # a batched a against one weight: the batches are rows
     "batched_rows": ({"a": (2, 200, 256)}, {"b": _weights((256, 640))}, {}),
+    # a batch of one (an encoder at batch 1): a unit batch dim is no stride to keep
+    "unit_batch": ({"a": (1, 128, 256)}, {"b": _weights((256, 640))}, {}),
 }
 
 
