@@ -261,7 +261,7 @@ def lower_gemm(cg: BirCodeGen, node: Node) -> None:
     a = _row_major(cg.dram(a_name).name, Affine(), *a_shape)
     if attrs.get("transA", 0):
         a = a.T
-    b = stored_transposed(cg, b_name, node["name"]) if attrs.get("transB", 0) else None
+    b = stored_transposed(cg, b_name, node.name) if attrs.get("transB", 0) else None
     if b is None:
         b = _row_major(cg.dram(b_name).name, Affine(), *b_shape)
         if attrs.get("transB", 0):

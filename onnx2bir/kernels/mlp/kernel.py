@@ -208,7 +208,7 @@ def mlp_args(cg: BirCodeGen, node: Node) -> MlpArgs:
             raise cg.fail(f"weight {name!r} {shape} is not a matrix")
         # A constant transposed weight is stored transposed at compile time under the
         # autocast (docs/autocast.md#weights): plain row DMAs that cast, no PE flips.
-        stored = stored_transposed(cg, name, node["name"]) if transposed else None
+        stored = stored_transposed(cg, name, node.name) if transposed else None
         if stored is not None:
             view = stored
         else:
