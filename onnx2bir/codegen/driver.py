@@ -186,6 +186,10 @@ class BirCodeGen(InstructionBuilders):
         self._axis_counts: dict[str, int] = {}
         self._axis_names: set[str] = set()
         self._dma_queue = 0
+        # The SBUF bytes (per partition, [start, end)) of the weights the last node that
+        # loaded some holds: a node with two copies of its weight tile loads the other one,
+        # so that its loads need not wait for that node's matmuls (docs/buffers.md#weights).
+        self.last_weights: tuple[int, int] | None = None
         self._sb_top = 0
         self._arena_top = 0
         self._arena_base = 0

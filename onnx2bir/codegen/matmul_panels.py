@@ -1,6 +1,8 @@
 """The panel form of the generic PE matmul (docs/buffers.md#lowerings).
 
-y = alpha·(a @ b) + beta·c with all of b resident in SBUF and, per 128-row tile of a, its
+y = alpha·(a @ b) + beta·c with all of b resident in SBUF (in one of two copies that successive
+nodes alternate, when they fit, so that a node's weight loads overlap the previous node's
+matmuls, docs/buffers.md#weights) and, per 128-row tile of a, its
 panel: the K tiles of Aᵀ, flipped on the PE array once and used by every column block. The
 flips of a panel run back to back through `PANEL_FLIPS` PSUM slots (four 128-column slots of
 one bank), so the PE array does not wait for each flip's copy out of PSUM before the next; row
@@ -22,6 +24,7 @@ from onnx2bir.codegen.matmul_tiles import (
     MatrixView,
     evict_tile,
     load_tile,
+    weight_copy,
 )
 from onnx2bir.codegen.tiling import (
     FULL_EXPANSION,
@@ -56,16 +59,16 @@ def try_panels(
 
 
 def _panel_copies(
-    cg: BirCodeGen, a: MatrixView, b: MatrixView, dtype: Dtype, addend: bool
+    cg: BirCodeGen, a: MatrixView, b: MatrixView, dtype: Dtype, addend: bool, b_copies: int = 1
 ) -> tuple[int, int] | None:
     """(copies of the per-row-tile tiles, accumulators per row tile), or None when even one
     of each does not fit. A row tile copy holds its panel, its flip slots, and per column
-    block in flight a PSUM accumulator and a result (and addend) tile; b is held once. Each
-    count is one per tile up to `FULL_EXPANSION` tiles, else 2, else 1 (docs/buffers.md#choice),
-    the column blocks' first."""
+    block in flight a PSUM accumulator and a result (and addend) tile; b is held `b_copies`
+    times. Each count is one per tile up to `FULL_EXPANSION` tiles, else 2, else 1
+    (docs/buffers.md#choice), the column blocks' first."""
     p = NUM_PARTITIONS
     k_tiles = tile_count(a.cols, p)
-    sb_free = cg.sb_free_bytes() - copy_stride(k_tiles * b.cols, dtype) * dtype.itemsize
+    sb_free = cg.sb_free_bytes() - b_copies * copy_stride(k_tiles * b.cols, dtype) * dtype.itemsize
     banks_free = cg.psum_free_banks()
     result_bytes = (1 + addend) * MATMUL_MAX_MOVING_FREE * 4
     panel_bytes = copy_stride(k_tiles * p, dtype) * dtype.itemsize + PANEL_FLIPS * p * 4
@@ -104,8 +107,14 @@ def emit_gemm_panels(
     fit = _panel_copies(cg, a, b, dtype, with_addend)
     if fit is None:
         return False
+    # b in two copies when that costs the rest nothing; the node loads the one away from the
+    # previous node's weights, so that its loads need not wait for that node's matmuls to
+    # finish reading them (docs/buffers.md#weights).
+    b_copies = 2 if _panel_copies(cg, a, b, dtype, with_addend, 2) == fit else 1
     copies, accumulators = fit
-    whole_b = cg.sb_tile("b_whole", p, k_tiles * b.cols, dtype)
+    b_stride = copy_stride(k_tiles * b.cols, dtype)
+    whole_b = cg.sb_tile("b_whole", p, (b_copies - 1) * b_stride + k_tiles * b.cols, dtype)
+    b_base = weight_copy(cg, whole_b, b_copies, b_stride, k_tiles * b.cols) * b_stride
     flips = FlipTiles(cg, copies)
     panel_stride = copy_stride(k_tiles * p, dtype)
     panel = cg.sb_tile("panel", p, copies * panel_stride, dtype)
@@ -118,7 +127,7 @@ def emit_gemm_panels(
     # parallel (the instructions of one loop all run on one queue).
     for k_index, k0 in enumerate(range(0, a.cols, p)):
         window = b.window(Affine(k0), min(p, a.cols - k0), Affine(), b.cols)
-        load_tile(cg, window, whole_b, flips, offset=Affine(k_index * b.cols))
+        load_tile(cg, window, whole_b, flips, offset=Affine(b_base + k_index * b.cols))
     for m in tiles(cg, a.rows, p, "m", buffers=copies):
         base = m.slot * panel_stride
         for k in tiles(cg, a.cols, p, "pt", buffers=PANEL_FLIPS):
@@ -132,7 +141,10 @@ def emit_gemm_panels(
                     panel, [(1, m.size)], base + tile_index(k, p) * p, partitions=k.size
                 )
                 moving = cg.ap(
-                    whole_b, [(1, n.size)], tile_index(k, p) * b.cols + n.start, partitions=k.size
+                    whole_b,
+                    [(1, n.size)],
+                    b_base + tile_index(k, p) * b.cols + n.start,
+                    partitions=k.size,
                 )
                 cg.matmul(total, stationary, moving, accumulate=not k.first)
             tile = cg.ap(result, [(1, n.size)], at, partitions=m.size)

@@ -171,6 +171,29 @@ def load_tile(
     return dst
 
 
+def weight_copy(cg: BirCodeGen, tile: MemoryLocation, copies: int, stride: int, size: int) -> int:
+    """Which of `copies` weight copies in `tile` (`stride` elements apart, `size` elements
+    each) a node loads: the one that overlaps least the bytes of the weights the last node
+    that loaded some holds (`BirCodeGen.last_weights`), the first on a tie; those bytes then
+    become the last weights. So nodes in a row alternate their copies, and a node's weight
+    loads need not wait for the previous node's matmuls (docs/buffers.md#weights)."""
+    itemsize = tile.dtype.itemsize
+
+    def span(copy: int) -> tuple[int, int]:
+        start = tile.address + copy * stride * itemsize
+        return start, start + size * itemsize
+
+    def overlap(copy: int) -> int:
+        if cg.last_weights is None:
+            return 0
+        (start, end), (last_start, last_end) = span(copy), cg.last_weights
+        return max(0, min(end, last_end) - max(start, last_start))
+
+    chosen = min(range(copies), key=overlap)
+    cg.last_weights = span(chosen)
+    return chosen
+
+
 PANEL_FLIPS = 4  # PE transposes in flight: 128-column fp32 slots of one PSUM bank
 
 

@@ -53,6 +53,8 @@ PANEL_CASES = {
     "columns": ({"a": (64, 150)}, {"b": _weights((150, 1100))}, {}),
     # a batched a against one weight: the batches are rows
     "batched_rows": ({"a": (2, 200, 256)}, {"b": _weights((256, 640))}, {}),
+    # a batch of one (an encoder at batch 1): a unit batch dim is no stride to keep
+    "unit_batch": ({"a": (1, 128, 256)}, {"b": _weights((256, 640))}, {}),
 }
 
 
@@ -191,3 +193,36 @@ def test_a_constant_weight_read_transposed_is_stored_transposed_in_bf16():
     expected = run_checked(_compile(plain, CompileOptions()).module, feeds)
     for name, values in got.items():
         np.testing.assert_array_equal(values, expected[name])
+
+
+def test_successive_projections_load_their_weights_into_alternate_copies():
+    """Three projections in a row ([1, 128, 256] through 256 x 640 and two 640 x 640 weights,
+    the encoder form at batch 1): each holds b in two copies and loads the one away from the
+    previous node's weights (docs/buffers.md#weights), so no weight DMA waits for a matmul of
+    the node before it (one copy would make each wait); the chain matches onnxruntime,
+    race-free under a random schedule."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h0"], name="p0"),
+        helper.make_node("MatMul", ["h0", "w1"], ["h1"], name="p1"),
+        helper.make_node("MatMul", ["h1", "w2"], ["y"], name="p2"),
+    ]
+    weights = {f"w{i}": _weights((256 if i == 0 else 640, 640), seed=i) for i in range(3)}
+    model = make_model(nodes, {"x": (1, 128, 256)}, {"y": None}, initializers=weights)
+    fn = _compile(model).module.functions[0]
+    instructions = {ins.id: ins for ins in fn.instructions()}
+    copies: dict[str, set[bool]] = {}
+    for ins in instructions.values():
+        source = ins.srcs.get("in")
+        if ins.opcode.value != "DmaCopy" or source is None or source.loc not in weights:
+            continue
+        index = int(source.loc[1:])
+        half = fn.memory_locations[ins.dst.loc].shape[1] // 2
+        copies.setdefault(source.loc, set()).add(ins.dst.offset >= half)
+        waited = [instructions[d.source] for d in ins.deps]
+        assert not [
+            w for w in waited if w.opcode.value == "Matmult" and w.origin.node == f"p{index - 1}"
+        ]
+    assert sorted(len(c) for c in copies.values()) == [1, 1, 1]  # one copy per node
+    assert copies["w1"] != copies["w2"]  # same-sized neighbours alternate
+    assert_matches_onnxruntime(model, passes=[], atol=1e-4)
+    _race_free(model)

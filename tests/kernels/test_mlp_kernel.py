@@ -30,6 +30,7 @@ from onnx2bir.kernels.mlp import TARGET
 from onnx2bir.kernels.mlp.kernel import ACTIVATIONS, mlp_args, token_block
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle.compare import FP32_ATOL, FP32_RTOL, compare_output
 from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
@@ -236,8 +237,9 @@ def _source(dma):
 def test_w2_blocks_over_the_limit_come_in_row_groups():
     """H = 2560: a 512-column block of w2 is 20 row tiles of 2 KiB per partition in fp32, over
     WEIGHT_BLOCK_BYTES, so it comes in groups of 16 row tiles (and a last group of 4), one DMA
-    each, for both N chunks (512 and 88 columns); the accumulation runs across the groups."""
-    module = run(*Mlp((4, 256), 2560, 600, "relu").fused())
+    each, for the three N chunks (512, 512 and 176 columns); the accumulation runs across the
+    groups. (The weights, 94 KiB per partition for w2 alone, are too large to hold whole.)"""
+    module = run(*Mlp((4, 256), 2560, 1200, "relu").fused())
     loads = _weight_loads(module, "w2")
     assert sorted({_row_tiles(i) for i in loads}) == [4, 16]
 
@@ -253,9 +255,10 @@ def test_w1_and_w_up_blocks_over_the_limit_come_in_row_groups():
 def test_transposed_classifier_weights_stored_transposed_in_bf16():
     """A classifier (Gemm transB, Relu, Gemm transB) raised under the default autocast: its
     weights are stored transposed and in bf16 at compile time (docs/autocast.md#weights), so
-    they are loaded by plain DMAs, w1's 16,512 rows in row groups, and never flipped on the
-    PE array (no matmul against the identity); the model validates."""
-    model = Mlp((1, 16512), 256, 1000, "relu", trans_w1=True, trans_w2=True).model()
+    they are loaded by plain DMAs, w1's 16,512 rows in row groups (w1 is 129 KiB per partition,
+    too large to hold whole), and never flipped on the PE array (no matmul against the
+    identity); the model validates."""
+    model = Mlp((1, 16512), 512, 1000, "relu", trans_w1=True, trans_w2=True).model()
     result = validate(model)
     assert result.passed, result.text()
     module = api.compile(model).module
@@ -329,3 +332,38 @@ def test_fused_offset_past_the_weight_fails():
     model, graph = Mlp((4, 8), 16, 8, "relu").fused(w1_offset=4)
     with pytest.raises(CodegenError, match="has no 16 hidden features from 4"):
         compile_graph(graph, FP32, passes=[])
+
+
+def _loads_in_loops(module, weight: str) -> list:
+    """Loads of `weight` under a loop (every instruction is in its node's scope region)."""
+    return [i for i in _weight_loads(module, weight) if len(i.loopnest) > 1]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_weights_held_whole_come_in_chunks_before_the_compute(activation):
+    """K = 256, H = 640, N = 600 in fp32: the weights (5, 5 and 12 KiB per partition) are held
+    whole (MlpTiles.held_whole), each loaded once in chunks of about CHUNK_BYTES per partition,
+    unrolled, before any compute: w1 (and w_up) in runs of four hidden tiles (640 = 512 + 128),
+    w2 one row tile per DMA (2,400 bytes per partition each). No weight DMA sits in a loop or
+    waits for anything (nothing is rotated into its buffer)."""
+    module = run(*Mlp((2, 100, 256), 640, 600, activation).fused())
+    weights = ["w1", "w2"] + (["w_up"] if activation == "swiglu" else [])
+    for weight in weights:
+        loads = _weight_loads(module, weight)
+        assert len(loads) == (5 if weight == "w2" else 2)
+        assert not _loads_in_loops(module, weight)
+        assert all(not load.deps for load in loads)
+    assert {_source(i).counts[-1] for i in _weight_loads(module, "w1")} == {512, 128}
+
+
+def test_weights_held_whole_serve_every_token_block():
+    """T = 1100 (two 512-token blocks in a loop and a remainder): whole weights are loaded once
+    for all of them, not once per block (w1 and w2 in one chunk each); race-free under a
+    random schedule."""
+    model, graph = Mlp((1100, 128), 256, 130, "relu").fused()
+    module = run(model, graph)
+    feeds = synthesize_inputs(graph, 0)
+    assert run_scheduled(module, feeds, parse_schedule("random:1"), True).race_count == 0
+    assert len(_weight_loads(module, "w1")) == 1
+    assert len(_weight_loads(module, "w2")) == 1
+    assert not _loads_in_loops(module, "w2")

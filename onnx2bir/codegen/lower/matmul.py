@@ -178,7 +178,11 @@ def lower_matmul(cg: BirCodeGen, node: Node) -> None:
     dtype = cg.graph.tensors[out].dtype
     a_loc, b_loc, y_loc = cg.dram(a_name).name, cg.dram(b_name).name, cg.dram(out).name
     rows = math.prod(batch)
-    a_contiguous = a_batch == tuple(s * m * k for s in contiguous_strides(batch))
+    # A unit batch dim has no stride to keep: a [1, T, K] activation is T contiguous rows.
+    a_contiguous = all(
+        size == 1 or stride == s * m * k
+        for size, stride, s in zip(batch, a_batch, contiguous_strides(batch), strict=True)
+    )
     if batch and len(a_shape) > 1 and not any(b_batch) and a_contiguous:
         # One b for every batch index of a contiguous a: the batches are just more rows of a
         # (and b is read once, not once per batch index).

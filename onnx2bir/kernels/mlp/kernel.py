@@ -49,7 +49,18 @@ tokens, each into its own PSUM bank, so every w2 tile is loaded once per block.
 The point of the fused kernel: hᵀ for a whole token block stays in SBUF between the two
 matmuls (⌈H/128⌉·block·4 bytes per partition), never going through DRAM. When that, xᵀ
 and the working tiles do not fit, the block shrinks (512 → 256 → 128 tokens); H too large
-even for 128 tokens fails with `cg.fail`. Weights stream per block: for each 128-column
+even for 128 tokens fails with `cg.fail`.
+
+Weights held whole (docs/mlp.md#weights). When every weight comes in whole 128-row tiles and
+together they take at most WHOLE_WEIGHT_BYTES of each partition (a base-size encoder's w1
+and w2, 36 KiB each in bf16), each is loaded once, before any compute and for every token
+block, by unrolled DMAs of about CHUNK_BYTES per partition that take the DMA queues in turn:
+w1 (and w_up) by runs of hidden tiles, w2 by runs of row tiles, in the order the matmuls use
+them. The hidden loop and w2's row loop run once per chunk, so each run waits only for its
+own chunk's DMA, and no load waits for a matmul to free a buffer: a weight load depends on
+nothing of the node, so it runs while earlier nodes compute.
+
+Otherwise weights stream per block: for each 128-column
 block of w1/w_up (the stationaries) and each ≤512-column block of w2 (the movings), one DMA
 brings every 128-row tile of the block when the weight's rows come in whole tiles and its
 columns are contiguous. A block larger than WEIGHT_BLOCK_BYTES per partition (a classifier's
@@ -70,6 +81,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
@@ -299,6 +311,24 @@ def weight_columns(view: MatrixView, width: int, itemsize: int) -> int:
     return max(1, row_group(view, width, itemsize)) * width
 
 
+WHOLE_WEIGHT_BYTES = 96 * 1024  # SBUF per partition the kernel's weights, held whole, may take
+CHUNK_BYTES = 4 * 1024  # SBUF per partition one DMA of a weight held whole brings, at least
+
+
+def chunkable(view: MatrixView) -> bool:
+    """Whether a weight comes in DMAs of whole 128-row tiles: contiguous rows of whole tiles."""
+    return view.col_stride == 1 and view.rows % P == 0
+
+
+def chunks(extent: int, tile_bytes: int) -> list[tuple[int, int]]:
+    """(start, size) of the runs of 128-wide tiles of [0, extent) one DMA each brings when a
+    weight is held whole: as many tiles as make CHUNK_BYTES per partition (`tile_bytes` per
+    tile), so that the loads spread over the DMA queues and the first runs are multiplied
+    while the last ones are still arriving."""
+    step = max(1, CHUNK_BYTES // max(1, tile_bytes)) * P
+    return [(start, min(step, extent - start)) for start in range(0, extent, step)]
+
+
 def load_weight_rows(
     cg: BirCodeGen, view: MatrixView, tile, rows: Tile, cols: Tile, width: int, offset: Affine
 ) -> None:
@@ -407,6 +437,8 @@ class MlpTiles:
         self.strides: dict[str, int] = {}
         self.pe_bytes = pe.itemsize
         first = [view for view in (a.w1, a.w_up) if view is not None]
+        if self.held_whole(cg, a, first, pe):
+            return
         self.hidden_group = self.grouped(first, P)
         self.output_group = self.grouped([a.w2], N_CHUNK)
         width1 = max(weight_columns(view, P, pe.itemsize) for view in first)
@@ -434,6 +466,35 @@ class MlpTiles:
         else:
             self.w2_copies = self.output_copies = buffer_count(cg, n_trips, per_copy2, limit=2)
         self.w2 = self._weight(cg, "w2", width2, pe, self.w2_copies)
+
+    def held_whole(self, cg: BirCodeGen, a: MlpArgs, first: list[MatrixView], pe: Dtype) -> bool:
+        """Every weight in SBUF whole, when all come in whole row tiles and together take at
+        most WHOLE_WEIGHT_BYTES of what is left of each partition: w1 (and w_up) as K/128
+        row tiles of H columns, w2 as H/128 row tiles of N columns, loaded once, before any
+        compute, in chunks (`chunks`: w1's by hidden tiles, w2's by row tiles), one DMA each.
+        No load then waits for a matmul to free a buffer, the chunks take different DMA
+        queues, and a weight with no input of the node to wait for is loaded while earlier
+        nodes compute. The weights of every token block are the same tiles."""
+        views = [*first, a.w2]
+        whole = sum(copy_stride(v.rows // P * v.cols, pe) * pe.itemsize for v in views)
+        self.whole = all(chunkable(v) for v in views) and whole <= min(
+            WHOLE_WEIGHT_BYTES, cg.sb_free_bytes()
+        )
+        if not self.whole:
+            return False
+        k_tiles = a.k // P
+        self.w1_chunks = chunks(a.h, k_tiles * P * pe.itemsize)
+        self.w2_chunks = chunks(a.h, a.n * pe.itemsize)
+        self.hidden_group = self.output_group = 0
+        self.w1_copies = self.w2_copies = self.output_copies = 1
+        self.hidden_copies = min(2, tile_count(a.h, P))  # for the PSUM banks of hᵀ only
+        self.w1 = self._weight(cg, "w1", k_tiles * a.h, pe, 1)
+        self.w_up = self._weight(cg, "w_up", k_tiles * a.h, pe, 1) if a.w_up is not None else None
+        self.w2 = self._weight(cg, "w2", a.h // P * a.n, pe, 1)
+        # The next node with two copies of its weights loads the one away from these
+        # (docs/buffers.md#weights).
+        cg.last_weights = (self.w1.address, self.w2.address + self.w2.bytes_per_partition)
+        return True
 
     def grouped(self, views: list[MatrixView], width: int) -> int:
         """Row tiles per load when the weights `views` (read together) come in row groups
@@ -466,6 +527,8 @@ class MlpEmitter:
 
     def run(self) -> None:
         self.load_biases()
+        if self.t.whole:
+            self.load_whole()
         for blk in tiles(self.cg, self.a.tokens, self.block, "tok"):
             self.load_x_transposed(blk)
             self.hidden(blk)
@@ -484,6 +547,22 @@ class MlpEmitter:
         for name, tile, column, offset in columns:
             if name is not None:
                 self.load_columns(name, tile, column * t.h_tiles, offset)
+
+    def load_whole(self) -> None:
+        """Every weight into its whole tile (MlpTiles.held_whole), chunk by chunk in the order
+        the matmuls use them: w1 (with w_up) by runs of hidden tiles, then w2 by runs of row
+        tiles. The DMAs are unrolled, so they take the DMA queues in turn."""
+        cg, a, t = self.cg, self.a, self.t
+        every_k = Tile(Affine(), a.k, True)
+        for start, size in t.w1_chunks:
+            cols = Tile(Affine(start), size, False)
+            for view, tile in ((a.w1, t.w1), (a.w_up, t.w_up)):
+                if view is not None:
+                    load_weight_rows(cg, view, tile, every_k, cols, a.h, Affine(start))
+        every_n = Tile(Affine(), a.n, True)
+        for start, size in t.w2_chunks:
+            rows = Tile(Affine(start), size, False)
+            load_weight_rows(cg, a.w2, t.w2, rows, every_n, a.n, Affine(start // P * a.n))
 
     def load_columns(self, name: str, tile, base: int, offset: int) -> None:
         """Elements offset .. offset + H of vector `name`, one column per hidden tile."""
@@ -530,7 +609,7 @@ class MlpEmitter:
     def hidden(self, blk: Tile) -> None:
         """hᵀ[H, block] = act(w1ᵀ·xᵀ + b1), kept in SBUF."""
         cg, a, t = self.cg, self.a, self.t
-        for hc in tiles(cg, a.h, P, "h", buffers=t.hidden_copies):
+        for hc in self.hidden_tiles():
             bank = hc.slot if t.h_banks == t.hidden_copies else Affine()
             acc = cg.ap(t.h_ps, [(1, blk.size)], bank * BANK_FP32, partitions=hc.size)
             up = cg.ap(t.up_ps, [(1, blk.size)], partitions=hc.size) if t.up_ps else None
@@ -545,6 +624,15 @@ class MlpEmitter:
                     cg.matmul(up, weight(a.w_up, t.w_up), moving, accumulate=not kc.first)
             h = cg.ap(t.raw, [(1, blk.size)], tile_index(hc, P) * self.block, partitions=hc.size)
             self.activate(h, acc, up, hc, blk)
+
+    def hidden_tiles(self) -> Iterator[Tile]:
+        """The hidden tiles, under a loop per chunk of w1 when the weights are held whole (so
+        that a chunk's matmuls wait for that chunk's DMA only), else under one loop."""
+        cg, t = self.cg, self.t
+        runs = t.w1_chunks if t.whole else [(0, self.a.h)]
+        for start, size in runs:
+            for hc in tiles(cg, size, P, "h", buffers=t.hidden_copies):
+                yield Tile(hc.start + start, hc.size, hc.first, hc.slot)
 
     def normalize(self, blk: Tile) -> None:
         """hᵀ = norm(h) over the H partitions of every token (docs/mlp.md#inner-norm):
@@ -614,6 +702,9 @@ class MlpEmitter:
         a row `group` (MlpTiles.grouped), each group of row tiles is loaded by one DMA per
         weight in a loop of its own whose `copies` rotate, and the row tiles run inside it."""
         cg, t = self.cg, self.t
+        if t.whole:
+            yield from self.whole_rows(loads, extent, cols, name)
+            return
         if not group:
             for view, tile in loads:
                 if whole_rows(view, width, t.pe_bytes):
@@ -636,6 +727,23 @@ class MlpEmitter:
                     )
 
                 yield Tile(rg.start + kc.start, kc.size, rg.first and kc.first), operand
+
+    def whole_rows(self, loads, extent: int, cols: Tile, name: str):
+        """weight_rows for weights held whole: row tile r of a weight of C columns at free
+        offset r·C of its tile. w2's row tiles run under a loop per chunk (`MlpTiles.w2_chunks`,
+        whose DMAs they wait for); w1's (the K tiles) under one loop, their chunk being the
+        hidden tile's."""
+        cg = self.cg
+        runs = self.t.w2_chunks if loads[0][1] is self.t.w2 else [(0, extent)]
+        for index, (start, size) in enumerate(runs):
+            for rows in tiles(cg, size, P, name, peel_first=index == 0):
+                rows = Tile(rows.start + start, rows.size, rows.first and index == 0)
+
+                def operand(view, tile, rows=rows) -> AccessPattern:
+                    at = tile_index(rows, P) * view.cols + cols.start
+                    return cg.ap(tile, [(1, cols.size)], at, partitions=rows.size)
+
+                yield rows, operand
 
     def weight_tile(
         self, view: MatrixView, tile, rows: Tile, cols: Tile, width: int, slot: Affine
