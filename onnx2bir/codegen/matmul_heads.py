@@ -19,25 +19,59 @@ the enclosing batch loop, so the next pass loads while this one multiplies.
 from __future__ import annotations
 
 from onnx2bir.bir.enums import ActFunc, Dtype
-from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_BANK_BYTES
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, FlipTiles
-from onnx2bir.codegen.tiling import FULL_EXPANSION, Affine, copy_stride, tiles
+from onnx2bir.codegen.tiling import (
+    FULL_EXPANSION,
+    Affine,
+    Tile,
+    copy_stride,
+    tile_count,
+    tiles,
+)
 
 HEADS_BYTES = 32 * 1024  # SBUF per partition the a and b tiles of one pass (both copies) may take
 
 
 def heads_fit(cg: BirCodeGen, batch, b_batch, m: int, k: int, n: int, dtype: Dtype) -> bool:
-    """Whether `emit_heads` applies: one tile per product, b changing along the innermost batch
-    dim, at least two products per pass, the tiles within `HEADS_BYTES` and three PSUM banks."""
+    """Whether `emit_heads` applies: b changing along the innermost batch dim, at least two
+    products per pass, n within one PSUM bank, the a and b tiles of a pass within
+    `HEADS_BYTES`, and PSUM banks for the flips and one accumulator per row tile."""
     if not batch or batch[-1] < 2 or not b_batch[-1]:
         return False
-    if m > NUM_PARTITIONS or k > NUM_PARTITIONS or n > MATMUL_MAX_MOVING_FREE:
+    k_tiles = tile_count(k, NUM_PARTITIONS)
+    if n > MATMUL_MAX_MOVING_FREE or tile_count(m, NUM_PARTITIONS) * k_tiles > MAX_BLOCKS:
         return False
     pe = pe_operand_dtype(cg, dtype)
-    per_copy = (copy_stride(batch[-1] * m, pe) + copy_stride(batch[-1] * n, pe)) * pe.itemsize
-    return 2 * per_copy <= min(HEADS_BYTES, cg.sb_free_bytes() // 2) and cg.psum_free_banks() >= 3
+    a_copy, b_copy = (
+        copy_stride(batch[-1] * k_tiles * m, pe),
+        copy_stride(batch[-1] * k_tiles * n, pe),
+    )
+    per_copy = (a_copy + b_copy) * pe.itemsize
+    flip_banks = _flip_copies(m, k) * PANEL_FLIPS * NUM_PARTITIONS * 4 // PSUM_BANK_BYTES
+    banks = flip_banks + tile_count(m, NUM_PARTITIONS)
+    return 2 * per_copy <= min(HEADS_BYTES, cg.sb_free_bytes() // 2) and (
+        cg.psum_free_banks() >= max(3, banks)
+    )
+
+
+MAX_BLOCKS = 2 * PANEL_FLIPS  # row x contraction tiles of one product, unrolled per head
+
+
+def _spans(extent: int) -> list[Tile]:
+    """The 128-row tiles of `extent`, each with constant offsets (the code is unrolled)."""
+    return [
+        Tile(Affine(start), min(NUM_PARTITIONS, extent - start), start == 0)
+        for start in range(0, extent, NUM_PARTITIONS)
+    ]
+
+
+def _flip_copies(m: int, k: int) -> int:
+    """Copies of the `PANEL_FLIPS` flip slots: two when a head's a takes several flips, so the
+    next head's flips do not wait for this head's copies out of PSUM."""
+    return 1 if tile_count(m, NUM_PARTITIONS) * tile_count(k, NUM_PARTITIONS) == 1 else 2
 
 
 def emit_heads(
@@ -51,43 +85,83 @@ def emit_heads(
     dtype: Dtype,
 ) -> None:
     """y[..., h] = a[..., h] @ b[..., h] over `batch` (a, b, y row-major; `strides` the a and b
-    element strides per batch dim, 0 where one broadcasts; `locs` the a, b, y DRAM views)."""
+    element strides per batch dim, 0 where one broadcasts; `locs` the a, b, y DRAM views).
+
+    a [m, k] is cut into row tiles of 128 (m) and contraction tiles of 128 (k); block (kt, h)
+    of the pass's tiles holds head h's k tile kt: aᵀ [k tile, m] and b [k tile, n]."""
     p = NUM_PARTITIONS
     pe = pe_operand_dtype(cg, dtype)
     heads = batch[-1]
+    m_tiles, k_tiles = tile_count(m, p), tile_count(k, p)
     a_stride, b_stride = strides[0][-1], strides[1][-1]
     a_loc, b_loc, y_loc = locs
-    a_copy, b_copy = copy_stride(heads * m, pe), copy_stride(heads * n, pe)
+    a_copy, b_copy = copy_stride(heads * k_tiles * m, pe), copy_stride(heads * k_tiles * n, pe)
     a_t = cg.sb_tile("aT_heads", p, 2 * a_copy, pe)
     b_all = cg.sb_tile("b_heads", p, 2 * b_copy, pe)
-    flips = FlipTiles(cg, 1)
-    banks = min(heads, FULL_EXPANSION, cg.psum_free_banks())
-    acc = cg.psum_tile("acc", p, banks * BANK_FP32)
+    flip_copies = _flip_copies(m, k)
+    flips = FlipTiles(cg, flip_copies)
+    per_head = m_tiles * k_tiles  # flips of one head's a
+    slots = flip_copies * PANEL_FLIPS
+    flip_buffers = max(1, slots // per_head)
+    banks = min(heads * m_tiles, FULL_EXPANSION, cg.psum_free_banks())
+    head_buffers = max(1, banks // m_tiles)
+    accumulators = head_buffers * m_tiles
+    acc = cg.psum_tile("acc", p, accumulators * BANK_FP32)
     result_copy = copy_stride(n, Dtype.FP32)
-    result = cg.sb_tile("result", p, banks * result_copy, Dtype.FP32)
+    result = cg.sb_tile("result", p, accumulators * result_copy, Dtype.FP32)
 
     def one_pass(a_off: Affine, b_off: Affine, y_off: Affine, copy: Affine) -> None:
-        b_tile = cg.ap(b_all, [(1, heads * n)], copy * b_copy, partitions=k)
-        cg.dma(b_tile, cg.dram_ap(b_loc, b_off, [(n, k), (b_stride, heads), (1, n)]))
-        for h in tiles(cg, heads, 1, "fa", buffers=PANEL_FLIPS):
-            slot = flips.at(flips.staging, h.slot)
-            staged = cg.read_operand(
-                cg.ap(flips.staging, [(1, k)], slot, partitions=m),
-                cg.dram_ap(a_loc, a_off + h.start * a_stride, [(k, m), (1, k)]),
+        for kt, kk in enumerate(_spans(k)):
+            b_tile = cg.ap(
+                b_all, [(1, heads * n)], copy * b_copy + kt * heads * n, partitions=kk.size
             )
-            flipped = cg.ap(flips.transposed, [(1, m)], slot, partitions=k)
-            cg.matmul(flipped, staged, cg.identity(m), accumulate=False)
-            cg.tensor_copy(cg.ap(a_t, [(1, m)], copy * a_copy + h.start * m, partitions=k), flipped)
-        for h in tiles(cg, heads, 1, "hd", buffers=banks):
-            total = cg.ap(acc, [(1, n)], h.slot * BANK_FP32, partitions=m)
-            stationary = cg.ap(a_t, [(1, m)], copy * a_copy + h.start * m, partitions=k)
-            moving = cg.ap(b_all, [(1, n)], copy * b_copy + h.start * n, partitions=k)
-            cg.matmul(total, stationary, moving, accumulate=False)
-            out = cg.dram_ap(y_loc, y_off + h.start * (m * n), [(n, m), (1, n)])
-            tile = cg.ap(result, [(1, n)], h.slot * result_copy, partitions=m)
-            written = cg.write_operand(tile, out)
-            cg.activation(written, total, ActFunc.COPY)
-            cg.store_result(out, tile, written)
+            cg.dma(
+                b_tile,
+                cg.dram_ap(b_loc, b_off + kk.start * n, [(n, kk.size), (b_stride, heads), (1, n)]),
+            )
+        for h in tiles(cg, heads, 1, "fa", buffers=flip_buffers):
+            blocks = [(mm, kt, kk) for mm in _spans(m) for kt, kk in enumerate(_spans(k))]
+            for index, (mm, kt, kk) in enumerate(blocks):
+                slot = flips.at(flips.staging, h.slot * per_head + index % slots)
+                staged = cg.read_operand(
+                    cg.ap(flips.staging, [(1, kk.size)], slot, partitions=mm.size),
+                    cg.dram_ap(
+                        a_loc,
+                        a_off + h.start * a_stride + mm.start * k + kk.start,
+                        [(k, mm.size), (1, kk.size)],
+                    ),
+                )
+                flipped = cg.ap(flips.transposed, [(1, mm.size)], slot, partitions=kk.size)
+                cg.matmul(flipped, staged, cg.identity(mm.size), accumulate=False)
+                column = copy * a_copy + (kt * heads + h.start) * m + mm.start
+                cg.tensor_copy(cg.ap(a_t, [(1, mm.size)], column, partitions=kk.size), flipped)
+        for h in tiles(cg, heads, 1, "hd", buffers=head_buffers):
+            for mt, mm in enumerate(_spans(m)):
+                at = (h.slot * m_tiles + mt) * BANK_FP32
+                total = cg.ap(acc, [(1, n)], at, partitions=mm.size)
+                for kt, kk in enumerate(_spans(k)):
+                    stationary = cg.ap(
+                        a_t,
+                        [(1, mm.size)],
+                        copy * a_copy + (kt * heads + h.start) * m + mm.start,
+                        partitions=kk.size,
+                    )
+                    moving = cg.ap(
+                        b_all,
+                        [(1, n)],
+                        copy * b_copy + (kt * heads + h.start) * n,
+                        partitions=kk.size,
+                    )
+                    cg.matmul(total, stationary, moving, accumulate=kt > 0)
+                out = cg.dram_ap(
+                    y_loc, y_off + h.start * (m * n) + mm.start * n, [(n, mm.size), (1, n)]
+                )
+                tile = cg.ap(
+                    result, [(1, n)], (h.slot * m_tiles + mt) * result_copy, partitions=mm.size
+                )
+                written = cg.write_operand(tile, out)
+                cg.activation(written, total, ActFunc.COPY)
+                cg.store_result(out, tile, written)
 
     def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine, copy: Affine) -> None:
         if depth == len(batch) - 1:

@@ -24,7 +24,7 @@ Each refusal is a reason naming the node and the rule; `report` lists them.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from onnx2bir.bir.dtypes import on_chip
 from onnx2bir.bir.enums import MemoryKind, MemoryType, Opcode
@@ -37,7 +37,7 @@ from onnx2bir.bir.ir import (
     MemoryLocation,
 )
 from onnx2bir.bir.opcodes import SBUF_BYTES_PER_PARTITION
-from onnx2bir.codegen.residency import AxisRanges, Home, canonical_inner, plan_copy
+from onnx2bir.codegen.residency import AxisRanges, Home, canonical_inner, group_rows, plan_copy
 from onnx2bir.graph import Graph
 
 
@@ -156,7 +156,9 @@ def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
     return None
 
 
-def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[int]:
+def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[tuple[int, int]]:
+    """(row length, rows per group) pairs to try: the canonical rows, each partition stride
+    the accesses use, then the matrices of a batch of matrices in groups (`group_rows`)."""
     total = max(1, loc.num_elements)
     found = [canonical_inner(loc.shape)]
     strides: Counter = Counter()
@@ -168,21 +170,28 @@ def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[int]
             if dims and dims[0][0] > 0:
                 strides[dims[0][0]] += 1
     found += [stride for stride, _ in strides.most_common()]
-    return [inner for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]]
+    layouts = [
+        (inner, 0) for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]
+    ]
+    group = group_rows(tuple(loc.shape))
+    if group:
+        layouts.append((loc.shape[-1], group))
+    return layouts
 
 
 def _choose_home(loc: MemoryLocation, accesses: list[Access], fn: Function) -> Home | str:
-    """The first row length under which every access, alone, can be rewritten; else the
-    reason the canonical row length (the first tried) was refused."""
+    """The first layout under which every access, alone, can be rewritten; else the reason
+    the canonical row length (the first tried) was refused."""
     first_reason = None
-    for inner in _layout_candidates(loc, accesses):
-        home = Home(loc.name, inner, max(1, loc.num_elements), on_chip(loc.dtype).itemsize)
+    for inner, group in _layout_candidates(loc, accesses):
+        itemsize = on_chip(loc.dtype).itemsize
+        home = Home(loc.name, inner, max(1, loc.num_elements), itemsize, group=group)
         homes = {loc.name: home}
         problems = (_check(access, homes, fn) for access in accesses)
         reason = next((problem for problem in problems if problem), None)
         if reason is None:
             return home
-        first_reason = first_reason or f"in rows of {inner}, {reason}"
+        first_reason = first_reason or f"in {home.describe()}, {reason}"
     return f"no row length serves every access; {first_reason or 'no access'}"
 
 
@@ -218,7 +227,7 @@ def _allocate(
             )
             continue
         placed.append((first, last, address, address + size))
-        result[name] = Home(home.tensor, home.inner, home.num_elements, home.itemsize, address)
+        result[name] = replace(home, address=address)
     return result, refused
 
 
@@ -257,7 +266,7 @@ def plan_memory(
             plan.decisions[name] = Decision(
                 name,
                 True,
-                f"in SBUF, rows of {homes[name].inner} elements",
+                f"in SBUF, {homes[name].describe()}",
                 homes[name].bytes_per_partition,
                 first,
                 last,
