@@ -1,14 +1,18 @@
 """Batched small products, one per attention head (docs/buffers.md#lowerings).
 
-A batched MatMul whose every product is one tile — a [M ≤ 128, K ≤ 128] times b [K, N ≤ 512],
-with b changing along the innermost batch dim — is attention's per-head Q·Kᵀ or P·V. Done
-product by product, each head waits for its own a flip (stage, PE transpose, copy out of PSUM)
-and its own b load before its one matmul, and the PE array idles between. Here each pass of the
+A batched MatMul whose every product is a few tiles — a [M, K] times b [K, N ≤ 512], at most
+`MAX_BLOCKS` 128 x 128 blocks of a, with b changing along the innermost batch dim — is
+attention's per-head Q·Kᵀ or P·V (197 tokens: two row tiles, and two contraction tiles for
+P·V, each accumulating in PSUM). Done product by product, each head waits for its own a flip
+(stage, PE transpose, copy out of PSUM) and its own b load before its matmuls, and the PE array
+idles between. Here each pass of the
 innermost batch loop (the heads of one batch index):
 
 1. loads every b of the pass in one DMA into [K partitions, heads × N];
-2. flips every a of the pass back to back through `PANEL_FLIPS` PSUM slots into
-   [K partitions, heads × M], each a read in place when it has an SBUF home;
+2. flips every a of the pass back to back into PSUM, the heads whose M columns fit one bank side
+   by side (one bank per contraction tile, two sets when the heads take several), each a read
+   in place when it has an SBUF home; one copy per bank and contraction tile brings them into
+   [K partitions, heads × M], alternating between ScalarE and VectorE;
 3. runs the heads' matmuls, rotating their PSUM accumulators, each evicted (straight into y's
    SBUF home when it has one) while the next multiplies.
 
@@ -19,10 +23,10 @@ the enclosing batch loop, so the next pass loads while this one multiplies.
 from __future__ import annotations
 
 from onnx2bir.bir.enums import ActFunc, Dtype
-from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_BANK_BYTES
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS, FlipTiles
+from onnx2bir.codegen.matmul_tiles import BANK_FP32, PANEL_FLIPS
 from onnx2bir.codegen.tiling import (
     FULL_EXPANSION,
     Affine,
@@ -42,7 +46,9 @@ def heads_fit(cg: BirCodeGen, batch, b_batch, m: int, k: int, n: int, dtype: Dty
     if not batch or batch[-1] < 2 or not b_batch[-1]:
         return False
     k_tiles = tile_count(k, NUM_PARTITIONS)
-    if n > MATMUL_MAX_MOVING_FREE or tile_count(m, NUM_PARTITIONS) * k_tiles > MAX_BLOCKS:
+    if n > MATMUL_MAX_MOVING_FREE or m > BANK_FP32:
+        return False
+    if tile_count(m, NUM_PARTITIONS) * k_tiles > MAX_BLOCKS:
         return False
     pe = pe_operand_dtype(cg, dtype)
     a_copy, b_copy = (
@@ -50,8 +56,7 @@ def heads_fit(cg: BirCodeGen, batch, b_batch, m: int, k: int, n: int, dtype: Dty
         copy_stride(batch[-1] * k_tiles * n, pe),
     )
     per_copy = (a_copy + b_copy) * pe.itemsize
-    flip_banks = _flip_copies(m, k) * PANEL_FLIPS * NUM_PARTITIONS * 4 // PSUM_BANK_BYTES
-    banks = flip_banks + tile_count(m, NUM_PARTITIONS)
+    banks = _flip_copies(batch[-1], m) * k_tiles + tile_count(m, NUM_PARTITIONS)
     return 2 * per_copy <= min(HEADS_BYTES, cg.sb_free_bytes() // 2) and (
         cg.psum_free_banks() >= max(3, banks)
     )
@@ -68,10 +73,15 @@ def _spans(extent: int) -> list[Tile]:
     ]
 
 
-def _flip_copies(m: int, k: int) -> int:
-    """Copies of the `PANEL_FLIPS` flip slots: two when a head's a takes several flips, so the
-    next head's flips do not wait for this head's copies out of PSUM."""
-    return 1 if tile_count(m, NUM_PARTITIONS) * tile_count(k, NUM_PARTITIONS) == 1 else 2
+def _heads_per_bank(heads: int, m: int) -> int:
+    """Heads whose flipped a (m columns each) share one PSUM bank, copied out together."""
+    return max(1, min(heads, BANK_FP32 // m))
+
+
+def _flip_copies(heads: int, m: int) -> int:
+    """Copies of the flip banks: two when the heads take several banks' turns, so the next
+    heads' flips do not wait for these heads' copies out of PSUM."""
+    return 1 if heads <= _heads_per_bank(heads, m) else 2
 
 
 def emit_heads(
@@ -98,11 +108,12 @@ def emit_heads(
     a_copy, b_copy = copy_stride(heads * k_tiles * m, pe), copy_stride(heads * k_tiles * n, pe)
     a_t = cg.sb_tile("aT_heads", p, 2 * a_copy, pe)
     b_all = cg.sb_tile("b_heads", p, 2 * b_copy, pe)
-    flip_copies = _flip_copies(m, k)
-    flips = FlipTiles(cg, flip_copies)
-    per_head = m_tiles * k_tiles  # flips of one head's a
-    slots = flip_copies * PANEL_FLIPS
-    flip_buffers = max(1, slots // per_head)
+    per_bank = _heads_per_bank(heads, m)
+    flip_copies = _flip_copies(heads, m)
+    blocks = m_tiles * k_tiles  # flips of one head's a
+    staging = cg.sb_tile("staging", p, flip_copies * per_bank * blocks * p, Dtype.FP32)
+    # One bank per contraction tile and copy: the flips of `per_bank` heads side by side.
+    transposed = cg.psum_tile("transposed", p, flip_copies * k_tiles * BANK_FP32)
     banks = min(heads * m_tiles, FULL_EXPANSION, cg.psum_free_banks())
     head_buffers = max(1, banks // m_tiles)
     accumulators = head_buffers * m_tiles
@@ -119,22 +130,33 @@ def emit_heads(
                 b_tile,
                 cg.dram_ap(b_loc, b_off + kk.start * n, [(n, kk.size), (b_stride, heads), (1, n)]),
             )
-        for h in tiles(cg, heads, 1, "fa", buffers=flip_buffers):
-            blocks = [(mm, kt, kk) for mm in _spans(m) for kt, kk in enumerate(_spans(k))]
-            for index, (mm, kt, kk) in enumerate(blocks):
-                slot = flips.at(flips.staging, h.slot * per_head + index % slots)
-                staged = cg.read_operand(
-                    cg.ap(flips.staging, [(1, kk.size)], slot, partitions=mm.size),
-                    cg.dram_ap(
-                        a_loc,
-                        a_off + h.start * a_stride + mm.start * k + kk.start,
-                        [(k, mm.size), (1, kk.size)],
-                    ),
+        for g in tiles(cg, heads, per_bank, "fa", buffers=flip_copies):
+            spans = [(mm, kt, kk) for mm in _spans(m) for kt, kk in enumerate(_spans(k))]
+            for within in range(g.size):
+                h = g.start + within
+                for index, (mm, kt, kk) in enumerate(spans):
+                    slot = (g.slot * per_bank + within) * blocks + index
+                    staged = cg.read_operand(
+                        cg.ap(staging, [(1, kk.size)], slot * p, partitions=mm.size),
+                        cg.dram_ap(
+                            a_loc,
+                            a_off + h * a_stride + mm.start * k + kk.start,
+                            [(k, mm.size), (1, kk.size)],
+                        ),
+                    )
+                    bank = (g.slot * k_tiles + kt) * BANK_FP32
+                    flipped = cg.ap(
+                        transposed, [(1, mm.size)], bank + within * m + mm.start, partitions=kk.size
+                    )
+                    cg.matmul(flipped, staged, cg.identity(mm.size), accumulate=False)
+            # Out of PSUM, one copy per contraction tile for all the heads of the bank.
+            for kt, kk in enumerate(_spans(k)):
+                bank = (g.slot * k_tiles + kt) * BANK_FP32
+                column = copy * a_copy + (kt * heads + g.start) * m
+                cg.on_chip_copy(
+                    cg.ap(a_t, [(1, g.size * m)], column, partitions=kk.size),
+                    cg.ap(transposed, [(1, g.size * m)], bank, partitions=kk.size),
                 )
-                flipped = cg.ap(flips.transposed, [(1, mm.size)], slot, partitions=kk.size)
-                cg.matmul(flipped, staged, cg.identity(mm.size), accumulate=False)
-                column = copy * a_copy + (kt * heads + h.start) * m + mm.start
-                cg.tensor_copy(cg.ap(a_t, [(1, mm.size)], column, partitions=kk.size), flipped)
         for h in tiles(cg, heads, 1, "hd", buffers=head_buffers):
             for mt, mm in enumerate(_spans(m)):
                 at = (h.slot * m_tiles + mt) * BANK_FP32

@@ -304,8 +304,33 @@ def _settle(
         if not victims:
             return homes
         for name, problem in victims.items():
+            other = _other_layout(name, homes, accesses[name], fn)
+            if other is not None:
+                homes[name] = other
+                continue
             refused[name] = problem
             del homes[name]
+
+
+def _other_layout(
+    name: str, homes: dict[str, Home], accesses: list[Access], fn: Function
+) -> Home | None:
+    """Another layout of `name`'s home, no larger, under which every access to it can be
+    rewritten with the other homes in place (a head split of three heads is unrolled, so the
+    canonical plane rows serve each of its copies alone, but not beside the tokens' rows they
+    copy from)."""
+    current = homes[name]
+    loc = fn.memory_locations[name]
+    for inner, group in _layout_candidates(loc, accesses):
+        if (inner, group) == (current.inner, current.group):
+            continue
+        trial = dict(homes)
+        trial[name] = replace(current, inner=inner, group=group)
+        if trial[name].bytes_per_partition > current.bytes_per_partition:
+            continue  # the bytes allocated to the current layout must hold it
+        if all(_check(access, trial, fn) is None for access in accesses):
+            return trial[name]
+    return None
 
 
 def _high_water(plan: MemoryPlan, intervals: dict[str, tuple[int, int]], items: int) -> int:

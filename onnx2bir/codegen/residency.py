@@ -464,10 +464,11 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
 
 
 def preferred_group(graph, tensor: str, hops: int = 8) -> int:
-    """`group_rows` of `tensor`, past one partition chunk, when it is a per-matrix operand or result of a batched MatMul
-    (both inputs of rank 3 or more: attention's per-head products), looking through ops that
-    keep its shape (elementwise chains, a Softmax); else 0. A walk of such a tensor takes the
-    matrices one by one, so its accesses fit a home in groups (`_translate_grouped`)."""
+    """`group_rows` of `tensor`, past one partition chunk, when it is a per-matrix operand or
+    result of a batched MatMul (both inputs of rank 3 or more: attention's per-head products),
+    looking through ops that keep its shape (elementwise chains, a Softmax); else 0. A walk of
+    such a tensor takes the matrices one by one, so its accesses fit a home in groups
+    (`_translate_grouped`)."""
     shape = tuple(graph.tensors[tensor].shape)
     group = group_rows(shape)
     if group <= NUM_PARTITIONS:

@@ -12,11 +12,13 @@ import math
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.matmul_tiles import BANK_FP32
 from onnx2bir.codegen.tiling import (
     Affine,
     contiguous_strides,
     merge_broadcast_dims,
     nested_loops,
+    tile_count,
     tiles,
 )
 from onnx2bir.graph import Node
@@ -200,13 +202,18 @@ def _transpose_on_pe(
         out_shape[:-2], [out_strides[:-2], tuple(in_strides[axis] for axis in perm[:-2])]
     )
     p = NUM_PARTITIONS
+    # Two copies of the PSUM and result tiles when a matrix takes several blocks: the PE
+    # flips the next block while ScalarE or VectorE copies this one out.
+    copies = 2 if tile_count(rows, p) * tile_count(cols, p) > 1 else 1
     block = cg.sb_tile("block", p, p, Dtype.FP32)
-    flipped = cg.psum_tile("flipped", p, p)
-    result = cg.sb_tile("flipped", p, p, Dtype.FP32)
+    flipped = cg.psum_tile("flipped", p, (copies - 1) * BANK_FP32 + p)
+    result = cg.sb_tile("flipped", p, copies * p, Dtype.FP32)
     src_loc, out_loc = cg.dram(src).name, cg.dram(out).name
     for out_base, in_base in nested_loops(cg, lead, [out_lead, in_lead], "b"):
+        count = 0
         for r in tiles(cg, rows, p, "tr"):
             for c in tiles(cg, cols, p, "tc"):
+                slot, count = count % copies, count + 1
                 loaded = cg.read_operand(
                     cg.ap(block, [(1, c.size)], partitions=r.size),
                     cg.dram_ap(
@@ -215,12 +222,12 @@ def _transpose_on_pe(
                         [(row_stride, r.size), (1, c.size)],
                     ),
                 )
-                psum = cg.ap(flipped, [(1, r.size)], partitions=c.size)
+                psum = cg.ap(flipped, [(1, r.size)], slot * BANK_FP32, partitions=c.size)
                 cg.matmul(psum, loaded, cg.identity(r.size), accumulate=False)
                 target = cg.dram_ap(
                     out_loc, out_base + c.start * rows + r.start, [(rows, c.size), (1, r.size)]
                 )
-                tile = cg.ap(result, [(1, r.size)], partitions=c.size)
+                tile = cg.ap(result, [(1, r.size)], slot * p, partitions=c.size)
                 stored = cg.write_operand(tile, target)
-                cg.tensor_copy(stored, psum)
+                cg.on_chip_copy(stored, psum)
                 cg.store_result(target, tile, stored)
