@@ -37,7 +37,13 @@ from onnx2bir.bir.ir import (
     MemoryLocation,
 )
 from onnx2bir.bir.opcodes import SBUF_BYTES_PER_PARTITION
-from onnx2bir.codegen.residency import AxisRanges, Home, canonical_inner, group_rows, plan_copy
+from onnx2bir.codegen.residency import (
+    AxisRanges,
+    Home,
+    canonical_inner,
+    plan_copy,
+    preferred_group,
+)
 from onnx2bir.graph import Graph
 
 
@@ -156,9 +162,12 @@ def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
     return None
 
 
-def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[tuple[int, int]]:
+def _layout_candidates(
+    loc: MemoryLocation, accesses: list[Access], graph: Graph
+) -> list[tuple[int, int]]:
     """(row length, rows per group) pairs to try: the canonical rows, each partition stride
-    the accesses use, then the matrices of a batch of matrices in groups (`group_rows`)."""
+    the accesses use, then, for an operand or result of a batched MatMul, its matrices in
+    groups (`residency.preferred_group`)."""
     total = max(1, loc.num_elements)
     found = [canonical_inner(loc.shape)]
     strides: Counter = Counter()
@@ -173,17 +182,19 @@ def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[tupl
     layouts = [
         (inner, 0) for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]
     ]
-    group = group_rows(tuple(loc.shape))
+    group = preferred_group(graph, loc.name, walks=False)
     if group:
         layouts.append((loc.shape[-1], group))
     return layouts
 
 
-def _choose_home(loc: MemoryLocation, accesses: list[Access], fn: Function) -> Home | str:
+def _choose_home(
+    loc: MemoryLocation, accesses: list[Access], fn: Function, graph: Graph
+) -> Home | str:
     """The first layout under which every access, alone, can be rewritten; else the reason
     the canonical row length (the first tried) was refused."""
     first_reason = None
-    for inner, group in _layout_candidates(loc, accesses):
+    for inner, group in _layout_candidates(loc, accesses, graph):
         itemsize = on_chip(loc.dtype).itemsize
         home = Home(loc.name, inner, max(1, loc.num_elements), itemsize, group=group)
         homes = {loc.name: home}
@@ -244,7 +255,7 @@ def plan_memory(
         if not accesses[name]:
             refused[name] = "never copied"
             continue
-        home = _choose_home(loc, accesses[name], fn)
+        home = _choose_home(loc, accesses[name], fn, graph)
         if isinstance(home, str):
             refused[name] = home
         else:
@@ -253,10 +264,10 @@ def plan_memory(
         name: (min(a.item for a in accesses[name]), max(a.item for a in accesses[name]))
         for name in homes
     }
-    homes = _settle(homes, accesses, fn, refused)
+    homes = _settle(homes, accesses, fn, graph, refused)
     homes, too_big = _allocate(homes, intervals, arena_need, reserved)
     refused.update(too_big)
-    homes = _settle(homes, accesses, fn, refused)
+    homes = _settle(homes, accesses, fn, graph, refused)
 
     plan = MemoryPlan(arena_need=dict(arena_need), reserved=reserved)
     plan.homes = homes
@@ -278,7 +289,11 @@ def plan_memory(
 
 
 def _settle(
-    homes: dict[str, Home], accesses: dict[str, list[Access]], fn: Function, refused: dict
+    homes: dict[str, Home],
+    accesses: dict[str, list[Access]],
+    fn: Function,
+    graph: Graph,
+    refused: dict,
 ) -> dict[str, Home]:
     """Drop homes until every copy touching one can be rewritten with all the others in place
     (two resident sides must agree on their partition chunks)."""
@@ -304,7 +319,7 @@ def _settle(
         if not victims:
             return homes
         for name, problem in victims.items():
-            other = _other_layout(name, homes, accesses[name], fn)
+            other = _other_layout(name, homes, accesses[name], fn, graph)
             if other is not None:
                 homes[name] = other
                 continue
@@ -313,7 +328,7 @@ def _settle(
 
 
 def _other_layout(
-    name: str, homes: dict[str, Home], accesses: list[Access], fn: Function
+    name: str, homes: dict[str, Home], accesses: list[Access], fn: Function, graph: Graph
 ) -> Home | None:
     """Another layout of `name`'s home, no larger, under which every access to it can be
     rewritten with the other homes in place (a head split of three heads is unrolled, so the
@@ -321,7 +336,7 @@ def _other_layout(
     copy from)."""
     current = homes[name]
     loc = fn.memory_locations[name]
-    for inner, group in _layout_candidates(loc, accesses):
+    for inner, group in _layout_candidates(loc, accesses, graph):
         if (inner, group) == (current.inner, current.group):
             continue
         trial = dict(homes)

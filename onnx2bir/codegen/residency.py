@@ -463,16 +463,19 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
     return canonical_inner(shape)
 
 
-def preferred_group(graph, tensor: str, hops: int = 8) -> int:
+def preferred_group(graph, tensor: str, hops: int = 8, walks: bool = True) -> int:
     """`group_rows` of `tensor`, past one partition chunk, when it is a per-matrix operand or
     result of a batched MatMul (both inputs of rank 3 or more: attention's per-head products),
     looking through ops that keep its shape (elementwise chains, a Softmax); else 0. A walk of
     such a tensor takes the matrices one by one, so its accesses fit a home in groups
     (`_translate_grouped`)."""
+    if tensor not in graph.tensors:
+        return 0  # a lowering's scratch
     shape = tuple(graph.tensors[tensor].shape)
     group = group_rows(shape)
-    if group <= NUM_PARTITIONS:
-        # Matrices within one chunk walk as well in flat rows, several to a tile.
+    if not group or (walks and group <= NUM_PARTITIONS):
+        # Matrices within one chunk walk as well in flat rows, several to a tile (a home in
+        # groups of them, `walks` false, serves a per-head product's operand).
         return 0
     seen, frontier = {tensor}, [tensor]
     for _ in range(hops):
