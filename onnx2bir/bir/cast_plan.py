@@ -30,13 +30,15 @@ class CastPoint:
 class Probe:
     """Where the machine holds tensor `tensor` once its producer is done: location
     `location`, flat (a DRAM tensor) or, with `inner`, an SBUF home whose rows of `inner`
-    elements are dealt over the partitions (docs/memory_planner.md#layout). It is read at the
+    elements are dealt over the partitions (docs/memory_planner.md#layout), with `group` in
+    groups of that many rows (docs/memory_planner.md#groups). It is read at the
     first instruction that reads the location and does not belong to node `producer`."""
 
     tensor: str
     location: str
     producer: str
     inner: int | None = None
+    group: int | None = None  # rows per group of a home in groups
 
     def to_json(self) -> dict:
         return {key: value for key, value in asdict(self).items() if value is not None}

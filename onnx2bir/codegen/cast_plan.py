@@ -267,6 +267,8 @@ def _probes(
         if loc is None or producer is None:
             continue  # inside a kernel: never stored
         home = homes.get(tensor)
-        inner = home.inner if home is not None and loc.memory is MemoryType.SB else None
-        probes[tensor] = Probe(tensor, tensor, producer, inner)
+        resident = home is not None and loc.memory is MemoryType.SB
+        inner = home.inner if resident else None
+        group = home.group if resident and home.group else None
+        probes[tensor] = Probe(tensor, tensor, producer, inner, group)
     return probes

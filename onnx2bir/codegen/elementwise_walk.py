@@ -36,7 +36,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.residency import preferred_row
+from onnx2bir.codegen.residency import preferred_group, preferred_row
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
@@ -64,6 +64,7 @@ class _Piece:
     row_strides: tuple[int, ...]
     cols: int
     col_strides: tuple[int, ...]
+    predicated: bool = True  # a partial last row tile runs under a predicate (else apart)
 
 
 def _pieces(shape: tuple[int, ...], strides: list[tuple[int, ...]], row: int = 1) -> list[_Piece]:
@@ -145,7 +146,23 @@ def _walk_pieces(
         for t in inputs
     ]
     shape, merged = merge_broadcast_dims(out_shape, strides)
-    return [out, *inputs], _pieces(shape, merged, preferred_row(cg.graph, out))
+    pieces = _pieces(shape, merged, preferred_row(cg.graph, out))
+    group = preferred_group(cg.graph, out)
+    if group:
+        pieces = [_in_groups(piece, group, out_shape[-1]) for piece in pieces]
+    return [out, *inputs], pieces
+
+
+def _in_groups(piece: _Piece, group: int, length: int) -> _Piece:
+    """A piece whose rows are the rows of a batch of matrices of `group` rows, walked one
+    matrix at a time with unpredicated tiles, as a home in groups holds them
+    (docs/memory_planner.md#groups); any other piece as it is."""
+    if piece.cols != length or piece.row_strides[0] != length or piece.rows % group:
+        return piece
+    if piece.rows == group:
+        return replace(piece, predicated=False)
+    matrices = (piece.rows // group, tuple(s * group for s in piece.row_strides))
+    return replace(piece, outer=(*piece.outer, matrices), rows=group, predicated=False)
 
 
 def tile_width(cg: BirCodeGen, node: dict, shapes: dict[str, tuple[int, ...]] | None = None) -> int:
@@ -357,7 +374,14 @@ def _emit_piece(
     # Rows are the leading dim of every operand (partitions, the DRAM row dim): a partial last
     # row tile runs in the same loop under a predicate instead of separate code.
     outer = len(piece.outer)
-    rows = tiles(cg, piece.rows, NUM_PARTITIONS, "r", predicated=True, buffers=walk.buffers(outer))
+    rows = tiles(
+        cg,
+        piece.rows,
+        NUM_PARTITIONS,
+        "r",
+        predicated=piece.predicated,
+        buffers=walk.buffers(outer),
+    )
     for row in rows:
         for col in tiles(cg, piece.cols, FREE_TILE, "c", buffers=walk.buffers(outer + 1)):
             at = (slot + row.slot + col.slot) * FREE_TILE

@@ -24,7 +24,7 @@ Each refusal is a reason naming the node and the rule; `report` lists them.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from onnx2bir.bir.dtypes import on_chip
 from onnx2bir.bir.enums import MemoryKind, MemoryType, Opcode
@@ -37,7 +37,13 @@ from onnx2bir.bir.ir import (
     MemoryLocation,
 )
 from onnx2bir.bir.opcodes import SBUF_BYTES_PER_PARTITION
-from onnx2bir.codegen.residency import AxisRanges, Home, canonical_inner, plan_copy
+from onnx2bir.codegen.residency import (
+    AxisRanges,
+    Home,
+    canonical_inner,
+    plan_copy,
+    preferred_group,
+)
 from onnx2bir.graph import Graph
 
 
@@ -156,7 +162,12 @@ def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
     return None
 
 
-def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[int]:
+def _layout_candidates(
+    loc: MemoryLocation, accesses: list[Access], graph: Graph
+) -> list[tuple[int, int]]:
+    """(row length, rows per group) pairs to try: the canonical rows, each partition stride
+    the accesses use, then, for an operand or result of a batched MatMul, its matrices in
+    groups (`residency.preferred_group`)."""
     total = max(1, loc.num_elements)
     found = [canonical_inner(loc.shape)]
     strides: Counter = Counter()
@@ -168,21 +179,30 @@ def _layout_candidates(loc: MemoryLocation, accesses: list[Access]) -> list[int]
             if dims and dims[0][0] > 0:
                 strides[dims[0][0]] += 1
     found += [stride for stride, _ in strides.most_common()]
-    return [inner for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]]
+    layouts = [
+        (inner, 0) for i, inner in enumerate(found) if total % inner == 0 and inner not in found[:i]
+    ]
+    group = preferred_group(graph, loc.name, walks=False)
+    if group:
+        layouts.append((loc.shape[-1], group))
+    return layouts
 
 
-def _choose_home(loc: MemoryLocation, accesses: list[Access], fn: Function) -> Home | str:
-    """The first row length under which every access, alone, can be rewritten; else the
-    reason the canonical row length (the first tried) was refused."""
+def _choose_home(
+    loc: MemoryLocation, accesses: list[Access], fn: Function, graph: Graph
+) -> Home | str:
+    """The first layout under which every access, alone, can be rewritten; else the reason
+    the canonical row length (the first tried) was refused."""
     first_reason = None
-    for inner in _layout_candidates(loc, accesses):
-        home = Home(loc.name, inner, max(1, loc.num_elements), on_chip(loc.dtype).itemsize)
+    for inner, group in _layout_candidates(loc, accesses, graph):
+        itemsize = on_chip(loc.dtype).itemsize
+        home = Home(loc.name, inner, max(1, loc.num_elements), itemsize, group=group)
         homes = {loc.name: home}
         problems = (_check(access, homes, fn) for access in accesses)
         reason = next((problem for problem in problems if problem), None)
         if reason is None:
             return home
-        first_reason = first_reason or f"in rows of {inner}, {reason}"
+        first_reason = first_reason or f"in {home.describe()}, {reason}"
     return f"no row length serves every access; {first_reason or 'no access'}"
 
 
@@ -218,7 +238,7 @@ def _allocate(
             )
             continue
         placed.append((first, last, address, address + size))
-        result[name] = Home(home.tensor, home.inner, home.num_elements, home.itemsize, address)
+        result[name] = replace(home, address=address)
     return result, refused
 
 
@@ -235,7 +255,7 @@ def plan_memory(
         if not accesses[name]:
             refused[name] = "never copied"
             continue
-        home = _choose_home(loc, accesses[name], fn)
+        home = _choose_home(loc, accesses[name], fn, graph)
         if isinstance(home, str):
             refused[name] = home
         else:
@@ -244,10 +264,10 @@ def plan_memory(
         name: (min(a.item for a in accesses[name]), max(a.item for a in accesses[name]))
         for name in homes
     }
-    homes = _settle(homes, accesses, fn, refused)
+    homes = _settle(homes, accesses, fn, graph, refused)
     homes, too_big = _allocate(homes, intervals, arena_need, reserved)
     refused.update(too_big)
-    homes = _settle(homes, accesses, fn, refused)
+    homes = _settle(homes, accesses, fn, graph, refused)
 
     plan = MemoryPlan(arena_need=dict(arena_need), reserved=reserved)
     plan.homes = homes
@@ -257,7 +277,7 @@ def plan_memory(
             plan.decisions[name] = Decision(
                 name,
                 True,
-                f"in SBUF, rows of {homes[name].inner} elements",
+                f"in SBUF, {homes[name].describe()}",
                 homes[name].bytes_per_partition,
                 first,
                 last,
@@ -269,7 +289,11 @@ def plan_memory(
 
 
 def _settle(
-    homes: dict[str, Home], accesses: dict[str, list[Access]], fn: Function, refused: dict
+    homes: dict[str, Home],
+    accesses: dict[str, list[Access]],
+    fn: Function,
+    graph: Graph,
+    refused: dict,
 ) -> dict[str, Home]:
     """Drop homes until every copy touching one can be rewritten with all the others in place
     (two resident sides must agree on their partition chunks)."""
@@ -295,8 +319,33 @@ def _settle(
         if not victims:
             return homes
         for name, problem in victims.items():
+            other = _other_layout(name, homes, accesses[name], fn, graph)
+            if other is not None:
+                homes[name] = other
+                continue
             refused[name] = problem
             del homes[name]
+
+
+def _other_layout(
+    name: str, homes: dict[str, Home], accesses: list[Access], fn: Function, graph: Graph
+) -> Home | None:
+    """Another layout of `name`'s home, no larger, under which every access to it can be
+    rewritten with the other homes in place (a head split of three heads is unrolled, so the
+    canonical plane rows serve each of its copies alone, but not beside the tokens' rows they
+    copy from)."""
+    current = homes[name]
+    loc = fn.memory_locations[name]
+    for inner, group in _layout_candidates(loc, accesses, graph):
+        if (inner, group) == (current.inner, current.group):
+            continue
+        trial = dict(homes)
+        trial[name] = replace(current, inner=inner, group=group)
+        if trial[name].bytes_per_partition > current.bytes_per_partition:
+            continue  # the bytes allocated to the current layout must hold it
+        if all(_check(access, trial, fn) is None for access in accesses):
+            return trial[name]
+    return None
 
 
 def _high_water(plan: MemoryPlan, intervals: dict[str, tuple[int, int]], items: int) -> int:

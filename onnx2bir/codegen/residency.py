@@ -43,25 +43,39 @@ def canonical_inner(shape: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Home:
-    """A tensor's SBUF home: rows of `inner` elements dealt over the partitions."""
+    """A tensor's SBUF home: rows of `inner` elements dealt over the partitions; with `group`,
+    in groups of that many rows, each starting a partition chunk of its own."""
 
     tensor: str
     inner: int
     num_elements: int
     itemsize: int
     address: int = 0  # byte offset in every partition, set by the allocator
+    group: int = 0  # rows per group (0: the rows are one group)
 
     @property
     def rows(self) -> int:
         return self.num_elements // self.inner
 
     @property
+    def group_rows(self) -> int:
+        return self.group or self.rows
+
+    @property
+    def group_chunks(self) -> int:
+        return -(-self.group_rows // NUM_PARTITIONS)
+
+    @property
     def chunks(self) -> int:
-        return -(-self.rows // NUM_PARTITIONS)
+        return self.rows // self.group_rows * self.group_chunks
 
     @property
     def partitions(self) -> int:
-        return min(self.rows, NUM_PARTITIONS)
+        return min(self.group_rows, NUM_PARTITIONS)
+
+    def describe(self) -> str:
+        text = f"rows of {self.inner} elements"
+        return text + (f" in groups of {self.group} rows" if self.group else "")
 
     @property
     def free_elements(self) -> int:
@@ -106,6 +120,8 @@ def translate(
     inner, chunk = home.inner, home.inner * NUM_PARTITIONS
     if any(count == 0 for _, count in ap.pattern):
         return "an empty access"
+    if home.group:
+        return _translate_grouped(ap, home, ranges, predicated)
     dims = _normalised(ap, inner)
     if dims[0][0] == inner and dims[0][1] > 1:
         rows, free_dims = dims[0][1], dims[1:]
@@ -169,6 +185,100 @@ def translate(
     if predicated and len(pieces) > 1:
         return "a predicated access across partition chunks"
     return pieces
+
+
+def _translate_grouped(
+    ap: AccessPattern, home: Home, ranges: AxisRanges, predicated: bool
+) -> list[Piece] | str:
+    """`translate` on a home in groups (docs/memory_planner.md#groups): row r of group g lives
+    in partition r mod 128, at free element (g · chunks per group + r div 128) · inner. A step
+    of whole groups moves by their chunks; a step of whole 128-row chunks, or the rows of the
+    access, must stay inside the group it starts in; other steps stay inside a row. A
+    predicated access is refused: its nominal rows may run past the group's end."""
+    inner, group = home.inner, home.group
+    group_span, chunk = group * inner, NUM_PARTITIONS * inner
+    group_step = home.group_chunks * inner  # free elements between two groups
+    if predicated:
+        return "a predicated access on a home in groups of rows"
+    dims = _normalised(ap, inner)
+    if dims[0][0] == inner and dims[0][1] > 1:
+        rows, free_dims = dims[0][1], dims[1:]
+    else:
+        rows, free_dims = 1, dims
+    fixed = sum(
+        coef * ranges.get(axis, (0, 0))[0]
+        for axis, coef in ap.offset_terms
+        if ranges.get(axis, (0, 0))[0] == ranges.get(axis, (0, 0))[1]
+    )
+    row0, i0 = divmod(ap.offset + fixed, inner)
+    group0, row0 = divmod(row0, group)
+    reach_low, reach_high = i0, i0  # the span inside one row
+    rows_reached = row0 + rows  # rows of the starting group the access may reach
+
+    def place(stride: int, first: int, last: int) -> int | str:
+        """Where a step of `stride` elements (taken first..last times) moves on chip."""
+        nonlocal reach_low, reach_high, rows_reached
+        if stride % group_span == 0:
+            return stride // group_span * group_step
+        low, high = sorted((stride * first, stride * last))
+        if stride % chunk == 0 and low >= 0:
+            rows_reached += high // inner
+            return stride // chunk * inner
+        if stride % inner and 0 <= low and high < inner:
+            reach_low, reach_high = reach_low + low, reach_high + high
+            return stride
+        return (
+            f"a step of {stride} elements is neither inside a row of {inner}, nor whole "
+            f"groups of {group} rows, nor whole {NUM_PARTITIONS}-row chunks"
+        )
+
+    terms: list[tuple[str, int]] = []
+    for axis, coef in ap.offset_terms:
+        first, last = ranges.get(axis, (0, 0))
+        if first == last:
+            continue
+        moved = place(coef, first, last)
+        if isinstance(moved, str):
+            return f"loop {axis}: {moved}"
+        terms.append((axis, moved))
+    free: list[tuple[int, int]] = []
+    for stride, count in free_dims:
+        moved = place(stride, 0, count - 1) if stride else 0
+        if isinstance(moved, str):
+            return moved
+        free.append((moved, count))
+    if reach_low < 0 or reach_high >= inner:
+        return f"the access spans elements {reach_low}..{reach_high} of a {inner}-element row"
+    if rows_reached > group:
+        return f"the access crosses the end of a group of {group} rows"
+    if group0 < 0 or group0 >= home.rows // group:
+        return "the access leaves the tensor"
+    free = free or [(1, 1)]
+    pieces = []
+    row = row0
+    while row < row0 + rows:
+        part = row % NUM_PARTITIONS
+        count = min(NUM_PARTITIONS - part, row0 + rows - row)
+        offset = group0 * group_step + (row // NUM_PARTITIONS) * inner + i0
+        pieces.append(
+            Piece(
+                row - row0,
+                count,
+                AccessPattern(home.tensor, tuple(free), offset, tuple(terms), part, count),
+            )
+        )
+        row += count
+    return pieces
+
+
+def group_rows(shape: tuple[int, ...]) -> int:
+    """Rows per group of a home in groups (0: none): the matrices of a batch of matrices
+    [..., M, N] whose M is not a whole number of partition chunks (the per-head scores of 197
+    tokens, a head's [64, 197] keys), so that every matrix starts at partition 0."""
+    if len(shape) < 3 or math.prod(shape[:-2]) < 2:
+        return 0
+    rows = shape[-2]
+    return rows if rows % NUM_PARTITIONS else 0
 
 
 def _slice_outer(ap: AccessPattern, first: int, count: int, total: int) -> AccessPattern | None:
@@ -351,3 +461,44 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
             break
         frontier = following
     return canonical_inner(shape)
+
+
+def preferred_group(graph, tensor: str, hops: int = 8, walks: bool = True) -> int:
+    """`group_rows` of `tensor`, past one partition chunk, when it is a per-matrix operand or
+    result of a batched MatMul (both inputs of rank 3 or more: attention's per-head products),
+    looking through ops that keep its shape (elementwise chains, a Softmax); else 0. A walk of
+    such a tensor takes the matrices one by one, so its accesses fit a home in groups
+    (`_translate_grouped`)."""
+    if tensor not in graph.tensors:
+        return 0  # a lowering's scratch
+    shape = tuple(graph.tensors[tensor].shape)
+    group = group_rows(shape)
+    if not group or (walks and group <= NUM_PARTITIONS):
+        # Matrices within one chunk walk as well in flat rows, several to a tile (a home in
+        # groups of them, `walks` false, serves a per-head product's operand).
+        return 0
+    seen, frontier = {tensor}, [tensor]
+    for _ in range(hops):
+        following = []
+        for name in frontier:
+            producer = graph.producer(name)
+            nodes = ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]
+            for node in nodes:
+                data = graph.node(node)
+                op_type = data["op_type"]
+                if op_type == "MatMul":
+                    ranks = [len(graph.tensors[t].shape) for t in data["inputs"][:2]]
+                    if min(ranks) >= 3:
+                        return group
+                    continue
+                if op_type in PLANE_OPS or (op_type in ROW_OPS and op_type != "Softmax"):
+                    continue
+                for other in [*data["inputs"], *data["outputs"]]:
+                    if other and other not in seen and other in graph.tensors:
+                        if tuple(graph.tensors[other].shape) == shape:
+                            seen.add(other)
+                            following.append(other)
+        if not following:
+            break
+        frontier = following
+    return 0

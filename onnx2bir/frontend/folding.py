@@ -303,3 +303,67 @@ def _names_read(node: onnx.NodeProto) -> set[str]:
                 names |= _names_read(inner)
             names |= {value.name for value in graph.output}
     return names
+
+
+def drop_zero_adds(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Remove every Add of a constant that is exactly zero to a runtime tensor of the output's
+    shape and dtype (an attention mask of zeros, a zero bias): its consumers read the other
+    input instead. x + 0 is x for every x but -0, which becomes +0 (equal as values). An Add
+    that broadcasts the runtime input to a bigger shape, writes a graph output or is read
+    inside a subgraph stays. Constants nothing reads any more are dropped with it. Returns the
+    model (changed in place)."""
+    graph = model.graph
+    shapes = static_shapes(model)
+    types = {
+        value.name: value.type.tensor_type.elem_type
+        for value in [*graph.input, *graph.value_info, *graph.output]
+    }
+    constants = {init.name: init for init in graph.initializer}
+    keep_names = {value.name for value in graph.output}
+    for node in graph.node:
+        keep_names |= _names_read(node) - set(node.input)
+    renamed: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            node.input[index] = renamed.get(name, name)
+        other = _zero_add_operand(node, constants, weights, shapes, types)
+        if other is not None and node.output[0] not in keep_names:
+            renamed[node.output[0]] = other
+            continue
+        kept.append(node)
+    if not renamed:
+        return model
+    del graph.node[:]
+    graph.node.extend(kept)
+    read = {name for node in kept for name in _names_read(node)}
+    unused = [init for init in graph.initializer if init.name not in read]
+    for init in unused:
+        graph.initializer.remove(init)
+    for value in [value for value in graph.input if value.name in weights]:
+        if value.name not in read:
+            graph.input.remove(value)
+            del weights[value.name]
+    return model
+
+
+def _zero_add_operand(node, constants, weights, shapes, types) -> str | None:
+    """The runtime input of an Add whose other input is a constant of zeros that neither
+    widens the output beyond the runtime input's shape nor changes its dtype; else None."""
+    if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    out = node.output[0]
+    for const, other in (node.input[1], node.input[0]), (node.input[0], node.input[1]):
+        if const in weights:
+            value = weights[const]
+        elif const in constants:
+            value = numpy_helper.to_array(constants[const])
+        else:
+            continue
+        if other in weights or other in constants or other not in shapes:
+            continue
+        if shapes[other] != shapes.get(out) or types.get(other) != types.get(out):
+            continue
+        if value.size and np.all(value == 0):
+            return other
+    return None

@@ -36,6 +36,7 @@ from onnx2bir.frontend import (
 from onnx2bir.frontend.folding import (
     WEIGHT_ELEMENTS,
     drop_dead_nodes,
+    drop_zero_adds,
     fold_constants,
     normalize_pool_ceil_mode,
     static_shapes,
@@ -214,7 +215,7 @@ def import_parts(
     check_model(model, full=True)
     model = fold_constants(model, weights)  # large folded values join `weights`
     check_folded(model, weights)
-    model = drop_dead_nodes(model)
+    model = drop_dead_nodes(drop_zero_adds(model, weights))
     graph = build_graph(model, _model_name(source, model), weights)
     graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
     return Imported(model, weights, graph)

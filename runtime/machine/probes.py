@@ -8,7 +8,8 @@ A tensor is read once, just before the first instruction that reads its location
 belong to its producer (in program order its producer is done then, and no later node has
 reused its bytes yet). A DRAM location is the tensor's flat elements; an SBUF home holds rows
 of `inner` elements dealt round the partitions, row r in partition r mod 128 at free offset
-(r div 128)·inner (docs/memory_planner.md#layout). A probe whose location nothing reads (a
+(r div 128)·inner (docs/memory_planner.md#layout), or, in groups of `group` rows, each group
+from a partition chunk of its own (docs/memory_planner.md#groups). A probe whose location nothing reads (a
 loop that runs no trip) is simply not read: the oracle then rounds its own value.
 """
 
@@ -87,10 +88,13 @@ class ProbeReader:
         else:
             inner = probe.inner
             rows = count // inner
-            chunks = -(-rows // NUM_PARTITIONS)
+            group = probe.group or rows
+            per_group = -(-group // NUM_PARTITIONS)  # chunks of one group
+            chunks = rows // group * per_group
             partitions = view.shape[0]
             laid = np.zeros((chunks * NUM_PARTITIONS, inner), view.dtype)
             blocks = view[:, : chunks * inner].reshape(partitions, chunks, inner)
             laid.reshape(chunks, NUM_PARTITIONS, inner)[:, :partitions] = blocks.transpose(1, 0, 2)
-            flat = laid[:rows].reshape(-1)
+            grouped = laid.reshape(rows // group, per_group * NUM_PARTITIONS, inner)
+            flat = grouped[:, :group].reshape(-1)
         return np.asarray(flat, dtype=np.float32).reshape(shape).copy()

@@ -12,7 +12,15 @@ import math
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.tiling import Affine, contiguous_strides, merge_broadcast_dims, tiles
+from onnx2bir.codegen.matmul_tiles import BANK_FP32
+from onnx2bir.codegen.tiling import (
+    Affine,
+    contiguous_strides,
+    merge_broadcast_dims,
+    nested_loops,
+    tile_count,
+    tiles,
+)
 from onnx2bir.graph import Node
 
 # One DMA descriptor chain moves at most this many elements; bigger copies are split.
@@ -132,9 +140,10 @@ def lower_transpose(cg: BirCodeGen, node: Node) -> None:
     - the last dim stays last: one strided DMA per [rows, last dim] block, the rows being the
       longest other dim of the output (the remaining dims loop), each block reading whole
       rows of the input and writing whole rows of the output;
-    - the last two dims swap (a matrix transpose per leading index, fp32): each block of at
-      most 128 x 128 is read as rows, flipped on the PE array against the identity and
-      written as rows;
+    - the input's last dim becomes the output's second last (fp32: the last two dims swap,
+      or a [T, H, D] → [H, D, T] key transpose): per index of the other dims, each block of
+      at most 128 x 128 of the matrix is read as rows, flipped on the PE array against the
+      identity and written as rows;
     - otherwise: one strided DMA, the destination walked contiguously, the source through
       permuted strides (dims both sides walk contiguously merged, leading dims beyond what a
       DMA descriptor takes looping).
@@ -148,9 +157,9 @@ def lower_transpose(cg: BirCodeGen, node: Node) -> None:
     permuted = tuple(in_strides[a] for a in perm)
     if not math.prod(out_shape):
         return
-    swapped = perm[-2:] == [rank - 1, rank - 2] and perm[:-2] == list(range(rank - 2))
-    if rank >= 2 and swapped and cg.graph.tensors[src].dtype is Dtype.FP32:
-        _transpose_on_pe(cg, src, out, in_shape)
+    flips = rank >= 2 and perm[-2] == rank - 1 and perm[-1] != rank - 1
+    if flips and cg.graph.tensors[src].dtype is Dtype.FP32:
+        _transpose_on_pe(cg, src, out, in_shape, perm)
         return
     order, max_dims = list(range(rank)), DMA_MAX_DIMS
     if rank >= 3 and perm[-1] == rank - 1 and perm != list(range(rank)):
@@ -177,33 +186,48 @@ UNROLL_TRIPS = 4  # copy_strided emits this many leading-dim copies one by one, 
 ROW_BLOCK = 512  # elements per [rows, last dim] block worth a DMA of its own
 
 
-def _transpose_on_pe(cg: BirCodeGen, src: str, out: str, in_shape: tuple[int, ...]) -> None:
-    """out[..., j, i] = src[..., i, j]: 128 x 128 blocks through the PE array."""
-    rows, cols = in_shape[-2:]
-    batch = math.prod(in_shape[:-2])
+def _transpose_on_pe(
+    cg: BirCodeGen, src: str, out: str, in_shape: tuple[int, ...], perm: list[int]
+) -> None:
+    """out[..., j, i] = src[.., i, .., j]: the input's last dim becomes the output's second
+    last and input dim `perm[-1]` its last; per index of the other dims, a matrix [i, j] (rows
+    strided in the input, a head's [T, D] block of [T, H · D]) flipped in 128 x 128 blocks
+    on the PE array. Blocks are read from and written to SBUF homes in place."""
+    rows, cols = in_shape[perm[-1]], in_shape[-1]
+    in_strides = contiguous_strides(in_shape)
+    out_shape = tuple(in_shape[axis] for axis in perm)
+    out_strides = contiguous_strides(out_shape)
+    row_stride = in_strides[perm[-1]]
+    lead, (out_lead, in_lead) = merge_broadcast_dims(
+        out_shape[:-2], [out_strides[:-2], tuple(in_strides[axis] for axis in perm[:-2])]
+    )
     p = NUM_PARTITIONS
+    # Two copies of the PSUM and result tiles when a matrix takes several blocks: the PE
+    # flips the next block while ScalarE or VectorE copies this one out.
+    copies = 2 if tile_count(rows, p) * tile_count(cols, p) > 1 else 1
     block = cg.sb_tile("block", p, p, Dtype.FP32)
-    flipped = cg.psum_tile("flipped", p, p)
-    result = cg.sb_tile("flipped", p, p, Dtype.FP32)
+    flipped = cg.psum_tile("flipped", p, (copies - 1) * BANK_FP32 + p)
+    result = cg.sb_tile("flipped", p, copies * p, Dtype.FP32)
     src_loc, out_loc = cg.dram(src).name, cg.dram(out).name
-    for b in tiles(cg, batch, 1, "b"):
-        base = b.start * (rows * cols)
+    for out_base, in_base in nested_loops(cg, lead, [out_lead, in_lead], "b"):
+        count = 0
         for r in tiles(cg, rows, p, "tr"):
             for c in tiles(cg, cols, p, "tc"):
-                loaded = cg.ap(block, [(1, c.size)], partitions=r.size)
-                cg.dma(
-                    loaded,
+                slot, count = count % copies, count + 1
+                loaded = cg.read_operand(
+                    cg.ap(block, [(1, c.size)], partitions=r.size),
                     cg.dram_ap(
-                        src_loc, base + r.start * cols + c.start, [(cols, r.size), (1, c.size)]
+                        src_loc,
+                        in_base + r.start * row_stride + c.start,
+                        [(row_stride, r.size), (1, c.size)],
                     ),
                 )
-                psum = cg.ap(flipped, [(1, r.size)], partitions=c.size)
+                psum = cg.ap(flipped, [(1, r.size)], slot * BANK_FP32, partitions=c.size)
                 cg.matmul(psum, loaded, cg.identity(r.size), accumulate=False)
-                stored = cg.ap(result, [(1, r.size)], partitions=c.size)
-                cg.tensor_copy(stored, psum)
-                cg.dma(
-                    cg.dram_ap(
-                        out_loc, base + c.start * rows + r.start, [(rows, c.size), (1, r.size)]
-                    ),
-                    stored,
+                target = cg.dram_ap(
+                    out_loc, out_base + c.start * rows + r.start, [(rows, c.size), (1, r.size)]
                 )
+                tile = cg.ap(result, [(1, r.size)], slot * p, partitions=c.size)
+                stored = cg.write_operand(tile, target)
+                cg.on_chip_copy(stored, psum)
+                cg.store_result(target, tile, stored)

@@ -28,6 +28,7 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.residency import preferred_group
 from onnx2bir.codegen.row_groups import EngineLoad, emit_staged, plan_groups, row_groups
 from onnx2bir.codegen.tiling import Tile, copy_stride, tile_index, tiles
 from onnx2bir.graph import Node
@@ -81,7 +82,12 @@ def _emit_softmax(cg: BirCodeGen, node: Node, log: bool) -> None:
         return
     # Rows on partitions: the outer rows when the softmax runs along the last dim, else the
     # inner positions of one outer row at a time.
-    if inner == 1:
+    group = preferred_group(cg.graph, x_name) if inner == 1 else 0
+    if group and outer % group == 0:
+        # The matrices of per-head scores one at a time, as their SBUF homes hold them
+        # (docs/memory_planner.md#groups): no tile of rows straddles two heads.
+        loops, loop_stride, rows, row_stride = outer // group, group * length, group, length
+    elif inner == 1:
         loops, loop_stride, rows, row_stride = 1, 0, outer, length
     else:
         loops, loop_stride, rows, row_stride = outer, length * inner, inner, 1
