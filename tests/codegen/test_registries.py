@@ -24,8 +24,9 @@ from onnx2bir.patterns.conv.selection import (
 )
 
 # Lowering modules reached through another lowering, not through the table: the 3-D conv and
-# pool fold their depth into the 2-D ones (lower/conv.py and lower/pool.py dispatch to them).
-SUB_LOWERINGS = {"conv3d", "pool3d"}
+# pool fold their depth into the 2-D ones (lower/conv.py and lower/pool.py dispatch to them),
+# and the generic conv's weight-stationary order (lower/conv.py dispatches to it).
+SUB_LOWERINGS = {"conv3d", "pool3d", "conv_stationary"}
 
 
 def test_every_lowering_module_is_in_the_table():

@@ -17,6 +17,11 @@ wider than 128 channels is tiled over C_in (accumulating) and C_out.
 
 The bias rides on the PSUM eviction: ScalarE computes `copy(psum + bias[C_out, 1])`.
 
+A dense conv whose weights fit `conv_stationary.RESIDENT_WEIGHT_BYTES` takes the
+weight-stationary order of `conv_stationary.py` (weights loaded once, each band once for every
+output block); the rest of this module is the block-by-block order, one output block's weights
+at a time (docs/conv_selection.md#generic-conv).
+
 The output-tile loop is multi-buffered (docs/buffers.md#lowerings): band, out and acc have
 one copy per output tile (or two, rotated), so the load of one tile overlaps the matmuls of
 the previous one and the loop is `parallel`; the input-channel loop inside accumulates into
@@ -32,6 +37,7 @@ from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower.conv_stationary import emit_stationary_conv, stationary_fits
 from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
 from onnx2bir.codegen.tiling import (
     Affine,
@@ -134,6 +140,9 @@ def emit_conv(
     (its pads are already in `source`)."""
     c_in_group, c_out_group, groups = weights.c_in_group, weights.c_out_group, weights.groups
     taps = geo.taps
+    if stationary_fits(cg, c_in_group, taps, weights.c_out, groups):
+        emit_stationary_conv(cg, geo, source, weights, y_loc)
+        return
 
     # Groups per matmul (block-diagonal stationary) or, for wide groups, one group tiled.
     if c_in_group <= NUM_PARTITIONS and c_out_group <= NUM_PARTITIONS:
