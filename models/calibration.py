@@ -1,7 +1,8 @@
 """Calibration models: BERT-base, DistilBERT-base and BERT-large at sequence 128, batch 4.
 
 In: nothing (transformers configs built in code, random weights after ``torch.manual_seed(0)``,
-no hub call). Out: ``models/.cache/calib_<name>_L<layers>.onnx`` (git-ignored) with 1 and 2
+biases seeded random as a trained model's are (``models/zoo.py trained_biases``), no hub call).
+Out: ``models/.cache/calib_<name>_L<layers>.onnx`` (git-ignored) with 1 and 2
 encoder layers each. The published Inf2 latencies these are compared with
 (benchmarks/device_time.md) are for the full depth (12, 6 and 24 layers); the benchmark
 estimates a 1-layer and a 2-layer export and extrapolates linearly in the number of layers
@@ -48,7 +49,7 @@ def build(name: str, layers: int, vocab: int = VOCAB):
     import torch
     from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel
 
-    from models.zoo import Built, TokenWrapper
+    from models.zoo import Built, TokenWrapper, trained_biases
 
     family, hidden, heads, inter, _ = MODELS[name]
     torch.manual_seed(0)
@@ -74,6 +75,7 @@ def build(name: str, layers: int, vocab: int = VOCAB):
             attn_implementation="eager",
         )
         model = DistilBertModel(config)
+    trained_biases(model)  # a trained model's biases are not zero
     model.eval()
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (BATCH, SEQ), generator=generator, dtype=torch.int64)

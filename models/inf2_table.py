@@ -8,7 +8,9 @@ batch-4 BERT rows of models/calibration.py.
 In: nothing. The CNNs are torchvision's (``weights=None``, so torchvision's own initialisation
 after ``torch.manual_seed(0)``); the encoders are transformers models built from config objects
 (``torch.manual_seed(0)``, random weights, no hub call) at the released models' sizes and
-vocabularies. Out: ``models/.cache/inf2_<row>[_L<layers>].onnx`` (git-ignored):
+vocabularies, their biases given seeded random values as a trained model's are (transformers
+starts them at zero, and the import drops an Add of a constant zero). Out:
+``models/.cache/inf2_<row>[_L<layers>].onnx`` (git-ignored):
 
 - a CNN row is one export at its batch (``inf2_resnet50_b8.onnx``);
 - an encoder row is exported with 1 and 2 layers (the benchmark extrapolates linearly in the
@@ -122,7 +124,7 @@ def _encoder(row: Row, layers: int):
         ViTForImageClassification,
     )
 
-    from models.zoo import Built, PixelWrapper, TokenWrapper
+    from models.zoo import Built, PixelWrapper, TokenWrapper, trained_biases
 
     torch.manual_seed(0)
     config = {"name": row.model, "layers": layers, "batch": row.batch}
@@ -137,6 +139,7 @@ def _encoder(row: Row, layers: int):
         model = ViTForImageClassification(
             ViTConfig(**common, image_size=IMAGE, patch_size=16, num_channels=3, num_labels=1000)
         )
+        trained_biases(model)
         model.eval()
         pixels = torch.randn(row.batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
         return Built(
@@ -166,6 +169,7 @@ def _encoder(row: Row, layers: int):
             add_pooling_layer=False,
         )
         low = 3  # no padding (1) or special tokens: every position counts
+    trained_biases(model)
     model.eval()
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(low, row.vocab, (row.batch, SEQ), generator=generator, dtype=torch.int64)

@@ -180,6 +180,21 @@ def _count(module: nn.Module, kind: type) -> int:
     return sum(isinstance(m, kind) for m in module.modules())
 
 
+def trained_biases(model) -> None:
+    """Give every bias seeded random values (std 0.02). transformers initialises biases to
+    zero, and the import drops an Add of a constant zero (frontend/folding.py): an export with
+    zero biases would lose every projection's bias Add, which a trained model keeps. For the
+    exports whose device time is compared with published latencies (models/inf2_table.py,
+    models/calibration.py)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+
+
 def _calibrate_batchnorm(module: nn.Module, shape: tuple[int, ...]) -> None:
     """Give every BatchNorm seeded affine parameters and the statistics of one random batch.
 

@@ -116,8 +116,10 @@ def test_segments_pass_where_the_whole_model_passes(capsys):
 
 
 def test_a_wrong_node_fails_its_segment_and_only_it(capsys, monkeypatch):
-    node = onnx.load(str(RESNET18)).graph.node[30].name
-    corrupt_node(monkeypatch, node)  # forked workers inherit the corrupted machine
+    node = onnx.load(str(RESNET18)).graph.node[30]
+    # Its result stays in SBUF in the whole model and is an output (DRAM) of its segment.
+    # Forked workers inherit the corrupted machine.
+    corrupt_node(monkeypatch, node.name, homes=tuple(node.output))
     code, whole = _validate(capsys, RESNET18)
     assert code == 1 and not whole["passed"]
     code, doc = _validate(capsys, RESNET18, "--segments", 3)

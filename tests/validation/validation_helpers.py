@@ -56,11 +56,14 @@ def _no_constant(name: str):
     raise AssertionError(f"the JSON holds {name}, which is not JSON")
 
 
-def perturb(machine, ins, loop_values, node: str, mode: str, amount: float) -> None:
-    """After an instruction of `node` writes DRAM, change the region it wrote."""
+def perturb(
+    machine, ins, loop_values, node: str, mode: str, amount: float, homes: tuple[str, ...] = ()
+) -> None:
+    """After an instruction of `node` writes DRAM, or the SBUF home of one of the tensors
+    `homes` (a result the memory plan keeps on chip), change the region it wrote."""
     if ins.origin.node != node or ins.dst is None:
         return
-    if machine.locations[ins.dst.loc].memory is not MemoryType.DRAM:
+    if machine.locations[ins.dst.loc].memory is not MemoryType.DRAM and ins.dst.loc not in homes:
         return
     view = machine.operands(ins)["dst"].view(loop_values)
     if mode == "nan":
@@ -69,13 +72,16 @@ def perturb(machine, ins, loop_values, node: str, mode: str, amount: float) -> N
         view += np.asarray(amount, view.dtype)
 
 
-def corrupt_node(monkeypatch, node: str, mode: str = "add", amount: float = 0.5) -> None:
-    """Make every simulation perturb the DRAM results of `node` (test-only hook)."""
+def corrupt_node(
+    monkeypatch, node: str, mode: str = "add", amount: float = 0.5, homes: tuple[str, ...] = ()
+) -> None:
+    """Make every simulation perturb the DRAM results of `node`, and its writes of the SBUF
+    homes of `homes` (test-only hook)."""
     for opcode, function in list(semantics.SEMANTICS.items()):
 
         def wrapped(machine, ins, loop_values, _function=function):
             _function(machine, ins, loop_values)
-            perturb(machine, ins, loop_values, node, mode, amount)
+            perturb(machine, ins, loop_values, node, mode, amount, homes)
 
         monkeypatch.setitem(semantics.SEMANTICS, opcode, wrapped)
 
