@@ -31,12 +31,18 @@ class Probe:
     """Where the machine holds tensor `tensor` once its producer is done: location
     `location`, flat (a DRAM tensor) or, with `inner`, an SBUF home whose rows of `inner`
     elements are dealt over the partitions (docs/memory_planner.md#layout). It is read at the
-    first instruction that reads the location and does not belong to node `producer`."""
+    first instruction that reads the location and does not belong to node `producer`.
+
+    With `whole`, the probe reads image `part` of model tensor `whole` (shape [1, ...]), which
+    the program computes one image at a time (patterns/batch_split.py); the reader puts the
+    images of `whole` back together along the batch."""
 
     tensor: str
     location: str
     producer: str
     inner: int | None = None
+    whole: str | None = None
+    part: int | None = None
 
     def to_json(self) -> dict:
         return {key: value for key, value in asdict(self).items() if value is not None}

@@ -28,18 +28,23 @@ def _probe(model: str, memory_plan: bool) -> tuple[dict, dict]:
     feeds = synthesize_inputs(graph, 0)
     interpreter.run_function(compilation.module, feeds, before=reader.before())
     kinds = {t: function.memory_locations[p.location].memory for t, p in plan.probes.items()}
-    return reader.values, kinds
+    return reader.values, kinds, reader.stored()
 
 
 @pytest.mark.parametrize("model", ["resnet18.onnx", "bert.onnx", "unet.onnx"])
 def test_a_tensor_read_from_its_sbuf_home_equals_it_in_dram(model):
-    on_chip, kinds = _probe(model, True)
-    in_dram, _ = _probe(model, False)
+    on_chip, kinds, _ = _probe(model, True)
+    in_dram, _, stored = _probe(model, False)
     homes = [t for t, memory in kinds.items() if memory is MemoryType.SB]
     assert homes, "the planner kept none of the probed tensors on chip"
     assert set(on_chip) == set(in_dram)
     for tensor, value in on_chip.items():
-        np.testing.assert_array_equal(value, in_dram[tensor], err_msg=tensor)
+        # A tensor only ever loaded into bf16 tiles is stored bf16 in DRAM
+        # (codegen/weight_cast.py); its home keeps fp32, which rounds to the same values.
+        narrow = stored[tensor].numpy
+        np.testing.assert_array_equal(
+            value.astype(narrow).astype(np.float32), in_dram[tensor], err_msg=tensor
+        )
 
 
 def test_a_home_read_with_the_wrong_row_length_is_not_the_tensor():

@@ -56,11 +56,14 @@ def _no_constant(name: str):
     raise AssertionError(f"the JSON holds {name}, which is not JSON")
 
 
-def perturb(machine, ins, loop_values, node: str, mode: str, amount: float) -> None:
-    """After an instruction of `node` writes DRAM, change the region it wrote."""
+def perturb(
+    machine, ins, loop_values, node: str, mode: str, amount: float, memories=(MemoryType.DRAM,)
+) -> None:
+    """After an instruction of `node` writes one of `memories` (DRAM), change the region it
+    wrote."""
     if ins.origin.node != node or ins.dst is None:
         return
-    if machine.locations[ins.dst.loc].memory is not MemoryType.DRAM:
+    if machine.locations[ins.dst.loc].memory not in memories:
         return
     view = machine.operands(ins)["dst"].view(loop_values)
     if mode == "nan":
@@ -69,13 +72,16 @@ def perturb(machine, ins, loop_values, node: str, mode: str, amount: float) -> N
         view += np.asarray(amount, view.dtype)
 
 
-def corrupt_node(monkeypatch, node: str, mode: str = "add", amount: float = 0.5) -> None:
-    """Make every simulation perturb the DRAM results of `node` (test-only hook)."""
+def corrupt_node(
+    monkeypatch, node: str, mode: str = "add", amount: float = 0.5, memories=(MemoryType.DRAM,)
+) -> None:
+    """Make every simulation perturb the results of `node` in `memories` (DRAM; test-only
+    hook)."""
     for opcode, function in list(semantics.SEMANTICS.items()):
 
         def wrapped(machine, ins, loop_values, _function=function):
             _function(machine, ins, loop_values)
-            perturb(machine, ins, loop_values, node, mode, amount)
+            perturb(machine, ins, loop_values, node, mode, amount, memories)
 
         monkeypatch.setitem(semantics.SEMANTICS, opcode, wrapped)
 
