@@ -33,6 +33,7 @@ from onnx2bir.kernels import KERNELS
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.attention.decompose import DecomposeAttention
 from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
+from onnx2bir.patterns.batch_split import SplitBatch
 from onnx2bir.patterns.conv.bridges import FoldConvLayoutBridges
 from onnx2bir.patterns.conv.selection import TransformConvOp
 from onnx2bir.patterns.mlp.raising import LowerToNKIKernelCC
@@ -65,6 +66,7 @@ def default_passes() -> list:
         LowerToCustomNativeKernel(),
         DecomposeAttention(),
         LowerToNKIKernelCC(),
+        SplitBatch(),
         TransformConvOp(),
         FoldConvLayoutBridges(),
     ]

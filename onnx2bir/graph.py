@@ -11,6 +11,7 @@ ONNX topological order, so every walk is deterministic.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,22 @@ import networkx as nx
 import numpy as np
 
 from onnx2bir.bir.enums import Dtype
+
+# An image's copy of a node when a pass runs part of a batch one image at a time
+# (patterns/batch_split.py): `<node>/image<j>`.
+_IMAGE_CLONE = re.compile(r"(.+)/image\d+")
+
+
+def image_clone_name(node: str, image: int) -> str:
+    return f"{node}/image{image}"
+
+
+def image_clone_of(node: str, source: Graph) -> str | None:
+    """The node of `source` that `node` is an image's copy of, if it is one."""
+    match = _IMAGE_CLONE.fullmatch(node)
+    if match and match.group(1) in source.nx:
+        return match.group(1)
+    return None
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,19 @@ class Probe:
     `location`, flat (a DRAM tensor) or, with `inner`, an SBUF home whose rows of `inner`
     elements are dealt over the partitions (docs/memory_planner.md#layout), with `group` in
     groups of that many rows (docs/memory_planner.md#groups). It is read at the
-    first instruction that reads the location and does not belong to node `producer`."""
+    first instruction that reads the location and does not belong to node `producer`.
+
+    With `whole`, the probe reads image `part` of model tensor `whole` (shape [1, ...]), which
+    the program computes one image at a time (patterns/batch_split.py); the reader puts the
+    images of `whole` back together along the batch."""
 
     tensor: str
     location: str
     producer: str
     inner: int | None = None
     group: int | None = None  # rows per group of a home in groups
+    whole: str | None = None
+    part: int | None = None
 
     def to_json(self) -> dict:
         return {key: value for key, value in asdict(self).items() if value is not None}

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint, Probe
 from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import Module, node_of_origin
-from onnx2bir.graph import Graph
+from onnx2bir.graph import Graph, image_clone_of
 from onnx2bir.op_traits import traits
 
 IDENTITY_PREFIX = "identity_"  # the PE transposes' identity tiles (docs/bir_codegen.md#prologue)
@@ -92,10 +92,15 @@ def plan_casts(
         elif node in source.nx and _pe_inputs(source, node):
             for tensor in _pe_inputs(source, node):
                 add(node, tensor, dtype, "operand")
+        elif (clone := image_clone_of(node, source)) and _pe_inputs(source, clone):
+            # an image's copy of a model node (patterns/batch_split.py): the same operands
+            for tensor in _pe_inputs(source, clone):
+                add(clone, tensor, dtype, "operand")
         else:
             inside(node, dtype)
     for tensor, info in source.tensors.items():
-        loc = locations.get(tensor)
+        # (a tensor computed one image at a time is stored as its images, all alike)
+        loc = locations.get(tensor) or locations.get(f"{tensor}@image0")
         if loc is None or info.dtype is not Dtype.FP32 or not loc.dtype.is_float:
             continue
         if loc.dtype.mantissa_bits < Dtype.FP32.mantissa_bits:
@@ -128,9 +133,10 @@ def plan_casts(
         watched |= _intermediates(source)
     probes = _probes(source, compiled, locations, watched, homes or {})
     boundaries: dict[str, Boundary] = {}
+    probed = set(probes) | {p.whole for p in probes.values() if p.whole is not None}
     for point in ordered:
         info = source.tensors.get(point.input)
-        if not point.exact or point.input in probes or info is None or info.is_const:
+        if not point.exact or point.input in probed or info is None or info.is_const:
             continue
         if point.input in source.inputs:
             continue
@@ -264,6 +270,9 @@ def _probes(
             continue  # a weight or an input: the oracle has the same values
         loc = locations.get(tensor)
         producer = compiled.producer(tensor)
+        if loc is None and producer is None:
+            probes.update(_image_probes(tensor, compiled, locations, homes))
+            continue
         if loc is None or producer is None:
             continue  # inside a kernel: never stored
         home = homes.get(tensor)
@@ -272,3 +281,20 @@ def _probes(
         group = home.group if resident and home.group else None
         probes[tensor] = Probe(tensor, tensor, producer, inner, group)
     return probes
+
+
+def _image_probes(tensor: str, compiled: Graph, locations: dict, homes: dict) -> dict:
+    """Probes of the images of `tensor` when the program computes it one image at a time
+    (`<tensor>@image<j>`, patterns/batch_split.py); none unless every image is stored."""
+    batch = compiled.tensors.get(f"{tensor}@image0")
+    pieces = {}
+    part = 0
+    while (name := f"{tensor}@image{part}") in compiled.tensors:
+        loc, producer = locations.get(name), compiled.producer(name)
+        if loc is None or producer is None:
+            return {}
+        home = homes.get(name)
+        inner = home.inner if home is not None and loc.memory is MemoryType.SB else None
+        pieces[name] = Probe(name, name, producer, inner, tensor, part)
+        part += 1
+    return pieces if batch is not None else {}

@@ -51,6 +51,7 @@ def store_in_cast_dtype(module: Module, function: Function, options: CompileOpti
         if ok
         and name not in function.outputs
         and (locations[name].kind is MemoryKind.INTERNAL or name in module.constants)
+        and _images_alike(name, eligible, locations)
     ]
     for name in cast:
         locations[name] = replace(locations[name], dtype=target)
@@ -65,3 +66,17 @@ def _cast_load(ins, locations, target: Dtype) -> bool:
         return False
     dst = locations[ins.dst.loc]
     return dst.memory is not MemoryType.DRAM and dst.dtype is target
+
+
+def _images_alike(name: str, eligible: dict[str, bool], locations) -> bool:
+    """An image of a tensor computed one image at a time (`<tensor>@image<j>`,
+    patterns/batch_split.py) is cast only with all its siblings: the images of one tensor
+    share one storage dtype, as the validation's oracle reads them as one tensor
+    (docs/validation.md)."""
+    whole, sep, part = name.rpartition("@image")
+    if not sep or not part.isdigit():
+        return True
+    siblings = [
+        n for n in locations if n.startswith(f"{whole}@image") and n[len(whole) + 6 :].isdigit()
+    ]
+    return all(eligible.get(n, False) for n in siblings)

@@ -47,7 +47,7 @@ import numpy as np
 from onnx2bir.frontend.memory_contracts import check_validate_fits
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine import interpreter
-from onnx2bir.runtime.machine.probes import ProbeReader
+from onnx2bir.runtime.machine.probes import ProbeReader, probe_shapes
 from onnx2bir.runtime.machine.progress import progress_for
 from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle import ort as oracle
@@ -124,7 +124,7 @@ def run_validate(
     feeds, sources = model_feeds(graph, inputs, inputs_label, seed)
     function = compilation.module.functions[0]
     plan = compilation.cast_plan
-    reader = ProbeReader(function, plan.probes, {t: graph.tensors[t].shape for t in plan.probes})
+    reader = ProbeReader(function, plan.probes, probe_shapes(plan.probes, graph))
     bar = progress_for(function, progress)
     machine = None
     start = time.perf_counter()
@@ -304,7 +304,7 @@ def check_program(
             "is it the model the program was compiled from?"
         )
     order = parse_schedule(schedule)
-    reader = ProbeReader(function, plan.probes, {t: graph.tensors[t].shape for t in plan.probes})
+    reader = ProbeReader(function, plan.probes, probe_shapes(plan.probes, graph))
     if order.kind == "program":
         run = run_scheduled(module, feeds, order, check_races, before=reader.before())
         raw, races, differences = run.outputs, run.races, []

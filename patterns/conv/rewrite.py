@@ -109,9 +109,13 @@ def _transpose(graph: Graph, op: ConvOp, tensor: str, perm: Perm, role: str) -> 
     name = f"{tensor}@{op.node}.{role}"
     shape = apply_perm_to_dims(tuple(info.shape), perm)
     if info.is_const:
-        graph.tensors[name] = TensorInfo(
-            name, shape, info.dtype, np.ascontiguousarray(info.const.transpose(perm))
-        )
+        # Named by the constant and the perm, so that convs sharing a weight (the per-image
+        # clones of patterns/batch_split.py) share its one transposed copy.
+        name = f"{tensor}@{role}{''.join(map(str, perm))}"
+        if name not in graph.tensors:
+            graph.tensors[name] = TensorInfo(
+                name, shape, info.dtype, np.ascontiguousarray(info.const.transpose(perm))
+            )
         return name
     graph.tensors[name] = TensorInfo(name, shape, info.dtype)
     graph.add_node(

@@ -37,6 +37,12 @@ class ProbeReader:
         self.shapes = shapes
         self.probes = probes
         self.values: dict[str, np.ndarray] = {}
+        # A tensor the program computes one image at a time: its images' probes, in order.
+        self.images: dict[str, list[Probe]] = {}
+        for probe in sorted(probes.values(), key=lambda p: p.part or 0):
+            if probe.whole is not None:
+                self.images.setdefault(probe.whole, []).append(probe)
+        self._read_images: dict[str, np.ndarray] = {}
         by_location: dict[str, list[Probe]] = {}
         for probe in probes.values():
             if probe.location in function.memory_locations:
@@ -59,14 +65,17 @@ class ProbeReader:
                     else:
                         del pending[ap.loc]
 
+    def _probe_of(self, tensor: str) -> Probe:
+        return self.probes[tensor] if tensor in self.probes else self.images[tensor][0]
+
     def location(self, tensor: str) -> str:
-        return self.probes[tensor].location
+        return self._probe_of(tensor).location
 
     def stored(self) -> dict:
         """The dtype each read tensor's location holds (narrower than fp32 when the program
         stores it cast)."""
         locations = self.function.memory_locations
-        return {t: locations[self.probes[t].location].dtype for t in self.values}
+        return {t: locations[self._probe_of(t).location].dtype for t in self.values}
 
     def before(self) -> dict:
         """`interpreter.execute`'s `before` argument."""
@@ -74,12 +83,27 @@ class ProbeReader:
 
     def _read(self, machine: Machine, ins: Instruction, _loop_values) -> None:
         for probe in self.hooks.get(ins, ()):
-            if probe.tensor not in self.values:
+            if probe.whole is not None:
+                self._read_image(machine, probe)
+            elif probe.tensor not in self.values:
                 self.values[probe.tensor] = self.read(machine, probe)
+
+    def _read_image(self, machine: Machine, probe: Probe) -> None:
+        """Keep one image; once every image of the tensor is read, the whole tensor."""
+        if probe.tensor not in self._read_images:
+            self._read_images[probe.tensor] = self.read(machine, probe)
+        images = self.images[probe.whole]
+        if all(p.tensor in self._read_images for p in images):
+            self.values[probe.whole] = np.concatenate(
+                [self._read_images.pop(p.tensor) for p in images], axis=0
+            )
 
     def read(self, machine: Machine, probe: Probe) -> np.ndarray:
         """The tensor as the machine holds it now, as float32 in its shape."""
-        shape = self.shapes[probe.tensor]
+        if probe.whole is not None:  # one image of the whole tensor
+            shape = (1, *self.shapes[probe.whole][1:])
+        else:
+            shape = self.shapes[probe.tensor]
         count = int(np.prod(shape, dtype=np.int64))
         view = machine.location_view(probe.location)
         loc = self.function.memory_locations[probe.location]
@@ -98,3 +122,9 @@ class ProbeReader:
             grouped = laid.reshape(rows // group, per_group * NUM_PARTITIONS, inner)
             flat = grouped[:, :group].reshape(-1)
         return np.asarray(flat, dtype=np.float32).reshape(shape).copy()
+
+
+def probe_shapes(probes: dict[str, Probe], graph) -> dict[str, tuple]:
+    """The model's shape of every probed tensor (of the whole tensor for an image's probe),
+    from `graph`, the model's graph as imported."""
+    return {(p.whole or t): tuple(graph.tensors[p.whole or t].shape) for t, p in probes.items()}

@@ -452,7 +452,7 @@ def judge(
         "casts": len(plan.points),
         "inexact_casts": sum(1 for p in plan.points if not p.exact),
         "unemulated": [{"node": n, "reason": r} for n, r in plan.unemulated.items()],
-        "probes": len(plan.probes),
+        "probes": len({p.whole or t for t, p in plan.probes.items()}),
         "probes_read": len(probed),
         "resynchronised": len(resync),
         "statistical": sorted(t for t in [*graph.outputs, *probed] if t in final),

@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 from validation_helpers import corrupt_node
 
+from onnx2bir.bir.enums import MemoryType
 from onnx2bir.cli.commands import main
 from onnx2bir.frontend.importer import import_model, load_model
 from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
@@ -116,15 +117,16 @@ def test_segments_pass_where_the_whole_model_passes(capsys):
 
 
 def test_a_wrong_node_fails_its_segment_and_only_it(capsys, monkeypatch):
-    node = onnx.load(str(RESNET18)).graph.node[30]
-    # Its result stays in SBUF in the whole model and is an output (DRAM) of its segment.
-    # Forked workers inherit the corrupted machine.
-    corrupt_node(monkeypatch, node.name, homes=tuple(node.output))
+    index = 30
+    node = onnx.load(str(RESNET18)).graph.node[index].name
+    # Its results stay in SBUF in the whole model (and go to DRAM where a segment ends):
+    # perturb both. Forked workers inherit the corrupted machine.
+    corrupt_node(monkeypatch, node, memories=(MemoryType.DRAM, MemoryType.SB))
     code, whole = _validate(capsys, RESNET18)
     assert code == 1 and not whole["passed"]
     code, doc = _validate(capsys, RESNET18, "--segments", 3)
     assert code == 1 and not doc["passed"]
-    holding = [p for p in doc["segments"] if p["first_node"] <= 30 <= p["last_node"]]
+    holding = [p for p in doc["segments"] if p["first_node"] <= index <= p["last_node"]]
     assert [p["passed"] for p in holding] == [False]
     assert all(p["passed"] for p in doc["segments"] if p not in holding)
 

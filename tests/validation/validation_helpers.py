@@ -57,13 +57,13 @@ def _no_constant(name: str):
 
 
 def perturb(
-    machine, ins, loop_values, node: str, mode: str, amount: float, homes: tuple[str, ...] = ()
+    machine, ins, loop_values, node: str, mode: str, amount: float, memories=(MemoryType.DRAM,)
 ) -> None:
-    """After an instruction of `node` writes DRAM, or the SBUF home of one of the tensors
-    `homes` (a result the memory plan keeps on chip), change the region it wrote."""
+    """After an instruction of `node` writes one of `memories` (DRAM), change the region it
+    wrote."""
     if ins.origin.node != node or ins.dst is None:
         return
-    if machine.locations[ins.dst.loc].memory is not MemoryType.DRAM and ins.dst.loc not in homes:
+    if machine.locations[ins.dst.loc].memory not in memories:
         return
     view = machine.operands(ins)["dst"].view(loop_values)
     if mode == "nan":
@@ -73,15 +73,15 @@ def perturb(
 
 
 def corrupt_node(
-    monkeypatch, node: str, mode: str = "add", amount: float = 0.5, homes: tuple[str, ...] = ()
+    monkeypatch, node: str, mode: str = "add", amount: float = 0.5, memories=(MemoryType.DRAM,)
 ) -> None:
-    """Make every simulation perturb the DRAM results of `node`, and its writes of the SBUF
-    homes of `homes` (test-only hook)."""
+    """Make every simulation perturb the results of `node` in `memories` (DRAM; test-only
+    hook)."""
     for opcode, function in list(semantics.SEMANTICS.items()):
 
         def wrapped(machine, ins, loop_values, _function=function):
             _function(machine, ins, loop_values)
-            perturb(machine, ins, loop_values, node, mode, amount, homes)
+            perturb(machine, ins, loop_values, node, mode, amount, memories)
 
         monkeypatch.setitem(semantics.SEMANTICS, opcode, wrapped)
 

@@ -16,8 +16,9 @@ each SBUF partition is emitted in this order (docs/conv_selection.md#generic-con
 Against the block-by-block order of `lower_conv.emit_conv` (weights of one output block, then
 every output tile reloading its band), the weights are read once whatever the batch and the
 number of output tiles, and each band is read once for every output block. The output-tile loop
-rotates the band's copies; the output-block loop rotates the PSUM bank and the eviction tile,
-so the matmuls of block m + 1 overlap the eviction of block m (docs/buffers.md).
+rotates the band's copies; the PSUM bank and the eviction tile have a copy per band copy times
+the copies the output-block loop rotates, so the matmuls of block m + 1 overlap the eviction of
+block m and the output-tile loop carries no hazard (docs/buffers.md).
 """
 
 from __future__ import annotations
@@ -76,10 +77,14 @@ def emit_stationary_conv(cg: BirCodeGen, geo: WindowGeometry, source, weights, y
         band_copies = buffer_count(cg, counts[level], k_tiles * band_stride * operand.itemsize)
     buffers = [band_copies if i == level else 1 for i in range(3)]
     x_sb = cg.sb_tile("band", NUM_PARTITIONS, band_copies * k_tiles * band_stride, operand)
-    # The PSUM bank and the eviction tile rotate with the output blocks when there are
-    # several, else with the output tiles (as the band does).
-    out_trips = m_tiles if m_tiles > 1 else (counts[level] if level is not None else 1)
-    out_copies = buffer_count(cg, out_trips, MATMUL_MAX_MOVING_FREE * 4, psum_banks=1)
+    # The PSUM bank and the eviction tile have a copy per band copy (so the output-tile loop
+    # keeps no carried hazard) times the copies the output blocks rotate.
+    m_copies = 1
+    if m_tiles > 1:
+        m_copies = buffer_count(
+            cg, m_tiles, band_copies * MATMUL_MAX_MOVING_FREE * 4, psum_banks=band_copies
+        )
+    out_copies = band_copies * m_copies
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, out_copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32)
     acc = cg.psum_tile("acc", NUM_PARTITIONS, out_copies * MATMUL_MAX_MOVING_FREE)
 
@@ -120,10 +125,8 @@ def emit_stationary_conv(cg: BirCodeGen, geo: WindowGeometry, source, weights, y
                         ),
                     )
                 pixels = row.size * col.size
-                m_buffers = out_copies if m_tiles > 1 else 1
-                for m in tiles(cg, c_out, NUM_PARTITIONS, "m", buffers=m_buffers):
-                    out_slot = m.slot if m_tiles > 1 else tile_slot
-                    out_at = out_slot * MATMUL_MAX_MOVING_FREE
+                for m in tiles(cg, c_out, NUM_PARTITIONS, "m", buffers=m_copies):
+                    out_at = (tile_slot * m_copies + m.slot) * MATMUL_MAX_MOVING_FREE
                     psum = cg.ap(acc, [(1, pixels)], out_at, partitions=m.size)
                     for k in tiles(cg, c_in, NUM_PARTITIONS, "kc", peel_first=True):
                         k_index = tile_index(k, NUM_PARTITIONS)
