@@ -279,7 +279,7 @@ def _probes(
         resident = home is not None and loc.memory is MemoryType.SB
         inner = home.inner if resident else None
         group = home.group if resident and home.group else None
-        probes[tensor] = Probe(tensor, tensor, producer, inner, group)
+        probes[tensor] = Probe(tensor, tensor, producer, inner, group=group)
     return probes
 
 
@@ -294,7 +294,9 @@ def _image_probes(tensor: str, compiled: Graph, locations: dict, homes: dict) ->
         if loc is None or producer is None:
             return {}
         home = homes.get(name)
-        inner = home.inner if home is not None and loc.memory is MemoryType.SB else None
-        pieces[name] = Probe(name, name, producer, inner, tensor, part)
+        resident = home is not None and loc.memory is MemoryType.SB
+        inner = home.inner if resident else None
+        group = home.group if resident and home.group else None
+        pieces[name] = Probe(name, name, producer, inner, group, whole=tensor, part=part)
         part += 1
     return pieces if batch is not None else {}
