@@ -167,21 +167,7 @@ def translate(
         return f"the access spans elements {reach_low}..{reach_high} of a {inner}-element row"
     if row0 < 0 or row0 + rows > home.rows:
         return "the access leaves the tensor"
-    free = free or [(1, 1)]
-    pieces = []
-    row = row0
-    while row < row0 + rows:
-        part = row % NUM_PARTITIONS
-        count = min(NUM_PARTITIONS - part, row0 + rows - row)
-        offset = (row // NUM_PARTITIONS) * inner + i0
-        pieces.append(
-            Piece(
-                row - row0,
-                count,
-                AccessPattern(home.tensor, tuple(free), offset, tuple(terms), part, count),
-            )
-        )
-        row += count
+    pieces = _row_pieces(home.tensor, free, terms, row0, rows, inner, i0)
     if predicated and len(pieces) > 1:
         return "a predicated access across partition chunks"
     return pieces
@@ -253,18 +239,24 @@ def _translate_grouped(
         return f"the access crosses the end of a group of {group} rows"
     if group0 < 0 or group0 >= home.rows // group:
         return "the access leaves the tensor"
+    return _row_pieces(home.tensor, free, terms, row0, rows, inner, group0 * group_step + i0)
+
+
+def _row_pieces(tensor, free, terms, row0: int, rows: int, inner: int, base: int) -> list[Piece]:
+    """Rows row0 .. row0 + rows of a home, `base` elements into it, cut where they cross from
+    one 128-partition chunk into the next: one piece per chunk."""
     free = free or [(1, 1)]
     pieces = []
     row = row0
     while row < row0 + rows:
         part = row % NUM_PARTITIONS
         count = min(NUM_PARTITIONS - part, row0 + rows - row)
-        offset = group0 * group_step + (row // NUM_PARTITIONS) * inner + i0
+        offset = base + (row // NUM_PARTITIONS) * inner
         pieces.append(
             Piece(
                 row - row0,
                 count,
-                AccessPattern(home.tensor, tuple(free), offset, tuple(terms), part, count),
+                AccessPattern(tensor, tuple(free), offset, tuple(terms), part, count),
             )
         )
         row += count
