@@ -35,6 +35,7 @@ from onnx2bir.patterns.attention.decompose import DecomposeAttention
 from onnx2bir.patterns.attention.raising import LowerToCustomNativeKernel
 from onnx2bir.patterns.batch_split import SplitBatch
 from onnx2bir.patterns.conv.bridges import FoldConvLayoutBridges
+from onnx2bir.patterns.conv.epilogue import FuseConvActivation
 from onnx2bir.patterns.conv.selection import TransformConvOp
 from onnx2bir.patterns.mlp.raising import LowerToNKIKernelCC
 from onnx2bir.patterns.passes import PassManager
@@ -69,6 +70,7 @@ def default_passes() -> list:
         SplitBatch(),
         TransformConvOp(),
         FoldConvLayoutBridges(),
+        FuseConvActivation(),
     ]
 
 

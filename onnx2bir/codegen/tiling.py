@@ -114,25 +114,29 @@ def tiles(
             with cg.predicated(bound):
                 yield Tile(index * size, size, False, slot)
         return
+    # Tile i (counted from the first one in the loops) uses copy i mod k; a peeled first
+    # tile takes copy k - 1, the one used last before the loops' first tile, so that no copy
+    # is reused by the very next tile (docs/buffers.md#rotation).
     first_index = 0
     if peel_first and full:
-        yield Tile(Affine(0), size, True)
+        yield Tile(Affine(0), size, True, Affine(copies - 1))
         first_index = 1
     for index, slot in _rotated(cg, name, first_index, full, copies):
         yield Tile(index * size, size, index.is_const and index.const == 0, slot)
     if rest:
-        yield Tile(Affine(full * size), rest, full == 0, Affine(full % copies))
+        yield Tile(Affine(full * size), rest, full == 0, Affine((full - first_index) % copies))
 
 
 def _rotated(
     cg: BirCodeGen, name: str, first: int, stop: int, copies: int
 ) -> Iterator[tuple[Affine, Affine]]:
-    """(tile index, buffer slot) of tiles first..stop-1, under the loops that run them."""
+    """(tile index, buffer slot) of tiles first..stop-1, under the loops that run them; tile
+    `first` takes copy 0 (the caller's tiles before it are a multiple of `copies`, or peeled)."""
     count = stop - first
     if count <= 0:
         return
     if count == 1:
-        yield Affine(first), Affine(first % copies)
+        yield Affine(first), Affine()
         return
     if copies == 1 or count <= copies:
         with cg.loop(name, first, stop) as axis:

@@ -246,10 +246,30 @@ def test_w2_blocks_over_the_limit_come_in_row_groups():
 
 def test_w1_and_w_up_blocks_over_the_limit_come_in_row_groups():
     """K = 8448 (66 row tiles): a 128-column block of w1 or w_up is 33 KiB per partition in
-    fp32, so each comes in a group of 64 row tiles and one of 2, the gated pair together."""
+    fp32, over WEIGHT_BLOCK_BYTES, so it comes in groups of at most 64 row tiles, the gated
+    pair together. Three copies of 64-tile groups of both weights (192 KiB) cannot fit beside
+    x (33 KiB), so the groups halve to 32 tiles (96 KiB): groups of 32, 32 and 2."""
     module = run(*Mlp((3, 8448), 130, 20, "swiglu").fused())
     for weight in ("w1", "w_up"):
-        assert sorted({_row_tiles(i) for i in _weight_loads(module, weight)}) == [2, 64]
+        assert sorted({_row_tiles(i) for i in _weight_loads(module, weight)}) == [2, 32]
+
+
+def test_row_group_loads_do_not_wait_for_the_peeled_group():
+    """K = 16,896 (132 row tiles) at batch 1: w1's 128-column blocks come in groups of 64, 64
+    and 4 row tiles. The first group of each block opens the accumulation, so it is peeled out
+    of the group loop; it has a copy of its own, and the other groups rotate over two more. So
+    within a block no load of w1 waits for a matmul: its only waits are for the previous
+    block's matmuls (edges carried by the hidden loop). With the peeled group in one of the
+    rotating copies, the last group's load would wait for the peeled group's matmuls and the
+    stream of weights would stall behind the PE array (docs/mlp.md#weights)."""
+    module = run(*Mlp((1, 16896), 256, 20, "relu").fused())
+    by_id = {i.id: i for i in module.functions[0].instructions()}
+    loads = _weight_loads(module, "w1")
+    assert sorted(_row_tiles(i) for i in loads) == [4, 64, 64]
+    for load in loads:
+        for dep in load.deps:
+            if by_id[dep.source].opcode is Opcode.MATMULT:
+                assert dep.carried_by is not None, f"{load} waits for {by_id[dep.source]}"
 
 
 def test_transposed_classifier_weights_stored_transposed_in_bf16():

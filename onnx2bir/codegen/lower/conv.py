@@ -15,7 +15,9 @@ through a block-diagonal stationary operand (zeros between the groups' blocks), 
 depthwise conv costs taps x ceil(C / 128) matmuls per output tile instead of taps x C. A group
 wider than 128 channels is tiled over C_in (accumulating) and C_out.
 
-The bias rides on the PSUM eviction: ScalarE computes `copy(psum + bias[C_out, 1])`.
+The bias rides on the PSUM eviction: ScalarE computes `func(psum + bias[C_out, 1])`, func a
+copy, or the Relu that FuseConvActivation folded into the conv (`fused_activation`,
+docs/conv_selection.md#fused-activations).
 
 A dense conv whose weights fit `conv_stationary.RESIDENT_WEIGHT_BYTES` takes the
 weight-stationary order of `conv_stationary.py` (weights loaded once, each band once for every
@@ -76,6 +78,7 @@ class ConvWeights:
     c_in_group: int
     groups: int
     bias: str | None
+    activation: ActFunc = ActFunc.COPY  # applied on the eviction (FuseConvActivation)
 
     @property
     def c_out_group(self) -> int:
@@ -101,6 +104,16 @@ class _Plan:
     band_stride: int  # elements between two copies of x_sb
 
 
+# The attribute of a conv node (a generic Conv's, or in a NativeKernel's JSON attrs) naming the
+# ScalarE function its PSUM eviction applies: a Relu FuseConvActivation folded into the conv.
+FUSED_ACTIVATION = "fused_activation"
+
+
+def fused_activation(node: Node) -> ActFunc:
+    """The function the conv applies on its eviction: a Relu fused into it, else a copy."""
+    return ActFunc(node.attr(FUSED_ACTIVATION, ActFunc.COPY.value))
+
+
 def lower_conv(cg: BirCodeGen, node: Node) -> None:
     x_name, w_name = node.inputs[:2]
     b_name = node.inputs[2] if len(node.inputs) > 2 else ""
@@ -123,6 +136,7 @@ def lower_conv(cg: BirCodeGen, node: Node) -> None:
         w_shape[1],
         int(node.attr("group", 1)),
         cg.dram(b_name).name if b_name else None,
+        fused_activation(node),
     )
     emit_conv(
         cg,
@@ -285,7 +299,7 @@ def _emit_output_tiles(
                     cg.matmul(psum, stationary, moving, accumulate=not (k.first and tap == 0))
             result = cg.ap(plan.out_sb, [(1, pixels)], out_at, partitions=m_size)
             bias = cg.ap(plan.bias_sb, partitions=m_size) if plan.weights.bias else None
-            cg.activation(result, psum, ActFunc.COPY, bias=bias)
+            cg.activation(result, psum, plan.weights.activation, bias=bias)
             cg.dma(
                 cg.dram_ap(
                     plan.y_loc,

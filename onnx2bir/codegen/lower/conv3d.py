@@ -18,7 +18,7 @@ import math
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.lower.conv import ConvInput, ConvWeights, emit_conv
+from onnx2bir.codegen.lower.conv import ConvInput, ConvWeights, emit_conv, fused_activation
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.spatial import WindowGeometry, fill_dram
 from onnx2bir.codegen.tiling import Affine, contiguous_strides
@@ -122,6 +122,7 @@ def lower_conv3d(cg: BirCodeGen, node: Node) -> None:
         c_group * kd,
         int(node.attr("group", 1)),
         cg.dram(b_name).name if b_name else None,
+        fused_activation(node),
     )
     emit_conv(cg, geo, ConvInput(x2.name, n * od, c * kd, hp, wp), weights, y2.name)
     # 4. [N, OD, C_out, P] -> [N, C_out, OD, P]

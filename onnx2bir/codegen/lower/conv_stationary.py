@@ -23,7 +23,7 @@ block m and the output-tile loop carries no hazard (docs/buffers.md).
 
 from __future__ import annotations
 
-from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
@@ -162,7 +162,7 @@ def emit_stationary_conv(cg: BirCodeGen, geo: WindowGeometry, source, weights, y
                             tile_index(m, NUM_PARTITIONS),
                             partitions=m.size,
                         )
-                    cg.activation(result, psum, ActFunc.COPY, bias=bias)
+                    cg.activation(result, psum, weights.activation, bias=bias)
                     cg.store_result(y_view, tile, result)
 
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
@@ -211,11 +211,11 @@ def _evict(
     col,
     out_at: Affine | int = 0,
 ) -> None:
-    """PSUM → SBUF (at element `out_at` of out_sb) with the bias column on ScalarE, then
-    SBUF → y."""
+    """PSUM → SBUF (at element `out_at` of out_sb) with the bias column and the fused
+    activation, if any, on ScalarE, then SBUF → y."""
     pixels = row.size * col.size
     result = cg.ap(out_sb, [(1, pixels)], out_at, partitions=channels)
-    cg.activation(result, psum, ActFunc.COPY, bias=bias)
+    cg.activation(result, psum, args.activation, bias=bias)
     ys_b, ys_f, ys_h, ys_w = args.y_strides
     cg.dma(
         cg.dram_ap(

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from onnx2bir.bir.enums import ActFunc
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.lower.conv import FUSED_ACTIVATION
 from onnx2bir.codegen.tiling import contiguous_strides
 from onnx2bir.graph import Node
 
@@ -60,6 +62,7 @@ class ConvKernelArgs:
     x_strides: tuple[int, ...]  # element strides of canonical (b, f, 0, 1) in x's layout
     w_strides: tuple[int, ...]  # of canonical (o, i, 0, 1) in w's layout
     y_strides: tuple[int, ...]  # of canonical (b, f, 0, 1) in y's layout
+    activation: ActFunc = ActFunc.COPY  # applied on the PSUM eviction (FUSED_ACTIVATION)
 
     @property
     def c_in_group(self) -> int:
@@ -112,6 +115,7 @@ def conv_kernel_args(cg: BirCodeGen, node: Node) -> ConvKernelArgs:
         x_strides=x_strides,
         w_strides=w_strides,
         y_strides=y_strides,
+        activation=ActFunc(attrs.get(FUSED_ACTIVATION, ActFunc.COPY.value)),
     )
 
 

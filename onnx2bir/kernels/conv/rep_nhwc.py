@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx2bir.bir.enums import ActFunc, Dtype
+from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
@@ -240,7 +240,7 @@ def _output_tile(
                 )
     result = cg.ap(plan.out, [(1, pixels)], out_at, partitions=m.size)
     bias = cg.ap(plan.bias, partitions=m.size) if args.bias else None
-    cg.activation(result, psum, ActFunc.COPY, bias=bias)
+    cg.activation(result, psum, args.activation, bias=bias)
     y_b, y_f, y_h, y_w = args.y_strides
     cg.dma(
         cg.dram_ap(

@@ -436,6 +436,7 @@ class MlpTiles:
         # groups with the row groups (`MlpEmitter.weight_rows`).
         self.strides: dict[str, int] = {}
         self.pe_bytes = pe.itemsize
+        self.pe_dtype = pe
         first = [view for view in (a.w1, a.w_up) if view is not None]
         if self.held_whole(cg, a, first, pe):
             return
@@ -448,24 +449,64 @@ class MlpTiles:
         # The first weights' copies leave room for one copy of w2.
         h_trips = tile_count(a.h, P)
         if self.hidden_group:
-            trips = h_trips * tile_count(a.k, self.hidden_group * P)
-            self.w1_copies = buffer_count(cg, trips, per_copy1, limit=2, reserved=per_copy2)
+            self.hidden_group, self.w1_copies = self.rotating_groups(
+                cg, first, P, h_trips, a.k, per_copy2
+            )
+            width1 = self.hidden_group * min(P, first[0].cols)
             self.hidden_copies = min(2, h_trips)  # for the PSUM banks of hᵀ only
         else:
             self.w1_copies = buffer_count(cg, h_trips, per_copy1, limit=2, reserved=per_copy2)
             self.hidden_copies = self.w1_copies
-        self.w1 = self._weight(cg, "w1", width1, pe, self.w1_copies)
+        self.w1 = self._weight(cg, "w1", width1, pe, self.allocated(self.hidden_group, 1))
         self.w_up = (
-            self._weight(cg, "w_up", width1, pe, self.w1_copies) if a.w_up is not None else None
+            self._weight(cg, "w_up", width1, pe, self.allocated(self.hidden_group, 1))
+            if a.w_up is not None
+            else None
         )
         n_trips = tile_count(a.n, N_CHUNK)
         if self.output_group:
-            trips = n_trips * tile_count(a.h, self.output_group * P)
-            self.w2_copies = buffer_count(cg, trips, per_copy2, limit=2)
+            self.output_group, self.w2_copies = self.rotating_groups(
+                cg, [a.w2], N_CHUNK, n_trips, a.h, 0
+            )
+            width2 = self.output_group * min(N_CHUNK, a.w2.cols)
             self.output_copies = 1
         else:
             self.w2_copies = self.output_copies = buffer_count(cg, n_trips, per_copy2, limit=2)
-        self.w2 = self._weight(cg, "w2", width2, pe, self.w2_copies)
+        self.w2 = self._weight(cg, "w2", width2, pe, self.allocated(self.output_group, 2))
+
+    def rotating_groups(
+        self,
+        cg: BirCodeGen,
+        views: list[MatrixView],
+        width: int,
+        blocks: int,
+        extent: int,
+        reserved: int,
+    ) -> tuple[int, int]:
+        """(row tiles per group, rotating copies) of weights `views` that come in row groups of
+        column blocks `width` wide, `blocks` blocks of `extent` rows. The first group of a
+        block opens the accumulation and is peeled out of the group loop; it takes a copy of
+        its own, so that no load in the loop waits for its matmuls, and the other groups
+        rotate over two copies. Groups halve until the three copies fit; when not even groups
+        of one tile do, the largest groups in one copy (every load then waits for the last
+        group's matmuls)."""
+        itemsize = self.pe_bytes
+        largest = group = self.grouped(views, width)
+        while group:
+            per_copy = copy_stride(group * min(width, views[0].cols), self.pe_dtype)
+            per_copy *= itemsize * len(views)
+            trips = blocks * tile_count(extent, group * P)
+            copies = buffer_count(cg, trips, per_copy, limit=2, reserved=reserved + per_copy)
+            if copies > 1:
+                return group, copies
+            group //= 2
+        return largest, 1
+
+    def allocated(self, group: int, weight: int) -> int:
+        """Copies a weight tile is allocated with: its rotating copies, and for row groups in
+        two or more, the first group's own."""
+        copies = self.w1_copies if weight == 1 else self.w2_copies
+        return copies + 1 if group and copies > 1 else copies
 
     def held_whole(self, cg: BirCodeGen, a: MlpArgs, first: list[MatrixView], pe: Dtype) -> bool:
         """Every weight in SBUF whole, when all come in whole row tiles and together take at
@@ -716,6 +757,8 @@ class MlpEmitter:
             return
         width = min(width, loads[0][0].cols)
         for rg in tiles(cg, extent, group * P, f"{name}g", peel_first=True, buffers=copies):
+            if rg.first and copies > 1:  # the peeled group's own copy (`rotating_groups`)
+                rg = Tile(rg.start, rg.size, True, Affine(copies))
             for view, tile in loads:
                 load_weight_rows(cg, view, tile, rg, cols, width, t.at(tile, rg.slot))
             for kc in tiles(cg, rg.size, P, name, peel_first=rg.first):
