@@ -14,7 +14,9 @@ row r. R = min(kH, 128 // C_in) rows fit at once (all of them when the selector'
 row matched: C_in·kH ≤ 128); otherwise the kernel rows are taken in groups of R (the
 K-replication row, priority 9) and wide inputs (C_in > 128) in channel tiles of 128, all
 accumulating into the same PSUM tile. Against the generic path this divides the matmul count
-by R. Weights stay resident in SBUF for a C_out tile; the bias rides on the PSUM eviction.
+by R. Weights stay resident in SBUF for a C_out tile; the bias (and a fused Relu) rides on the
+PSUM eviction. Each (row group, channel tile) has a band of its own, so an output tile's band
+loads go at once instead of each waiting for the matmuls on the band before it.
 """
 
 from __future__ import annotations
@@ -90,6 +92,19 @@ class _Plan:
     def slot(self, group: int, k: Tile) -> Affine:
         return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
 
+    def band_at(self, group: int, k: Tile, slot: Affine) -> Affine:
+        """Element offset of copy `slot` of the band of (row group, channel tile): each has
+        its copies of its own, so an output tile's band loads all go at once rather than each
+        waiting for the matmuls of the one before. The copies of one band are adjacent, so
+        two bands' bytes are disjoint whatever the loop's trips (docs/dependencies.md)."""
+        band = group * self.c_tiles + tile_index(k, self.c_tile)
+        return band * self.band_copies + slot * self.band_stride
+
+    @property
+    def band_copies(self) -> int:
+        """Elements of all copies of one band."""
+        return max(self.buffers) * self.band_stride
+
 
 def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
     args = conv_kernel_args(cg, node)
@@ -131,11 +146,12 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
     bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
     # The output-tile loop rotates band, out and acc (docs/buffers.md#lowerings).
     band_stride = copy_stride(rows * geo.cols_needed(cols), operand)
+    bands = len(groups) * c_tiles  # one band per (row group, channel tile)
     counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
     level = rotating_level(counts)
     copies = 1
     if level is not None:
-        copy_bytes = band_stride * operand.itemsize + MATMUL_MAX_MOVING_FREE * 4
+        copy_bytes = bands * band_stride * operand.itemsize + MATMUL_MAX_MOVING_FREE * 4
         copies = buffer_count(cg, counts[level], copy_bytes, psum_banks=1)
     buffers = tuple(copies if i == level else 1 for i in range(3))
     return _Plan(
@@ -153,7 +169,7 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
         cols,
         w_slot,
         weights=weights,
-        band=cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, operand),
+        band=cg.sb_tile("band", NUM_PARTITIONS, bands * copies * band_stride, operand),
         bias=bias,
         out=cg.sb_tile("out", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32),
         acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE),
@@ -193,12 +209,12 @@ def _output_tile(
     args, geo = plan.args, plan.geo
     band_cols = geo.cols_needed(col.size)
     pixels = row.size * col.size
-    band_at = slot * plan.band_stride
     out_at = slot * MATMUL_MAX_MOVING_FREE
     psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
     for gi, (g0, g_rows) in enumerate(plan.row_groups):
         for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
             first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
+            band_at = plan.band_at(gi, k, slot)
             for r in range(g_rows):
                 first_row = row.start * geo.stride_h + (g0 + r) * geo.dilation_h
                 cg.dma(
