@@ -113,17 +113,29 @@ def localize(
     found_taints = taints(graph, compilation.cast_plan or CastPlan(), set(machine_values))
     convs = conv_findings(compilation)
     pe_dtypes = pe_operand_dtypes(graph, compilation.module)
+    # A tensor is charged to the node that writes it in the program: a node fused into one
+    # that stays (a Relu run on its conv's eviction) hands its output to that node.
+    written = compilation.graph.producers
+    owner = {
+        t: writer if (writer := written.get(t, name)) in graph.nx else name
+        for name, data in graph.nodes()
+        for t in data["outputs"]
+        if t
+    }
+    charged: dict[str, list[str]] = {}
+    for tensor, node in owner.items():
+        charged.setdefault(node, []).append(tensor)
     plan: list[tuple[str, dict, list[str], list[str]]] = []
     for name, data in graph.nodes():
         outputs = [t for t in data["outputs"] if t]
         compared = [
             t
-            for t in outputs
+            for t in charged.get(name, [])
             if t in locations
             and locations[t].memory is MemoryType.DRAM
             and not graph.tensors[t].is_const
         ]
-        fused = [t for t in outputs if t not in locations]
+        fused = [t for t in outputs if t not in locations or owner[t] != name]
         plan.append((name, data, compared, fused))
     tensor_results: dict[str, dict] = {}
     oracle = ExposingOracle(prepared, machine_values)

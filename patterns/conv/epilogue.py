@@ -1,8 +1,9 @@
 """FuseConvActivation: a Relu that only a convolution feeds runs on the conv's PSUM eviction.
 
 In: the Graph after FoldConvLayoutBridges. Out: each fusable Relu removed, its convolution
-writing the Relu's output with the activation recorded on the conv (`fused_activation`), and a
-finding per conv whose Relu could not be fused, with the reason.
+writing the Relu's output with the activation recorded on the conv (`fused_activation`); a
+finding per fused pair (`nodes`, `host`: the conv, which `validate --localize` then charges with
+the Relu's output) and per conv whose Relu could not be fused (`node`, `reason`).
 
 Every conv lowering that accumulates in PSUM evicts each output tile with one ScalarE
 `Activation`, `func(psum + bias)`, so a following Relu costs nothing there, where on its own it
@@ -55,6 +56,7 @@ class FuseConvActivation:
                 findings.append({"node": node, "activation": activation, "reason": reason})
                 continue
             _fuse(graph, node, activation)
+            findings.append({"nodes": [node, activation], "host": node, "fused": activation})
             fused += 1
         stats = [Statistic(self.name, "fused", "Relus fused into conv evictions", fused)]
         return PassResult(bool(fused), stats, findings)

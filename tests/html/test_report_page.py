@@ -47,8 +47,9 @@ def test_cnn_page_has_its_sections_and_the_error_chart(pages):
     for section in ('id="validation"', 'id="convolutions"', 'id="attention"', 'id="timeline"'):
         assert section in text
     assert 'aria-label="error of each node along the graph"' in text
-    # One dot per compared node of small_cnn (15 nodes), each naming its node.
-    assert text.count("<circle") == 15 and "node_conv2d_4 (Conv)" in text
+    # One dot per compared node of small_cnn (15 nodes, 4 of them Relus fused into their
+    # convs and compared there), each naming its node.
+    assert text.count("<circle") == 11 and "node_conv2d_4 (Conv)" in text
     assert "feature_group_count 4 != 1" in text  # the fallback's reason, in the conv table
     assert 'aria-label="engine timeline"' in text
 

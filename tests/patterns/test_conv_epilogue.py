@@ -100,8 +100,11 @@ def test_a_relu_beside_another_reader_stays():
     compiled = _compile(model, GENERIC)
     relus = [n for n, d in compiled.graph.nodes() if d["op_type"] == "Relu"]
     assert relus == ["r0"]
-    (finding,) = compiled.passes.result_of("FuseConvActivation").findings
-    assert finding["node"] == "c0" and "has 2 readers" in finding["reason"]
+    findings = compiled.passes.result_of("FuseConvActivation").findings
+    (refusal,) = [f for f in findings if "reason" in f]
+    assert refusal["node"] == "c0" and "has 2 readers" in refusal["reason"]
+    (fusion,) = [f for f in findings if "fused" in f]
+    assert fusion == {"nodes": ["c1", "r1"], "host": "c1", "fused": "r1"}
     assert_matches_onnxruntime(model, passes=GENERIC)
 
 

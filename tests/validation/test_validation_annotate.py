@@ -33,8 +33,12 @@ def test_annotated_small_cnn_loads_runs_and_carries_the_decisions(tmp_path, caps
     assert "onnx2bir.fallback_reason" not in meta["node_conv2d"]
     assert "feature_group_count 4 != 1" in meta["node_conv2d_4"]["onnx2bir.fallback_reason"]
     assert meta["node_conv2d_4"]["onnx2bir.lowering"] == "generic.Conv"
-    assert meta["node_relu"]["onnx2bir.lowering"] == "generic.Relu"
-    assert all(int(m["onnx2bir.instructions"]) > 0 for m in meta.values())
+    # a Relu right after a conv runs on the conv's eviction (docs/conv_selection.md#fused-activations)
+    assert meta["node_relu"]["onnx2bir.lowering"] == "fused into node_conv2d"
+    assert meta["node_relu_3"]["onnx2bir.lowering"] == "generic.Relu"  # after the Add
+    fused = {n for n, m in meta.items() if m["onnx2bir.lowering"].startswith("fused into")}
+    assert fused == {"node_relu", "node_relu_1", "node_relu_2", "node_relu_4"}
+    assert all(int(m["onnx2bir.instructions"]) > 0 for n, m in meta.items() if n not in fused)
     assert meta["node_conv2d"]["namespace"] == "the model's own"  # existing metadata is kept
     model_meta = {e.key: e.value for e in annotated.metadata_props}
     assert model_meta["onnx2bir.conv_kernel_match"] == "4 of 5 (80.00%)"

@@ -213,8 +213,9 @@ def test_a_reference_of_the_wrong_shape_is_bad_input(tmp_path, capsys):
 # --- checkpoints --------------------------------------------------------------------------------
 def test_a_wrong_intermediate_fails_its_checkpoint_and_the_outputs_it_feeds(capsys, monkeypatch):
     """node_relu_2's result feeds a convolution, which rounds it: the probe there catches the
-    error, and the logits computed from it fail too, naming it."""
-    corrupt_node(monkeypatch, "node_relu_2", amount=0.01)
+    error, and the logits computed from it fail too, naming it. (node_relu_2 runs on the
+    eviction of node_conv2d_2, docs/conv_selection.md#fused-activations: that conv writes it.)"""
+    corrupt_node(monkeypatch, "node_conv2d_2", amount=0.01)
     code, doc = run_json(["validate", SMALL_CNN, "--no-memory-plan"], capsys)
     failing = [c for c in doc["checkpoints"] if not c["passed"]]
     assert code == 1 and [c["name"] for c in failing] == ["relu_2"]
