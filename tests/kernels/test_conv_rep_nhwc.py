@@ -116,10 +116,11 @@ def test_wide_channels_take_channel_tiles():
 )
 def test_band_loads_do_not_wait_for_the_other_bands_matmuls(x_shape, kernel):
     """C_in 64 x kH 3: kernel rows in groups of 2 and 1; C_in 200: channel tiles of 128 and
-    72 (forced onto the kernel: no registry row sends C_in > 128 to it). Each (row group, channel tile) has a band of its own, so within an output tile no band
-    load waits for a matmul: its only waits are for the matmuls that read its copy trips
-    before (edges carried by the output-tile loop). Sharing one band, the second group's load
-    would wait for the first group's matmuls, once per output tile."""
+    72 (forced onto the kernel: no registry row sends C_in > 128 to it). Each (row group,
+    channel tile) has a band of its own, so within an output tile no band load waits for a
+    matmul: its only waits are for the matmuls that read its copy trips before (edges
+    carried by the output-tile loop). Sharing one band, the second group's load would wait
+    for the first group's matmuls, once per output tile."""
     model = conv_model(x_shape, 32, kernel, True, seed=5, pads=[1, 1, 1, 1])
     graph = import_graph(model)
     lower_to_conv_kernel(graph, conv_op_from_node(graph, "conv"), FUNCTIONAL_KERNEL_REGISTRY[0])

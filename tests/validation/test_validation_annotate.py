@@ -33,7 +33,8 @@ def test_annotated_small_cnn_loads_runs_and_carries_the_decisions(tmp_path, caps
     assert "onnx2bir.fallback_reason" not in meta["node_conv2d"]
     assert "feature_group_count 4 != 1" in meta["node_conv2d_4"]["onnx2bir.fallback_reason"]
     assert meta["node_conv2d_4"]["onnx2bir.lowering"] == "generic.Conv"
-    # a Relu right after a conv runs on the conv's eviction (docs/conv_selection.md#fused-activations)
+    # a Relu right after a conv runs on the conv's eviction
+    # (docs/conv_selection.md#fused-activations)
     assert meta["node_relu"]["onnx2bir.lowering"] == "fused into node_conv2d"
     assert meta["node_relu_3"]["onnx2bir.lowering"] == "generic.Relu"  # after the Add
     fused = {n for n, m in meta.items() if m["onnx2bir.lowering"].startswith("fused into")}

@@ -43,9 +43,7 @@ def test_clean_model_has_no_failing_node(capsys):
     assert loc["first_failing"] is None
     assert loc["first_nonfinite_machine"] is None and loc["first_nonfinite_onnxruntime"] is None
     fused = {n["node"]: n["lowering"] for n in loc["nodes"] if n["status"] == "fused"}
-    assert fused == {
-        f"node_relu{s}": f"fused into node_conv2d{s}" for s in ("", "_1", "_2", "_4")
-    }
+    assert fused == {f"node_relu{s}": f"fused into node_conv2d{s}" for s in ("", "_1", "_2", "_4")}
     assert all(n["status"] == "ok" for n in loc["nodes"] if n["node"] not in fused)
 
 
