@@ -121,11 +121,10 @@ def _block_hosts(compilation: Compilation) -> dict[str, str]:
     for record in compilation.passes.records:
         for finding in record.result.findings:
             members = finding.get("nodes") or []
-            host = finding.get("host")
-            if host in graph.nx:  # nodes fused into one that stays
-                hosts.update(dict.fromkeys((n for n in members if n not in graph.nx), host))
-                continue
-            kept = [n for n in members if n in graph.nx and kernel_name_of(graph.node(n))]
+            if finding.get("host") in graph.nx:  # nodes fused into one that stays
+                kept = [finding["host"]]
+            else:
+                kept = [n for n in members if n in graph.nx and kernel_name_of(graph.node(n))]
             if kept:
                 hosts.update(dict.fromkeys((n for n in members if n not in graph.nx), kept[0]))
     return hosts

@@ -298,6 +298,12 @@ def row_group(view: MatrixView, width: int, itemsize: int) -> int:
     return max(1, min(view.rows // P, WEIGHT_BLOCK_BYTES // per_tile))
 
 
+def with_peeled_copy(group: int, copies: int) -> int:
+    """Copies a weight tile is allocated with: its rotating copies, plus the peeled first
+    group's own when it comes in row groups that rotate (`MlpTiles.rotating_groups`)."""
+    return copies + 1 if group and copies > 1 else copies
+
+
 def whole_rows(view: MatrixView, width: int, itemsize: int) -> bool:
     """Whether one DMA brings every row tile of a column block of `width`."""
     group = row_group(view, width, itemsize)
@@ -457,12 +463,9 @@ class MlpTiles:
         else:
             self.w1_copies = buffer_count(cg, h_trips, per_copy1, limit=2, reserved=per_copy2)
             self.hidden_copies = self.w1_copies
-        self.w1 = self._weight(cg, "w1", width1, pe, self.allocated(self.hidden_group, 1))
-        self.w_up = (
-            self._weight(cg, "w_up", width1, pe, self.allocated(self.hidden_group, 1))
-            if a.w_up is not None
-            else None
-        )
+        copies1 = with_peeled_copy(self.hidden_group, self.w1_copies)
+        self.w1 = self._weight(cg, "w1", width1, pe, copies1)
+        self.w_up = self._weight(cg, "w_up", width1, pe, copies1) if a.w_up is not None else None
         n_trips = tile_count(a.n, N_CHUNK)
         if self.output_group:
             self.output_group, self.w2_copies = self.rotating_groups(
@@ -472,7 +475,9 @@ class MlpTiles:
             self.output_copies = 1
         else:
             self.w2_copies = self.output_copies = buffer_count(cg, n_trips, per_copy2, limit=2)
-        self.w2 = self._weight(cg, "w2", width2, pe, self.allocated(self.output_group, 2))
+        self.w2 = self._weight(
+            cg, "w2", width2, pe, with_peeled_copy(self.output_group, self.w2_copies)
+        )
 
     def rotating_groups(
         self,
@@ -490,23 +495,16 @@ class MlpTiles:
         rotate over two copies. Groups halve until the three copies fit; when not even groups
         of one tile do, the largest groups in one copy (every load then waits for the last
         group's matmuls)."""
-        itemsize = self.pe_bytes
         largest = group = self.grouped(views, width)
         while group:
             per_copy = copy_stride(group * min(width, views[0].cols), self.pe_dtype)
-            per_copy *= itemsize * len(views)
+            per_copy *= self.pe_dtype.itemsize * len(views)
             trips = blocks * tile_count(extent, group * P)
             copies = buffer_count(cg, trips, per_copy, limit=2, reserved=reserved + per_copy)
             if copies > 1:
                 return group, copies
             group //= 2
         return largest, 1
-
-    def allocated(self, group: int, weight: int) -> int:
-        """Copies a weight tile is allocated with: its rotating copies, and for row groups in
-        two or more, the first group's own."""
-        copies = self.w1_copies if weight == 1 else self.w2_copies
-        return copies + 1 if group and copies > 1 else copies
 
     def held_whole(self, cg: BirCodeGen, a: MlpArgs, first: list[MatrixView], pe: Dtype) -> bool:
         """Every weight in SBUF whole, when all come in whole row tiles and together take at
