@@ -9,8 +9,9 @@ belong to its producer (in program order its producer is done then, and no later
 reused its bytes yet). A DRAM location is the tensor's flat elements; an SBUF home holds rows
 of `inner` elements dealt round the partitions, row r in partition r mod 128 at free offset
 (r div 128)·inner (docs/memory_planner.md#layout), or, in groups of `group` rows, each group
-from a partition chunk of its own (docs/memory_planner.md#groups). A probe whose location nothing reads (a
-loop that runs no trip) is simply not read: the oracle then rounds its own value.
+from a partition chunk of its own (docs/memory_planner.md#groups). A probe whose location
+nothing reads (a loop that runs no trip) is simply not read: the oracle then rounds its own
+value.
 """
 
 from __future__ import annotations

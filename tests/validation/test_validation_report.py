@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import ml_dtypes
 import numpy as np
 import pytest
 from validation_helpers import SMALL_CNN, run, run_json
@@ -81,6 +82,24 @@ def test_statistics_of_one_comparison():
     assert finite.max_ulp > 0 and finite.min_atol == pytest.approx(0.5 - 2e-3)
     shape = compare_output("t", np.zeros(3), np.zeros(4))
     assert not shape.passed and "shape" in shape.shape_error
+
+
+def test_ulp_distance_counts_representable_values_between():
+    """max_ulp is how many floats of the reference's format lie between the two values:
+    three steps up from 1, across zero from the smallest negative to the smallest positive
+    subnormal (two steps, -0 and +0 being one value), and not over the non-finite pairs."""
+    up = np.float32(1.0)
+    for _ in range(3):
+        up = np.nextafter(up, np.float32(2))
+    tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+    assert compare_output("t", np.array([up]), np.array([1.0], np.float32)).max_ulp == 3
+    assert compare_output("t", np.array([tiny]), np.array([-tiny])).max_ulp == 2
+    assert compare_output("t", np.array([-0.0], np.float32), np.zeros(1, np.float32)).max_ulp == 0
+    half = np.array([1.0, 1.0078125], ml_dtypes.bfloat16)  # neighbours in bfloat16
+    assert compare_output("t", half[::-1], half).max_ulp == 1
+    nan = np.float32(np.nan)
+    masked = compare_output("t", np.array([nan, up]), np.array([nan, 1.0], np.float32))
+    assert masked.max_ulp == 3
 
 
 def test_progress_counts_every_executed_instruction():
