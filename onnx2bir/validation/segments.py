@@ -41,10 +41,13 @@ from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
 from onnx2bir.validation.subgraph import Cutter, all_values
 
-# What one weight element costs a segment's validation, in multiply-accumulates: the oracle
-# rounds each weight the program rounds once per validation, with a dozen elementwise
-# onnxruntime ops when the rounding is arithmetic (old opsets, fp8, tf32). On light resnet50
-# (opset 9) the four segments' walls spread 1.6-3.6 s without it and 1.6-3.0 s with it.
+# What one weight element costs a segment's validation, in multiply-accumulates: the weight is
+# cast, stored and sent to the segment's process, and the oracle rounds it once (a dozen
+# elementwise onnxruntime ops for fp8 and tf32, a Cast pair for bf16 and fp16). On light
+# resnet50 the four segments' walls spread 1.6-3.6 s without it and 1.6-3.0 s with it. A fit
+# of the segments' walls (BERT-12 h256 and light resnet50, 2 and 4 segments) gave about 75 per
+# weight and 200 per written element; cutting by those evened the walls but did not shorten
+# the runs (docs/validation.md#measured), so the simpler weights stay.
 WEIGHT_COST = 20
 WINDOW = 1 / 8  # how far from its ideal place a cut may move, as a share of a segment's work
 
