@@ -10,8 +10,9 @@ wherever the iterations are uniform and straight-line code only at unpredicated 
 Multi-buffered loops (`tiles(..., buffers=k)`, docs/buffers.md): each tile carries a `slot`,
 the copy of the loop's per-iteration buffers it uses (`offset = slot * copy_stride + ...`).
 With k copies, k or fewer uniform tiles become one loop whose iterations each own a copy (no
-loop-carried hazard, so the dependency analysis finds the loop `parallel`); more become an
-outer loop over groups of k and an inner loop of k iterations, the inner axis being the slot.
+loop-carried hazard, so the dependency analysis finds the loop `parallel`); more become a
+loop over groups of k whose body is the k tiles written out, each with a constant slot, so
+that each copy's load has an edge from the reads of its own copy in the previous group.
 """
 
 from __future__ import annotations
@@ -148,9 +149,13 @@ def _rotated(
         return
     groups, left = divmod(count, copies)
     with cg.loop(f"{name}g", 0, groups) as outer:
-        with cg.loop(name, 0, copies) as inner:
-            _mark_buffered(cg, inner, copies)
-            yield Affine.axis(outer, copies) + Affine.axis(inner) + first, Affine.axis(inner)
+        # The body holds the k copies one after the other, each its own instructions: a
+        # loop-carried edge waits for the last instance of its source in the previous trip
+        # (docs/dependencies.md#edge-semantics), so a load into copy j waits for the reads of
+        # copy j one group before, not for those of the tile just before it.
+        _mark_buffered(cg, outer, copies)
+        for copy in range(copies):
+            yield Affine.axis(outer, copies) + (first + copy), Affine(copy)
     yield from _rotated(cg, name, first + groups * copies, stop, copies)
 
 

@@ -11,17 +11,29 @@ import numpy as np
 import pytest
 from conftest import assert_matches_onnxruntime, one_node_model
 
+from onnx2bir.bir.enums import Opcode
 from onnx2bir.bir.ir import Loop, all_loops
 from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen
-from onnx2bir.codegen.tiling import BUFFERED_LOOPS, tiles
+from onnx2bir.codegen.tiling import BUFFERED_LOOPS, Affine, tiles
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle.ort import synthesize_inputs
+from onnx2bir.runtime.timing.cost import CostTable
+from onnx2bir.runtime.timing.device_time import simulate
 
 
 def _loops(block) -> list[Loop]:
     return list(all_loops(block))
+
+
+def _assert_rotated(buffered: dict[str, int], loops: dict[str, Loop]) -> None:
+    """Some loop rotates copies, and one with a copy for each trip carries no hazard (a loop
+    over groups of copies, `<name>g<n>`, reuses them: docs/buffers.md#rotation)."""
+    assert buffered
+    for axis in buffered:
+        if not axis.rstrip("0123456789").endswith("g"):
+            assert loops[axis].parallel, axis
 
 
 # --- the rotation itself --------------------------------------------------------------------
@@ -76,12 +88,15 @@ def test_few_tiles_get_one_loop_with_a_copy_each():
 
 
 def test_more_tiles_than_copies_split_into_groups_of_copies():
+    # One loop over groups of 2 whose body holds both copies, each its own instructions.
     cg, seen = _walk(100, 10, 2)
-    outer, inner = _loops(cg.function.entry)
-    assert (outer.trip_count, inner.trip_count) == (5, 2)
-    assert cg.module.metadata[BUFFERED_LOOPS] == {inner.axis: 2}
-    ((tile, _, _),) = seen
-    assert dict(tile.slot.terms) == {inner.axis: 1}  # the slot is the inner axis
+    (outer,) = _loops(cg.function.entry)
+    assert outer.trip_count == 5
+    assert cg.module.metadata[BUFFERED_LOOPS] == {outer.axis: 2}
+    assert [(tile.slot, dict(tile.start.terms), tile.start.const) for tile, _, _ in seen] == [
+        (Affine(0), {outer.axis: 20}, 0),
+        (Affine(1), {outer.axis: 20}, 10),
+    ]
 
 
 def test_a_predicated_split_loop_bounds_the_edge_tile_in_both_axes():
@@ -140,15 +155,38 @@ def test_conv_output_tiles_rotate_and_match_onnxruntime(case, generic):
     assert expected_rule in rules
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(fn.entry) if loop.trip_count > 1}
-    assert buffered and all(loops[axis].parallel for axis in buffered)
-    if case == "below_k":
+    if case == "below_k":  # a copy per trip: no carried hazard
         assert list(buffered.values()) == [4]
-    else:
-        assert list(buffered.values()) == [2]
-        # The outer loop over groups reuses the two copies: it carries the hazard.
-        assert any(not loop.parallel and axis.startswith("ohg") for axis, loop in loops.items())
+        assert all(loops[axis].parallel for axis in buffered)
+    else:  # the loop over groups of two copies reuses them: it carries the hazard
+        ((axis, copies),) = buffered.items()
+        assert copies == 2 and axis.startswith("ohg") and not loops[axis].parallel
     assert_matches_onnxruntime(model, passes=passes)
     _check_races(model, passes)
+
+
+@pytest.mark.parametrize("generic", [True, False], ids=["generic", "kernel"])
+def test_a_band_load_waits_for_its_own_copy_not_for_the_tile_before(generic):
+    """Double buffering as the simulation times it: the band load of each output tile starts
+    before the matmuls of the tile just before it end (they read the other copy); it waits
+    only for the matmuls that read its own copy, two tiles before. With the copies in an inner
+    loop, a loop-carried edge waited for the last trip of the previous group, the tile just
+    before, for every group's first copy."""
+    x_shape, w_shape = CONV_CASES["above_k"]
+    compiled = _compile(_conv(x_shape, w_shape, pads=[1, 1, 1, 1]), [] if generic else None)
+    slices = simulate(compiled.module.functions[0], CostTable()).slices
+    # The trips simulated one by one (a loop's last trip stands for the rest, shifted), cut
+    # into tiles: each tile's band loads, then its matmuls.
+    tiles: list[tuple[float, float]] = []  # (first band load's start, last matmul's end)
+    for piece in itertools.takewhile(lambda piece: piece.weight == 1, slices):
+        if piece.ins.dst is not None and "/band" in piece.ins.dst.loc:
+            if not tiles or tiles[-1][1] > 0:
+                tiles.append((piece.start, 0.0))
+        elif piece.ins.opcode is Opcode.MATMULT and tiles:
+            tiles[-1] = (tiles[-1][0], piece.end)
+    assert len(tiles) >= 4
+    for index, ((_, before), (start, _)) in enumerate(itertools.pairwise(tiles[1:]), 2):
+        assert start < before, f"tile {index}'s band loads wait for tile {index - 1}'s matmuls"
 
 
 def test_conv_output_loop_is_parallel_and_its_channel_accumulation_is_not():
@@ -183,7 +221,7 @@ def test_matmul_rotates_its_output_tiles(case):
     compiled = _compile(model, [])
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
-    assert buffered and all(loops[axis].parallel for axis in buffered)
+    _assert_rotated(buffered, loops)
     assert_matches_onnxruntime(model, passes=[])
     _check_races(model, [])
 
@@ -234,7 +272,7 @@ def test_elementwise_rotates_its_innermost_loop(case):
     compiled = _compile(model, [])
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
-    assert buffered and all(loops[axis].parallel for axis in buffered)
+    _assert_rotated(buffered, loops)
     assert set(buffered.values()) <= {1, 2}
     assert_matches_onnxruntime(model, passes=[])
     _check_races(model, [])
@@ -261,7 +299,7 @@ def test_window_pool_rotates_its_output_tiles(case):
     compiled = _compile(model, [])
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
-    assert buffered and all(loops[axis].parallel for axis in buffered)
+    _assert_rotated(buffered, loops)
     assert list(buffered.values()) == ([4] if case == "maxpool_below_k" else [2])
     assert_matches_onnxruntime(model, passes=[])
     _check_races(model, [])
@@ -282,7 +320,7 @@ def test_depthwise_kernel_rotates_its_output_tiles(case):
     assert "kernel.conv2d_depthwise_f01b_o01i_bf01" in {i.origin.rule for i in fn.instructions()}
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(fn.entry)}
-    assert buffered and all(loops[axis].parallel for axis in buffered)
+    _assert_rotated(buffered, loops)
     assert_matches_onnxruntime(model)
     _check_races(model)
 
@@ -303,6 +341,6 @@ def test_column_packing_kernel_rotates_its_output_tiles(case):
     assert "kernel.conv2d_column_packing" in {i.origin.rule for i in fn.instructions()}
     buffered = compiled.module.metadata[BUFFERED_LOOPS]
     loops = {loop.axis: loop for loop in _loops(fn.entry)}
-    assert buffered and all(loops[axis].parallel for axis in buffered)
+    _assert_rotated(buffered, loops)
     assert_matches_onnxruntime(model, atol=1e-4)
     _check_races(model)
