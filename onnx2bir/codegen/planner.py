@@ -11,7 +11,8 @@ The rule, per tensor:
 - pattern: an Internal DRAM location (not a weight, constant, graph input or output);
 - check: every instruction touching it is a DmaCopy (not inside a runtime loop) whose
   access `residency.plan_copy` can rewrite onto an SBUF home of some row length (the
-  canonical one first, then each partition stride its accesses use); copies between two
+  canonical one first, then each partition stride its accesses use; of those that serve,
+  the one leaving the fewest on-chip copies to DMAs); copies between two
   resident tensors must cut at the same partition chunks; and the home fits:
   from its first to its last node, no other live home overlaps it and it stays below that
   node's arena, which sits at the top of SBUF;
@@ -146,7 +147,8 @@ def _collect(fn: Function, candidates: dict[str, MemoryLocation]):
     return accesses, refused
 
 
-def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
+def _rewrite(access: Access, homes: dict[str, Home], fn: Function) -> list | str:
+    """`plan_copy` of one access, its first cut only: the copies, or a reason naming the node."""
     inst = access.inst
     result = plan_copy(
         inst.dst,
@@ -159,7 +161,24 @@ def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
     )
     if isinstance(result, str):
         return f"node {inst.origin.node!r} ({inst.origin.rule}): {result}"
-    return None
+    return result
+
+
+def _check(access: Access, homes: dict[str, Home], fn: Function) -> str | None:
+    result = _rewrite(access, homes, fn)
+    return result if isinstance(result, str) else None
+
+
+def _on_chip_dmas(copies: list, homes: dict[str, Home], fn: Function) -> int:
+    """How many of an access's copies stay DMAs though both sides are on chip (SBUF to SBUF:
+    the lanes do not line up for an engine copy)."""
+
+    def on_chip(name: str) -> bool:
+        return name in homes or fn.memory_locations[name].memory is not MemoryType.DRAM
+
+    return sum(
+        not copy.on_chip and on_chip(copy.dst.loc) and on_chip(copy.src.loc) for copy in copies
+    )
 
 
 def _layout_candidates(
@@ -191,18 +210,33 @@ def _layout_candidates(
 def _choose_home(
     loc: MemoryLocation, accesses: list[Access], fn: Function, graph: Graph
 ) -> Home | str:
-    """The first layout under which every access, alone, can be rewritten; else the reason
-    the canonical row length (the first tried) was refused."""
+    """Of the layouts under which every access, alone, can be rewritten, the one that leaves
+    the fewest copies between on-chip operands as SBUF-to-SBUF DMAs (the first tried on a
+    tie); else the reason the canonical row length (the first tried) was refused. A batch of
+    per-head matrices [1, H, S, S] has the canonical rows of S x S elements, a head to a
+    partition, which every access can reach, but only by DMAs that move each row to its
+    lane; rows of S elements let the engines copy lane to lane."""
     first_reason = None
+    best: tuple[int, Home] | None = None
     for inner, group in _layout_candidates(loc, accesses, graph):
         itemsize = on_chip(loc.dtype).itemsize
         home = Home(loc.name, inner, max(1, loc.num_elements), itemsize, group=group)
         homes = {loc.name: home}
-        problems = (_check(access, homes, fn) for access in accesses)
-        reason = next((problem for problem in problems if problem), None)
-        if reason is None:
-            return home
-        first_reason = first_reason or f"in {home.describe()}, {reason}"
+        dmas, reason = 0, None
+        for access in accesses:
+            result = _rewrite(access, homes, fn)
+            if isinstance(result, str):
+                reason = result
+                break
+            dmas += _on_chip_dmas(result, homes, fn)
+        if reason is not None:
+            first_reason = first_reason or f"in {home.describe()}, {reason}"
+        elif best is None or dmas < best[0]:
+            best = (dmas, home)
+        if best is not None and best[0] == 0:
+            break
+    if best is not None:
+        return best[1]
     return f"no row length serves every access; {first_reason or 'no access'}"
 
 

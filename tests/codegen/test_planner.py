@@ -250,3 +250,38 @@ def test_a_rotated_edge_tile_loop_next_to_another_home_runs_clean():
     compilation = _run(model, {"x": x})
     homes = compilation.memory_plan.homes
     assert homes["r1"].address + homes["r1"].bytes_per_partition == homes["r2"].address
+
+
+def test_per_head_matrices_get_rows_the_engines_copy_lane_to_lane():
+    """Scores [1, H, S, S] between a per-head MatMul, a Softmax and the next MatMul: the
+    canonical rows (S x S elements, a head to a partition) serve every access, but only as
+    SBUF-to-SBUF DMAs moving each row to its lane; the planner takes rows of S elements,
+    under which every copy of the scores is an engine's (docs/memory_planner.md#the-rule)."""
+    heads, seq, dim = 4, 128, 32
+    nodes = [
+        helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk"),
+        helper.make_node("Softmax", ["scores"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "v"], ["y"], name="pv"),
+    ]
+    model = _model(
+        nodes,
+        [
+            _vi("q", [1, heads, seq, dim]),
+            _vi("kt", [1, heads, dim, seq]),
+            _vi("v", [1, heads, seq, dim]),
+        ],
+        [_vi("y", [1, heads, seq, dim])],
+    )
+    rng = np.random.default_rng(0)
+    feeds = {
+        "q": rng.standard_normal((1, heads, seq, dim)).astype(np.float32),
+        "kt": rng.standard_normal((1, heads, dim, seq)).astype(np.float32),
+        "v": rng.standard_normal((1, heads, seq, dim)).astype(np.float32),
+    }
+    compilation = _run(model, feeds, auto_cast="none")
+    decisions = compilation.memory_plan.decisions
+    for tensor in ("scores", "probs"):
+        assert decisions[tensor].resident
+        assert compilation.memory_plan.homes[tensor].inner == seq, decisions[tensor].reason
+        touching = _touching(compilation.module.functions[0], tensor)
+        assert touching and not any(i.opcode is Opcode.DMA_COPY for i in touching)
