@@ -80,10 +80,12 @@ class MemoryPlan:
     reserved: int = 0
     sbuf_high_water: int = 0  # bytes per partition in use at the busiest node
     psum_high_water: int = 0  # set by the second pass
+    lowered: dict[int, int] = field(default_factory=dict)  # item -> its arena's start, below
 
     def arena_base(self, item: int) -> int:
-        """Where node `item`'s arena starts: the top of SBUF minus what the node needs."""
-        return SBUF_BYTES_PER_PARTITION - self.arena_need.get(item, 0)
+        """Where node `item`'s arena starts: the top of SBUF minus what the node needs, or,
+        for a node whose arena was put below its neighbours' (`_alternate_arenas`), lower."""
+        return self.lowered.get(item, SBUF_BYTES_PER_PARTITION - self.arena_need.get(item, 0))
 
     def counts(self) -> Counter:
         return Counter("resident" if d.resident else "dram" for d in self.decisions.values())
@@ -319,6 +321,7 @@ def plan_memory(
         else:
             plan.decisions[name] = Decision(name, False, refused.get(name, "not placed"))
     plan.sbuf_high_water = _high_water(plan, intervals, len(fn.entry.items))
+    plan.lowered = _alternate_arenas(arena_need, homes, intervals, reserved, len(fn.entry.items))
     return plan
 
 
@@ -380,6 +383,37 @@ def _other_layout(
         if all(_check(access, trial, fn) is None for access in accesses):
             return trial[name]
     return None
+
+
+def _alternate_arenas(
+    arena_need: dict[int, int],
+    homes: dict[str, Home],
+    intervals: dict[str, tuple[int, int]],
+    reserved: int,
+    items: int,
+) -> dict[int, int]:
+    """Arenas put below their neighbours' (item -> start), so that two nodes in a row never
+    share SBUF bytes. Every arena ends at the top of SBUF, so node k+1's tiles take the bytes
+    of node k's: each load of k+1 then waits for the reads of those bytes in k (a
+    write-after-read edge), and no node's loads run ahead of the compute before it. In order,
+    a node whose predecessor stays at the top moves down, under the larger of its two
+    neighbours' arenas, when the space there is above every home live at it; the homes keep
+    their places (docs/memory_planner.md#allocation)."""
+    homes_top = [reserved] * items
+    for name, home in homes.items():
+        first, last = intervals[name]
+        for item in range(first, min(last, items - 1) + 1):
+            homes_top[item] = max(homes_top[item], home.address + home.bytes_per_partition)
+    lowered: dict[int, int] = {}
+    for item in range(items):
+        need = arena_need.get(item, 0)
+        if not need or item - 1 in lowered:
+            continue
+        neighbours = max(arena_need.get(item - 1, 0), arena_need.get(item + 1, 0))
+        start = SBUF_BYTES_PER_PARTITION - neighbours - need
+        if neighbours and start >= homes_top[item]:
+            lowered[item] = start
+    return lowered
 
 
 def _high_water(plan: MemoryPlan, intervals: dict[str, tuple[int, int]], items: int) -> int:

@@ -198,9 +198,10 @@ def test_a_constant_weight_read_transposed_is_stored_transposed_in_bf16():
 def test_successive_projections_load_their_weights_into_alternate_copies():
     """Three projections in a row ([1, 128, 256] through 256 x 640 and two 640 x 640 weights,
     the encoder form at batch 1): each holds b in two copies and loads the one away from the
-    previous node's weights (docs/buffers.md#weights), so no weight DMA waits for a matmul of
-    the node before it (one copy would make each wait); the chain matches onnxruntime,
-    race-free under a random schedule."""
+    previous node's weights (docs/buffers.md#weights), or its arena is apart from the previous
+    node's (docs/memory_planner.md#allocation); either way the bytes it loads a weight into
+    are not those the node before read its weight from, so no weight DMA waits for a matmul
+    of the node before it; the chain matches onnxruntime, race-free under a random schedule."""
     nodes = [
         helper.make_node("MatMul", ["x", "w0"], ["h0"], name="p0"),
         helper.make_node("MatMul", ["h0", "w1"], ["h1"], name="p1"),
@@ -210,19 +211,23 @@ def test_successive_projections_load_their_weights_into_alternate_copies():
     model = make_model(nodes, {"x": (1, 128, 256)}, {"y": None}, initializers=weights)
     fn = _compile(model).module.functions[0]
     instructions = {ins.id: ins for ins in fn.instructions()}
-    copies: dict[str, set[bool]] = {}
+    spans: dict[str, set[tuple[int, int]]] = {}  # SBUF bytes of each weight's copy
     for ins in instructions.values():
         source = ins.srcs.get("in")
         if ins.opcode.value != "DmaCopy" or source is None or source.loc not in weights:
             continue
         index = int(source.loc[1:])
-        half = fn.memory_locations[ins.dst.loc].shape[1] // 2
-        copies.setdefault(source.loc, set()).add(ins.dst.offset >= half)
+        tile = fn.memory_locations[ins.dst.loc]
+        half = tile.bytes_per_partition // 2
+        start = tile.address + (half if ins.dst.offset >= tile.shape[1] // 2 else 0)
+        spans.setdefault(source.loc, set()).add((start, start + half))
         waited = [instructions[d.source] for d in ins.deps]
         assert not [
             w for w in waited if w.opcode.value == "Matmult" and w.origin.node == f"p{index - 1}"
         ]
-    assert sorted(len(c) for c in copies.values()) == [1, 1, 1]  # one copy per node
-    assert copies["w1"] != copies["w2"]  # same-sized neighbours alternate
+    assert sorted(len(c) for c in spans.values()) == [1, 1, 1]  # one copy per node
+    for before, after in (("w0", "w1"), ("w1", "w2")):  # neighbours' copies apart
+        ((a0, a1),), ((b0, b1),) = spans[before], spans[after]
+        assert a1 <= b0 or b1 <= a0
     assert_matches_onnxruntime(model, passes=[], atol=1e-4)
     _race_free(model)

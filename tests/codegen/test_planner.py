@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import IR_VERSION
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.enums import MemoryType, Opcode
 from onnx2bir.bir.ir import AccessPattern
@@ -17,6 +17,7 @@ from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.oracle.ort import run_onnxruntime
 from onnx2bir.runtime.timing import cost
+from onnx2bir.runtime.timing.device_time import simulate
 
 IDENTITY_BYTES = 128 * 128 * 4  # the prologue loads I[128, 128] fp32 (docs/bir_codegen.md)
 
@@ -285,3 +286,40 @@ def test_per_head_matrices_get_rows_the_engines_copy_lane_to_lane():
         assert compilation.memory_plan.homes[tensor].inner == seq, decisions[tensor].reason
         touching = _touching(compilation.module.functions[0], tensor)
         assert touching and not any(i.opcode is Opcode.DMA_COPY for i in touching)
+
+
+def test_two_nodes_in_a_row_get_arenas_apart_so_loads_run_ahead():
+    """Two 3 x 3 convs of 256 channels: the second one's arena goes below the first's
+    (docs/memory_planner.md#allocation), so its weight loads do not wait for the first conv's
+    reads of the same bytes, and start before the first conv's matmuls end. With every arena
+    ending at the top of SBUF they waited for them."""
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal((256, 256, 3, 3)) / 48).astype(np.float32) for _ in "12"]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["h"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["h", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    inits = [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights, 1)]
+    model = _model(nodes, [_vi("x", [1, 256, 14, 14])], [_vi("y", [1, 256, 14, 14])], inits)
+    feeds = {"x": rng.standard_normal((1, 256, 14, 14)).astype(np.float32)}
+    compilation = _run(model, feeds, auto_cast="none")
+    plan = compilation.memory_plan
+    arenas = {item: (plan.arena_base(item), plan.arena_base(item) + need)
+              for item, need in plan.arena_need.items() if need}  # fmt: skip
+    assert plan.lowered
+    for item, (start, end) in arenas.items():
+        if item + 1 in arenas:  # two nodes in a row share no byte
+            after = arenas[item + 1]
+            assert end <= after[0] or after[1] <= start
+    slices = simulate(compilation.module.functions[0], cost.CostTable()).slices
+    loads = [
+        s.start
+        for s in slices
+        if s.ins.opcode is Opcode.DMA_COPY and s.ins.srcs["in"].loc.startswith("w2")
+    ]
+    matmuls = [
+        s.end
+        for s in slices
+        if s.ins.opcode is Opcode.MATMULT and s.ins.origin.node.startswith("conv1")
+    ]
+    assert loads and min(loads) < max(matmuls)
