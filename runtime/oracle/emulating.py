@@ -256,17 +256,28 @@ ACCUMULATION_LAMBDA = 6.0
 FP32_UNIT_ROUNDOFF = 2.0**-24
 
 
-def accumulates(graph: Graph, tensor: str) -> bool:
-    """Whether `tensor` is the output of a node that sums products on the PE (its op has PE
-    operands: MatMul, Gemm, Conv, ConvTranspose, a two-input Einsum)."""
+def accumulation_source(graph: Graph, tensor: str) -> str | None:
+    """The tensor whose reduction's allowance bounds `tensor`: itself when a node that sums
+    products on the PE makes it (its op has PE operands: MatMul, Gemm, Conv, ConvTranspose, a
+    two-input Einsum); through a Relu, its input's source, since a Relu moves two values no
+    further apart (|relu(a) - relu(b)| <= |a - b|). A Relu fused into its conv's PSUM eviction
+    (patterns/conv/epilogue.py) is checked at its own output, the conv's being never stored."""
     producer = graph.producer(tensor)
     if producer is None:
-        return False
+        return None
     data = graph.node(producer)
     operands = [t for t in data["inputs"] if t]
+    if data["op_type"] == "Relu" and operands:
+        return accumulation_source(graph, operands[0])
     if data["op_type"] == "Einsum":
-        return len(operands) == 2
-    return bool(traits(data["op_type"]).pe_operands) and len(operands) >= 2
+        return tensor if len(operands) == 2 else None
+    sums = bool(traits(data["op_type"]).pe_operands) and len(operands) >= 2
+    return tensor if sums else None
+
+
+def accumulates(graph: Graph, tensor: str) -> bool:
+    """Whether `tensor` gets a reduction's accumulation allowance (`accumulation_source`)."""
+    return accumulation_source(graph, tensor) is not None
 
 
 def accumulation_allowance_nodes(
@@ -332,7 +343,13 @@ def emulating_model(
     nodes: list[onnx.NodeProto] = []
     allowances: list[tuple[onnx.NodeProto, object]] = []
     wanted = list(outputs) if outputs is not None else list(graph.outputs)
-    summed = {t[: -len(ACCUMULATION_SUFFIX)] for t in wanted if t.endswith(ACCUMULATION_SUFFIX)}
+    summed: dict[str, list[str]] = {}  # a reduction's output -> the tensors its allowance bounds
+    for t in wanted:
+        if t.endswith(ACCUMULATION_SUFFIX):
+            bounded = t[: -len(ACCUMULATION_SUFFIX)]
+            source = accumulation_source(graph, bounded)
+            if source is not None:
+                summed.setdefault(source, []).append(bounded)
     reductions: list[tuple[onnx.NodeProto, str]] = []
     for name, node in zip((n for n, _ in graph.nodes()), proto.node, strict=True):
         for index, tensor in enumerate(node.input):
@@ -364,11 +381,21 @@ def emulating_model(
         if node.output and node.output[0] in summed:
             reductions.append((node, name))
     for node, name in reductions:  # on the operands as the node reads them (rounded)
+        first, *others = summed[node.output[0]]
         new, consts = accumulation_allowance_nodes(
-            node, reduction_length(graph, name), node.output[0] + ACCUMULATION_SUFFIX
+            node, reduction_length(graph, name), first + ACCUMULATION_SUFFIX
         )
         nodes.extend(new)
         proto.initializer.extend(consts)
+        for other in others:
+            nodes.append(
+                helper.make_node(
+                    "Identity",
+                    [first + ACCUMULATION_SUFFIX],
+                    [other + ACCUMULATION_SUFFIX],
+                    name=f"{other}{ACCUMULATION_SUFFIX}/same",
+                )
+            )
     for node, boundary in allowances:
         original = next(  # the node's own copy, before its inputs were rounded
             n for n in folded.graph.node if list(n.output) == list(node.output)

@@ -255,3 +255,37 @@ def test_validate_json_names_the_casts(capsys):
     assert doc["casts"] and {"node", "input", "dtype"} <= set(doc["casts"][0])
     assert doc["emulation"]["resynchronised"] == doc["emulation"]["probes_read"] > 0
     json.dumps(doc)
+
+
+# --- a Relu fused into its conv ---------------------------------------------------------------
+def _cancelling_conv_relu():
+    """Conv then Relu over 128 channels whose second 64 repeat the first with negated weights:
+    every output is 0 in exact arithmetic, and in fp32 whatever the order of the 1,152 products
+    leaves, up to about 0.2 on inputs of 1e4. The Relu is fused into the conv's eviction, so
+    the conv's output is never stored: the Relu's output is what is checked."""
+    rng = np.random.default_rng(0)
+    half = rng.standard_normal((16, 64, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    weights = {"w": np.concatenate([half, -half], axis=1)}
+    model = make_model(nodes, {"x": (1, 128, 8, 8)}, {"y": None}, initializers=weights)
+    x = (rng.standard_normal((1, 64, 8, 8)) * 1e4).astype(np.float32)
+    return model, {"x": np.concatenate([x, x], axis=1)}
+
+
+def test_a_fused_relu_is_judged_with_its_convs_accumulation_allowance(monkeypatch):
+    """|relu(a) - relu(b)| <= |a - b|: the Relu's output takes the allowance of the conv's sum
+    (runtime/oracle/emulating.py `accumulation_source`). Without it the residues of the
+    cancellation failed the fp32 bound. A conv corrupted by four times that allowance fails."""
+    from onnx2bir.api.validate import validate
+
+    model, feeds = _cancelling_conv_relu()
+    doc = validate(model, inputs=feeds).document
+    (output,) = doc["outputs"]
+    assert doc["passed"] and output["max_abs_err"] > 1e-2  # the residues are there
+    allowance = output["accumulation_allowance_max"]
+    assert 0 < allowance < 1e3
+    corrupt_node(monkeypatch, "conv", amount=4 * allowance)
+    assert not validate(model, inputs=feeds).document["passed"]
