@@ -112,6 +112,14 @@ def lowering_of(compilation: Compilation, node: str) -> str:
     return f"kernel.{kernel}" if kernel else f"generic.{data['op_type']}"
 
 
+def fused_into(compilation: Compilation, node: str) -> str | None:
+    """The node a pass fused `node` into, which now writes its output (a conv's Relu, run on
+    the conv's eviction); None for a node that is still there or was replaced otherwise."""
+    if node in compilation.graph.nx:
+        return None
+    return _block_hosts(compilation).get(node)
+
+
 def _block_hosts(compilation: Compilation) -> dict[str, str]:
     """Node → the kernel node a pass raised its block to (findings that list `nodes`)."""
     from onnx2bir.codegen.driver import kernel_name_of

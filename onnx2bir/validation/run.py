@@ -18,8 +18,8 @@ renames):
        "worst": {"index", "machine", "onnxruntime", "abs_err", "rel_err"},
        "min_atol", "min_rtol", "nonfinite": {"machine"|"onnxruntime": {"nan", "posinf",
        "neginf", "first"}}, "nonfinite_mismatches", "max_ulp", "snr_db", "shape_error"}],
-     "checkpoints": [{"name", "readers", "stored", "passed", "bound", "resynchronised",
-       "verifiable", "max_abs_err", ...}],
+     "checkpoints": [{"name", "producer", "op_type", "fused_into", "readers", "stored",
+       "passed", "bound", "resynchronised", "verifiable", "max_abs_err", ...}],
      "casts": [{"node", "input", "dtype", "kind", "exact"}], "emulation": {...},
      "drift_limits": {...}, "schedule": "program" | "random:SEED" | "timeline",
      "races": null (not checked) | [{"first", "second", "memory", "location", "partitions",
@@ -67,7 +67,7 @@ from onnx2bir.validation.inputs import (
     model_feeds,
 )
 from onnx2bir.validation.localize import DEFAULT_BUDGET_BYTES, localize
-from onnx2bir.validation.prepared import output_values, prepare, simulate
+from onnx2bir.validation.prepared import fused_into, output_values, prepare, simulate
 
 RULE = "|machine - oracle| <= atol + rtol * |oracle|"
 
@@ -179,6 +179,8 @@ def run_validate(
     outputs, checkpoints, emulation = judge(
         graph, plan, evidence, policy, oracle_runner(prepared, feeds), max_drift
     )
+    for entry in checkpoints:  # the node that writes a fused node's output
+        entry["fused_into"] = fused_into(compilation, entry["producer"])
     timings["emulating_oracle"] = time.perf_counter() - start
     doc = {
         "model": model if isinstance(model, str) else "<ModelProto>",

@@ -270,8 +270,10 @@ def _checkpoint_text(checkpoints: list[dict]) -> list[str]:
     ]
     for c in failing[:MAX_NODE_ROWS]:  # in graph order: the first is where it went wrong
         rounded = f"; read rounded by {', '.join(c['readers'][:3])}" if c["readers"] else ""
+        fused = f", fused into {c['fused_into']}" if c.get("fused_into") else ""
         lines.append(
-            f"    FAIL {c['name']} (from {c['op_type']} {c['producer']}, stored {c['stored']}"
+            f"    FAIL {c['name']} (from {c['op_type']} {c['producer']}{fused}, "
+            f"stored {c['stored']}"
             f"{rounded}): "
             f"{c['mismatches']} of {c['size']} elements over atol {_g(c['atol'], 'g')} + rtol "
             f"{_g(c['rtol'], 'g')}·|ref|, max abs err {_g(c['max_abs_err'])}"

@@ -220,12 +220,15 @@ def test_a_wrong_intermediate_fails_its_checkpoint_and_the_outputs_it_feeds(caps
     failing = [c for c in doc["checkpoints"] if not c["passed"]]
     assert code == 1 and [c["name"] for c in failing] == ["relu_2"]
     assert (failing[0]["producer"], failing[0]["op_type"]) == ("node_relu_2", "Relu")
+    assert failing[0]["fused_into"] == "node_conv2d_2"  # the conv that writes it
     assert doc["outputs"][0]["failed_upstream"] == ["relu_2"] and not doc["outputs"][0]["passed"]
     order = [c["producer"] for c in doc["checkpoints"]]  # in graph order
     nodes = [n.name for n in onnx.load(SMALL_CNN).graph.node]
     assert order == sorted(order, key=nodes.index)
     code, out, _ = run(["validate", SMALL_CNN, "--no-memory-plan"], capsys)
-    assert code == 1 and "FAIL relu_2 (from Relu node_relu_2, stored float32" in out
+    assert code == 1 and (
+        "FAIL relu_2 (from Relu node_relu_2, fused into node_conv2d_2, stored float32" in out
+    )
 
 
 def test_every_checkpoint_passes_on_a_right_program(capsys):
