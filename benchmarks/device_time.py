@@ -15,8 +15,10 @@ Inf2 per-batch P50 latency on one NeuronCore-v2 (batch 4, sequence 128, matmul a
 bf16).
 
 `--inf2` prints the other rows of the same published table instead (models/inf2_table.py:
-ResNet-18/50, VGG-16, ViT-base, BERT-base and RoBERTa-base at batch 1, ResNet-50 at batch 8),
-each with where its time goes:
+ResNet-18/34/50/101/152, VGG-11/16, ViT-base, BERT-base and RoBERTa-base at batch 1,
+ResNet-18/50 at batch 8), each with the published throughput, the calls in flight and the
+most device time a call can take at that throughput (`Row.core_ms_per_call`), and with where
+its time goes:
 
     nice -n 10 /work/venv-export/bin/python models/inf2_table.py --full
     python benchmarks/device_time.py --inf2 [ROW ...] [--markdown OUT.md]

@@ -1,4 +1,5 @@
-"""Exports for the Inf2 table rows: ResNet-18/50, VGG-16, ViT-base, BERT-base, RoBERTa-base.
+"""Exports for the Inf2 table rows: ResNet-18/34/50/101/152, VGG-11/16, ViT-base, BERT-base,
+RoBERTa-base.
 
 The rows of the Neuron "Inf2 Inference Performance" table (Inf2.xlarge, FP32 models compiled
 with matmult -> bf16 autocast, P50 latency per call on one NeuronCore-v2; vision at 224 x 224,
