@@ -15,7 +15,8 @@ The rule, per tensor:
   the one leaving the fewest on-chip copies to DMAs); copies between two
   resident tensors must cut at the same partition chunks; and the home fits:
   from its first to its last node, no other live home overlaps it and it stays below that
-  node's arena, which sits at the top of SBUF;
+  node's arena, which sits at the top of SBUF; once the homes are placed, every other node's
+  arena moves below its neighbours' where the homes leave room (`_alternate_arenas`);
 - rewrite (the second code-generation pass, `BirCodeGen(memory_plan=...)`): the tensor is an
   SBUF location at its address; a DmaCopy between two on-chip operands becomes a TensorCopy,
   and a DmaCopy with one DRAM side keeps its DMA with the on-chip side rewritten.

@@ -166,8 +166,8 @@ def fill_frame(
     partition, as `fill_dram` with rows of a plane does, so a frame the memory planner keeps on
     chip is written in its own layout) and at most FILL_TILE elements of a plane per store;
     the stores go to the DMA queues in turn. Filling only the frame writes a fraction of the
-    plane: ResNet's 7 x 7 stem pads 3 x 224 x 224 to 230 x 230, a frame of 5,196 of its
-    52,900 elements a plane."""
+    plane: ResNet's 7 x 7 stride-2 stem frames 3 x 224 x 224 into 229 x 229 (the rows and
+    columns its windows reach), a frame of 2,265 of the 52,441 elements of a plane."""
     height, width = size
     fill_tile = cg.sb_tile("frame", NUM_PARTITIONS, FILL_TILE, dtype)
     exact = not dtype.is_float and math.isfinite(fill) and fill == int(fill)
