@@ -292,3 +292,27 @@ def test_a_fused_relu_is_judged_with_its_convs_accumulation_allowance(monkeypatc
     assert 0 < allowance < 1e3
     corrupt_node(monkeypatch, "conv", amount=4 * allowance)
     assert not validate(model, inputs=feeds).document["passed"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "amount"),
+    [("scale", 1.02), ("zero", 0.0), ("noise", 0.01)],
+    ids=["2% gain", "zeros", "noise"],
+)
+def test_a_fused_relus_allowance_still_rejects_a_wrong_conv(monkeypatch, mode, amount):
+    """The same conv and Relu on inputs that do not cancel: the allowance the Relu takes from
+    the conv's sum is then far below the fp32 bound, and a conv 2% off, zeroed or noisy by
+    0.01 fails; the right program passes."""
+    from onnx2bir.api.validate import validate
+
+    rng = np.random.default_rng(1)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    weights = {"w": (rng.standard_normal((16, 32, 3, 3)) / 17).astype(np.float32)}
+    model = make_model(nodes, {"x": (1, 32, 8, 8)}, {"y": None}, initializers=weights)
+    feeds = {"x": rng.standard_normal((1, 32, 8, 8)).astype(np.float32)}
+    assert validate(model, inputs=feeds).document["passed"]
+    corrupt_node(monkeypatch, "conv", mode=mode, amount=amount)
+    assert not validate(model, inputs=feeds).document["passed"]

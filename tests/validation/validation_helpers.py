@@ -60,7 +60,8 @@ def perturb(
     machine, ins, loop_values, node: str, mode: str, amount: float, memories=(MemoryType.DRAM,)
 ) -> None:
     """After an instruction of `node` writes one of `memories` (DRAM), change the region it
-    wrote."""
+    wrote: `mode` "add" (`amount` added), "scale" (multiplied by `amount`), "noise" (normal
+    noise of deviation `amount`), "zero" or "nan"."""
     if ins.origin.node != node or ins.dst is None:
         return
     if machine.locations[ins.dst.loc].memory not in memories:
@@ -68,6 +69,13 @@ def perturb(
     view = machine.operands(ins)["dst"].view(loop_values)
     if mode == "nan":
         view[...] = np.nan
+    elif mode == "zero":
+        view[...] = 0
+    elif mode == "scale":
+        view *= np.asarray(amount, view.dtype)
+    elif mode == "noise":
+        noise = np.random.default_rng(0).standard_normal(view.shape) * amount
+        view += noise.astype(view.dtype)
     else:
         view += np.asarray(amount, view.dtype)
 
