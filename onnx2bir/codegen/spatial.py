@@ -2,23 +2,31 @@
 
 `window_geometry` reads an ONNX Conv/Pool node's kernel, strides, dilations and padding
 (explicit `pads` or `auto_pad`) for 1-D and 2-D windows; a 1-D window is treated as 2-D with
-a unit height. `padded_input` writes the input into a DRAM scratch buffer framed by the pad
-value (0 for convolution, -inf for max pooling), so that every output tile reads a uniform
-window and the tile loops need no edge cases; only the frame is filled (`fill_frame`), the
-input's copy writes the rest.
+a unit height.
+
+Padding is supplied one of two ways. `padded_input` writes the input into a DRAM scratch
+buffer framed by the pad value (0 for convolution, -inf for max pooling), so that every output
+tile reads a uniform window; only the frame is filled (`fill_frame`), the input's copy writes
+the rest. The window pools and the rep_nhwc conv kernel frame each band in SBUF instead
+(docs/memory_planner.md#framed-bands): `window_tiles` runs in a loop only the output tiles whose
+windows lie inside the input and emits the few that reach into the padding on their own, and
+`load_band` reads such a tile's band straight from the input, setting the band positions that
+fall in the padding to the pad value. No padded copy of the input exists then: it costs no
+DMA, and no SBUF beside the input's own home.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.bir.ir import AccessPattern
+from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import fill_exact
-from onnx2bir.codegen.tiling import Affine, tiles
+from onnx2bir.codegen.tiling import Affine, Tile, tiles
 
 FILL_TILE = 2048
 
@@ -234,3 +242,166 @@ def padded_input(
         ),
     )
     return scratch.name, height, width
+
+
+@dataclass(frozen=True)
+class Clip:
+    """How a band's positions along one axis (its rows, or its columns) fall against the
+    input: the first `before` lie in the padding ahead of it, the next `inside` read it from
+    input index `first` on, the last `after` lie past its end."""
+
+    before: int
+    inside: int
+    after: int
+    first: Affine
+
+
+def clip(start: Affine, count: int, pad: int, size: int, step: int = 1) -> Clip:
+    """Band positions `start + i·step` (i < count) of the padded axis (the input of `size`
+    behind `pad` positions of padding). A loop-dependent `start` belongs to a tile that
+    `window_tiles` ran in its loop, whose positions all lie inside the input."""
+    low = start + (-pad)  # input index of the first position
+    if not low.is_const:
+        return Clip(0, count, 0, low)
+    first = low.const
+    before = min(count, max(0, -(first // step)))  # positions with first + i·step < 0
+    reach = max(before, -((first - size) // step))  # the first position at or past the end
+    after = max(0, count - reach)
+    inside = count - before - after
+    return Clip(before, inside, after, Affine(first + before * step))
+
+
+def window_tiles(
+    cg: BirCodeGen, geo: WindowGeometry, axis: str, extent: int, size: int, name: str, buffers: int
+) -> Iterator[Tile]:
+    """`tiles(cg, extent, size, name, buffers=buffers)` over output rows (`axis` "h") or
+    columns ("w"), except that only the whole tiles whose windows lie inside the input run in
+    the loop; the tiles whose windows reach into the padding (a few at each end) come on their
+    own, with constant starts, so that `clip` can frame their bands. Buffer copies rotate as
+    with `tiles`: the tile just before the loop takes copy k - 1, the loop's first copy 0."""
+    stride, pad, in_size = (
+        (geo.stride_h, geo.pad_top, geo.in_h)
+        if axis == "h"
+        else (geo.stride_w, geo.pad_left, geo.in_w)
+    )
+    reach = geo.rows_needed if axis == "h" else geo.cols_needed
+    full, rest = divmod(extent, size)
+    inside = [
+        t
+        for t in range(full)
+        if t * size * stride >= pad and t * size * stride + reach(size) <= pad + in_size
+    ]
+    loop_from, loop_to = (inside[0], inside[-1] + 1) if inside else (full, full)
+    copies = max(1, buffers)
+
+    def alone(index: int, count: int, slot: int) -> Tile:
+        return Tile(Affine(index * size), count, index == 0, Affine(slot % copies))
+
+    for index in range(loop_from):
+        yield alone(index, size, index - loop_from)
+    for tile in tiles(cg, (loop_to - loop_from) * size, size, name, buffers=buffers):
+        yield Tile(
+            tile.start + loop_from * size,
+            tile.size,
+            tile.start == Affine() and not loop_from,
+            tile.slot,
+        )
+    trips = loop_to - loop_from
+    for index in range(loop_to, full):
+        yield alone(index, size, trips + index - loop_to)
+    if rest:
+        yield alone(full, rest, trips + full - loop_to)
+
+
+def frame_band(
+    cg: BirCodeGen,
+    band: MemoryLocation,
+    band_at: Affine,
+    partitions: tuple[int, int],
+    band_cols: int,
+    rows: Clip,
+    cols: Clip,
+    fill: float,
+    sides: bool = True,
+) -> None:
+    """Set the positions of one band that `clip` put in the padding to `fill`: a memset each
+    strip (the rows above and below, the columns left and right of the rest; the side columns
+    only with `sides`, see `frame_sides`). The band is a dense [rows, band_cols] block at
+    `band_at` of tile `band` on `partitions` (start, count); a compute engine's partition range
+    must start at 0, 32, 64 or 96 (PARTITION-START), so a caller whose bands sit at other
+    partitions frames their union and lets each band's read overwrite what it covers."""
+    start, count = partitions
+    height = rows.before + rows.inside + rows.after
+    exact = not band.dtype.is_float and math.isfinite(fill) and fill == int(fill)
+    strips = [
+        (0, rows.before, 0, band_cols),
+        (height - rows.after, rows.after, 0, band_cols),
+    ]
+    if sides:
+        strips.append((rows.before, rows.inside, 0, cols.before))
+        strips.append((rows.before, rows.inside, cols.before + cols.inside, cols.after))
+    for row, nrows, col, ncols in strips:
+        if nrows and ncols:
+            at = band_at + (row * band_cols + col)
+            fill_exact(
+                cg, cg.ap(band, [(band_cols, nrows), (1, ncols)], at, count, start), fill, exact
+            )
+
+
+def frame_sides(
+    cg: BirCodeGen,
+    band: MemoryLocation,
+    band_at: int,
+    copies: tuple[int, int],
+    partitions: tuple[int, int],
+    rows: int,
+    band_cols: int,
+    cols: Clip,
+    fill: float,
+) -> None:
+    """Set the side columns of every copy of a band to `fill` once, ahead of the tile loops:
+    `copies` (stride, count) from element `band_at`, `rows` rows of `band_cols` each. Valid
+    when every output tile has the same columns (one column tile), so that every tile's band
+    has the same side strips and no read writes them; `frame_band(sides=False)` then leaves
+    them alone, which takes two memsets out of every tile (ResNet's 3 x 3 convs and max pool:
+    one column tile each)."""
+    start, count = partitions
+    exact = not band.dtype.is_float and math.isfinite(fill) and fill == int(fill)
+    for col, ncols in ((0, cols.before), (cols.before + cols.inside, cols.after)):
+        if ncols:
+            pattern = [copies, (band_cols, rows), (1, ncols)]
+            ap = cg.ap(band, pattern, band_at + col, count, start)
+            fill_exact(cg, ap, fill, exact)
+
+
+def read_band(
+    cg: BirCodeGen,
+    band: MemoryLocation,
+    band_at: Affine,
+    partitions: tuple[int, int],
+    band_cols: int,
+    rows: Clip,
+    cols: Clip,
+    src: str,
+    src_at: Affine,
+    src_partitions: tuple[int, int],
+    row_step: int,
+    in_w: int,
+) -> None:
+    """One DMA of the positions of a band (as in `frame_band`) that `clip` put inside the
+    input `src`, planes of rows of `in_w`: band row i reads input row `rows.first + i·row_step`
+    and band column j input column `cols.first + j` of the plane at element `src_at`;
+    `src_partitions` is the (stride, count) that steps the source from one partition's plane
+    to the next."""
+    if not (rows.inside and cols.inside):
+        return
+    start, count = partitions
+    at = band_at + (rows.before * band_cols + cols.before)
+    cg.dma(
+        cg.ap(band, [(band_cols, rows.inside), (1, cols.inside)], at, count, start),
+        cg.dram_ap(
+            src,
+            src_at + rows.first * in_w + cols.first,
+            [src_partitions, (row_step * in_w, rows.inside), (1, cols.inside)],
+        ),
+    )

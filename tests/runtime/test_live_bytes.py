@@ -179,9 +179,17 @@ def test_moving_a_tile_onto_a_live_tile_of_its_node_is_refused():
     with pytest.raises(MachineError) as info:
         run_function(compiled.module, feeds)
     message = str(info.value)
-    assert f"through {band.name!r}" in message
-    # The moved band now covers the weights and the bias just after them; both are live.
-    assert any(f"belong to {t.name!r}" in message for t in (weights, tiles["bias"]))
+    # The moved band now covers the weights and the bias just after them; both are live. The
+    # band's side columns are set before the weights load (docs/memory_planner.md#framed-bands),
+    # so whichever of the two is written second is the one refused.
+    others = (weights, tiles["bias"])
+    assert (
+        f"through {band.name!r}" in message
+        and any(f"belong to {t.name!r}" in message for t in others)
+    ) or (
+        f"belong to {band.name!r}" in message
+        and any(f"through {t.name!r}" in message for t in others)
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

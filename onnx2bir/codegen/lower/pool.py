@@ -1,8 +1,9 @@
 """Generic lowering of MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool on VectorE.
 
-Planes (N·C) sit on partitions. MaxPool reads a band of the (-inf framed) input and reduces
-it through a 4-D access pattern — output rows, output cols, window rows, window cols — with
-one `TensorReduce(max)` over the last two dims per tile, as the NKI pooling kernels do; the
+Planes (N·C) sit on partitions. MaxPool reads a band of the input for each output tile, its
+positions in the padding set to -inf in SBUF (docs/memory_planner.md#framed-bands), and
+reduces it through a 4-D access pattern — output rows, output cols, window rows, window cols —
+with one `TensorReduce(max)` over the last two dims per tile, as the NKI pooling kernels do; the
 output tile shrinks until its windows fit the elements per partition VectorE takes and their
 steps the ISA's stride field (docs/neuroncore.md#rules: FREE-SIZE, AP-FIELD-BITS).
 AveragePool does the same with a 0 frame and an add, then divides by the number of elements
@@ -28,8 +29,17 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType
 from onnx2bir.bir.opcodes import NUM_PARTITIONS, ap_field_overflow, free_size_limit
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
+from onnx2bir.codegen.spatial import (
+    WindowGeometry,
+    clip,
+    frame_band,
+    frame_sides,
+    read_band,
+    window_geometry,
+    window_tiles,
+)
 from onnx2bir.codegen.tiling import (
+    Affine,
     buffer_count,
     copy_stride,
     rotating_level,
@@ -156,8 +166,8 @@ def window_pool(
     this node) reduced with `op` (a 4-D access pattern: output rows, output cols, window rows,
     window cols), then divided by `divisor`: an immediate or a DRAM [out_h, out_w] map
     broadcast to every partition."""
-    src, height, width = padded_input(cg, x_name, planes, geo, fill)
-    plane = height * width
+    src = cg.dram(x_name).name
+    plane = geo.in_h * geo.in_w
     cols = min(geo.out_w, POOL_OUT_TILE)
     rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
     # Big windows: shrink the output tile until its input band fits the band budget, and the
@@ -196,21 +206,40 @@ def window_pool(
         div_sb = cg.sb_tile("divisors", NUM_PARTITIONS, copies * out_stride, dtype)
     y_loc = cg.dram(out_name).name
     out_plane = geo.out_h * geo.out_w
+    # One column tile: every band has the same side columns, framed once for every copy.
+    sides_once = tile_count(geo.out_w, cols) == 1
+    if sides_once:
+        band_cols = geo.cols_needed(cols)
+        side_clip = clip(Affine(), band_cols, geo.pad_left, geo.in_w)
+        partitions = (0, min(planes, NUM_PARTITIONS))
+        rows_each = geo.rows_needed(rows)
+        copies_at = (band_stride, copies)
+        frame_sides(cg, band, 0, copies_at, partitions, rows_each, band_cols, side_clip, fill)
     for p in tiles(cg, planes, NUM_PARTITIONS, "p", buffers=buffers[0]):
-        for row in tiles(cg, geo.out_h, rows, "oh", buffers=buffers[1]):
-            for col in tiles(cg, geo.out_w, cols, "ow", buffers=buffers[2]):
+        for row in window_tiles(cg, geo, "h", geo.out_h, rows, "oh", buffers[1]):
+            for col in window_tiles(cg, geo, "w", geo.out_w, cols, "ow", buffers[2]):
                 slot = p.slot + row.slot + col.slot  # at most one of them rotates
                 band_at, out_at = slot * band_stride, slot * out_stride
                 band_rows, band_cols = geo.rows_needed(row.size), geo.cols_needed(col.size)
-                cg.dma(
-                    cg.ap(band, [(1, band_rows * band_cols)], band_at, partitions=p.size),
-                    cg.dram_ap(
-                        src,
-                        p.start * plane
-                        + row.start * (geo.stride_h * width)
-                        + col.start * geo.stride_w,
-                        [(plane, p.size), (width, band_rows), (1, band_cols)],
-                    ),
+                rows_clip = clip(row.start * geo.stride_h, band_rows, geo.pad_top, geo.in_h)
+                cols_clip = clip(col.start * geo.stride_w, band_cols, geo.pad_left, geo.in_w)
+                at, partitions = band_at, (0, p.size)
+                frame_band(
+                    cg, band, at, partitions, band_cols, rows_clip, cols_clip, fill, not sides_once
+                )
+                read_band(
+                    cg,
+                    band,
+                    at,
+                    partitions,
+                    band_cols,
+                    rows_clip,
+                    cols_clip,
+                    src,
+                    p.start * plane,
+                    (plane, p.size),
+                    1,
+                    geo.in_w,
                 )
                 windows = cg.ap(band, _windows(geo, row.size, col.size), band_at, partitions=p.size)
                 result = cg.ap(out_sb, [(1, row.size * col.size)], out_at, partitions=p.size)

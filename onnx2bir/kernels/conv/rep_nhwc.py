@@ -10,8 +10,10 @@ at once, and only the kW column taps remain to accumulate:
     psum[C_out, pixels] += Σ_kw  W_rep[(r, c), kw, C_out]ᵀ · X_rep[(r, c), rows, cols·sw + kw·dw]
 
 with X_rep[(r, c), oh, ·] = X_padded[c, oh·sh + (g + r)·dh, ·], built by one DMA per kernel
-row r. R = min(kH, 128 // C_in) rows fit at once (all of them when the selector's rep_nhwc
-row matched: C_in·kH ≤ 128); otherwise the kernel rows are taken in groups of R (the
+row r from the input itself: the positions in the padding are set to 0 in SBUF (framed bands,
+docs/memory_planner.md#framed-bands), so no padded copy of the input is made.
+R = min(kH, 128 // C_in) rows fit at once (all of them when the selector's rep_nhwc row
+matched: C_in·kH ≤ 128); otherwise the kernel rows are taken in groups of R (the
 K-replication row, priority 9) and wide inputs (C_in > 128) in channel tiles of 128, all
 accumulating into the same PSUM tile. Against the generic path this divides the matmul count
 by R. Weights stay resident in SBUF for a C_out tile; the bias (and a fused Relu) rides on the
@@ -28,7 +30,15 @@ from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.spatial import WindowGeometry, padded_input
+from onnx2bir.codegen.spatial import (
+    Clip,
+    WindowGeometry,
+    clip,
+    frame_band,
+    frame_sides,
+    read_band,
+    window_tiles,
+)
 from onnx2bir.codegen.tiling import (
     Affine,
     Tile,
@@ -70,9 +80,8 @@ class _Plan:
 
     args: ConvKernelArgs
     geo: WindowGeometry
-    src: str  # the padded input, planes in the input's own (c, n) order
-    width: int  # padded row length
-    padded_plane: int
+    src: str  # the input, read band by band (the padding framed in SBUF)
+    plane: int  # elements of one input plane (H x W)
     channel_planes: int  # planes between two channels / two images of the input
     batch_planes: int
     c_tile: int
@@ -113,6 +122,16 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
     if args.x_strides[2:] != (args.in_w, 1):
         raise cg.fail("rep_nhwc expects rows and columns innermost in its input")
     plan = _plan(cg, node, args)
+    geo, band_cols = plan.geo, plan.geo.cols_needed(plan.cols)
+    # One column tile: every band has the same side columns, framed once for every copy of
+    # every band (copies of all bands are `band_stride` apart).
+    sides_once = tile_count(args.out_w, plan.cols) == 1
+    if sides_once:
+        side_clip = clip(Affine(), band_cols, geo.pad_left, geo.in_w)
+        copies = (plan.band_stride, plan.band.shape[1] // plan.band_stride)
+        frame_sides(
+            cg, plan.band, 0, copies, (0, NUM_PARTITIONS), plan.rows, band_cols, side_clip, 0.0
+        )
     for m in tiles(cg, args.c_out, min(args.c_out, NUM_PARTITIONS), "m"):
         _load_weights(cg, plan, m)
         if args.bias:
@@ -122,16 +141,16 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
             )
         b_n, b_oh, b_ow = plan.buffers
         for n in tiles(cg, args.batch, 1, "n", buffers=b_n):
-            for row in tiles(cg, args.out_h, plan.rows, "oh", buffers=b_oh):
-                for col in tiles(cg, args.out_w, plan.cols, "ow", buffers=b_ow):
+            for row in window_tiles(cg, plan.geo, "h", args.out_h, plan.rows, "oh", b_oh):
+                for col in window_tiles(cg, plan.geo, "w", args.out_w, plan.cols, "ow", b_ow):
                     slot = n.slot + row.slot + col.slot  # at most one of them rotates
-                    _output_tile(cg, plan, m, n, row, col, slot)
+                    _output_tile(cg, plan, m, n, row, col, slot, sides_once)
 
 
 def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
     geo = kernel_geometry(args)
     plane = args.in_h * args.in_w
-    src, height, width = padded_input(cg, node.inputs[0], args.batch * args.c_in, geo, 0.0)
+    src = cg.dram(node.inputs[0]).name
     c_tile = min(args.c_in, NUM_PARTITIONS)
     c_tiles = -(-args.c_in // c_tile)
     per_group = max(1, min(args.k_h, NUM_PARTITIONS // c_tile))
@@ -158,8 +177,7 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
         args,
         geo,
         src,
-        width,
-        height * width,
+        plane,
         args.x_strides[1] // plane,
         args.x_strides[0] // plane,
         c_tile,
@@ -202,7 +220,14 @@ def _load_weights(cg: BirCodeGen, plan: _Plan, m: Tile) -> None:
 
 
 def _output_tile(
-    cg: BirCodeGen, plan: _Plan, m: Tile, n: Tile, row: Tile, col: Tile, slot: Affine
+    cg: BirCodeGen,
+    plan: _Plan,
+    m: Tile,
+    n: Tile,
+    row: Tile,
+    col: Tile,
+    slot: Affine,
+    sides_once: bool,
 ) -> None:
     """Replicate the band once per kernel row, kW matmuls per group, evict, store; band, out
     and acc are the copies `slot` picks."""
@@ -215,27 +240,32 @@ def _output_tile(
         for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
             first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
             band_at = plan.band_at(gi, k, slot)
-            for r in range(g_rows):
-                first_row = row.start * geo.stride_h + (g0 + r) * geo.dilation_h
-                cg.dma(
-                    cg.ap(
-                        plan.band,
-                        [(1, row.size * band_cols)],
-                        band_at,
-                        partitions=k.size,
-                        partition_start=r * k.size,
-                    ),
-                    cg.dram_ap(
-                        plan.src,
-                        first_plane * plan.padded_plane
-                        + first_row * plan.width
-                        + col.start * geo.stride_w,
-                        [
-                            (plan.channel_planes * plan.padded_plane, k.size),
-                            (geo.stride_h * plan.width, row.size),
-                            (1, band_cols),
-                        ],
-                    ),
+            # Each kernel row's band reads its own input rows: the rows that fall in the
+            # padding differ from one to the next, and a memset must start at partition 0, 32,
+            # 64 or 96, so the union of their frames is set on every partition of the group
+            # first and each kernel row's read overwrites the rows it has (no-op inside).
+            cols = clip(col.start * geo.stride_w, band_cols, geo.pad_left, geo.in_w)
+            starts = [row.start * geo.stride_h + (g0 + r) * geo.dilation_h for r in range(g_rows)]
+            clips = [clip(s, row.size, geo.pad_top, geo.in_h, geo.stride_h) for s in starts]
+            before = max(c.before for c in clips)
+            after = min(max(c.after for c in clips), row.size - before)
+            union = Clip(before, row.size - before - after, after, Affine())
+            group = (0, g_rows * k.size)
+            frame_band(cg, plan.band, band_at, group, band_cols, union, cols, 0.0, not sides_once)
+            for r, rows in enumerate(clips):
+                read_band(
+                    cg,
+                    plan.band,
+                    band_at,
+                    (r * k.size, k.size),
+                    band_cols,
+                    rows,
+                    cols,
+                    plan.src,
+                    first_plane * plan.plane,
+                    (plan.channel_planes * plan.plane, k.size),
+                    geo.stride_h,
+                    geo.in_w,
                 )
             for kw in range(args.k_w):
                 cg.matmul(
