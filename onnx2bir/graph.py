@@ -22,13 +22,16 @@ import numpy as np
 
 from onnx2bir.bir.enums import Dtype
 
-# An image's copy of a node when a pass runs part of a batch one image at a time
-# (patterns/batch_split.py): `<node>/image<j>`.
-_IMAGE_CLONE = re.compile(r"(.+)/image\d+")
+# A group's copy of a node when a pass runs part of a batch a few images at a time
+# (patterns/batch_split.py): `<node>/image<j>` for image j alone, `<node>/images<j>-<k>` for
+# images j..k.
+_IMAGE_CLONE = re.compile(r"(.+)/image(?:\d+|s\d+-\d+)")
 
 
-def image_clone_name(node: str, image: int) -> str:
-    return f"{node}/image{image}"
+def image_clone_name(node: str, first: int, group: int = 1) -> str:
+    if group == 1:
+        return f"{node}/image{first}"
+    return f"{node}/images{first}-{first + group - 1}"
 
 
 def image_clone_of(node: str, source: Graph) -> str | None:

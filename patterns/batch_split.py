@@ -1,22 +1,30 @@
-"""SplitBatch: run the batch-heavy front of a CNN one image at a time.
+"""SplitBatch: run the batch-heavy front of a CNN a few images at a time.
 
 In: the Graph before conv selection. Out: the same computation, with a prefix of its
 per-sample nodes (convolutions, pools, elementwise activations and adds, channel concats)
-cloned once per image: the image inputs are split along the batch by a Split node, image j
-runs the prefix's clones (`<node>/image<j>`, tensors `<tensor>@image<j>`), and every tensor
-that leaves the prefix is put back together by a Concat along the batch. Nothing else changes.
+cloned per group of images, in tiers: tier t runs its nodes on groups of g_t images, the
+groups growing from one tier to the next (1, then 2, then 4, ...; each dividing the next and
+the batch N). The clones are `<node>/image<j>` for a single image and `<node>/images<j>-<k>` for
+images j..k; a tensor computed in groups is stored as its pieces `<tensor>@image<j>`, each the
+group of images starting at j, batch g. A Split along the batch feeds the first tier; where a
+tier reads a tensor computed in smaller groups, a Concat along the batch makes the group it
+needs (`<tensor>@images<j>-<k>`); every tensor that leaves the prefix is put back together by
+a Concat along the batch. Nothing else changes.
 
 Why (docs/memory_planner.md#batch-split): at batch N the activations of a CNN's first stages
 are N times an image's and do not fit SBUF, so each one goes through DRAM between its producer
-and its consumers; one image's do fit, and the nodes of the graph are emitted in order, so
-with the prefix cloned per image the memory plan keeps each image's activations on chip from
-one layer to the next. The price is that each clone loads its weights again: N - 1 extra
-reads of the prefix's weights. The pass picks the prefix (a leading run of the per-sample
-nodes, in topological order) that minimises
+and its consumers; a few images' do fit, and the nodes of the graph are emitted in order, so
+with the prefix cloned per group the memory plan keeps each group's activations on chip from
+one layer to the next. The price is that each clone loads its weights again: N / g - 1 extra
+reads of a tier's weights. The activations shrink stage by stage while the weights grow, so
+later stages take larger groups. The pass picks the tiers (by dynamic programming over the
+per-sample nodes in topological order and the divisors of N) that minimise
 
-    (N - 1) x weight bytes of the prefix + DRAM round trips of the full-batch tensors left
-    after it (2 x bytes of each output larger than `SPILL_BYTES`) + the round trips of the
-    tensors leaving the prefix,
+    sum over tiers of (N / g - 1) x weight bytes of its nodes
+    + DRAM round trips of the tensors too large to stay on chip: 2 x bytes of each output whose
+      group (its bytes x g / N, or the whole tensor after the prefix) exceeds `SPILL_BYTES`
+    + the bytes the Concats copy to regroup tensors between tiers
+    + the round trips of the tensors leaving the prefix,
 
 and leaves the graph alone when no prefix beats none.
 """
@@ -68,21 +76,34 @@ class SplitBatch:
 
     def run(self, graph: Graph, options: CompileOptions) -> PassResult:
         images = _images(graph)
-        prefix, saved = [], 0
+        tiers, saved = [], 0
         if images:
             batch, inputs = images
             region = _per_sample_nodes(graph, batch, set(inputs))
-            prefix, saved = _best_prefix(graph, region, batch, options)
-            if prefix:
-                _clone_per_image(graph, prefix, batch, inputs)
+            tiers, saved = _best_tiers(graph, region, batch, options)
+            if tiers:
+                _clone_in_tiers(graph, tiers, batch, inputs)
         findings = [
-            {"node": name, "nodes": [name], "images": images[0] if images else 0} for name in prefix
+            {"node": name, "nodes": [name], "images": images[0], "group": tier.group}
+            for tier in tiers
+            for name in tier.nodes
         ]
         stats = [
-            Statistic(self.name, "split_nodes", "Nodes run one image at a time", len(prefix)),
+            Statistic(
+                self.name, "split_nodes", "Nodes run a group of images at a time", len(findings)
+            ),
+            Statistic(self.name, "tiers", "Tiers (group sizes) of the split nodes", len(tiers)),
             Statistic(self.name, "saved_bytes", "Estimated DMA bytes saved", saved),
         ]
-        return PassResult(bool(prefix), stats, findings)
+        return PassResult(bool(tiers), stats, findings)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Consecutive per-sample nodes (in topological order) run on groups of `group` images."""
+
+    nodes: tuple[str, ...]
+    group: int
 
 
 def _images(graph: Graph) -> tuple[int, list[str]] | None:
@@ -130,23 +151,17 @@ def _per_sample_nodes(graph: Graph, batch: int, inputs: set[str]) -> list[str]:
     return region
 
 
-def _best_prefix(
+def _best_tiers(
     graph: Graph, region: list[str], batch: int, options: CompileOptions
-) -> tuple[list[str], int]:
-    """The leading run of `region` to clone per image, and the bytes it saves (module
-    docstring); ([], 0) when none saves any."""
+) -> tuple[list[Tier], int]:
+    """The tiers to clone `region`'s leading nodes in, and the bytes they save (module
+    docstring); ([], 0) when no split saves any."""
     cast = cast_dtype(options)  # weights are read in the autocast dtype
     weight_itemsize = cast.itemsize if cast is not None else 4
-
-    def tensor_bytes(tensor: str) -> int:
-        info = graph.tensors[tensor]
-        return math.prod(info.shape) * info.dtype.itemsize
-
-    def spill(tensor: str) -> int:
-        size = tensor_bytes(tensor)
-        return 2 * size if size > SPILL_BYTES else 0
-
+    count = len(region)
+    position = {name: index for index, name in enumerate(region)}
     outputs = [graph.node(name)["outputs"][0] for name in region]
+    sizes = [math.prod(graph.tensors[t].shape) * graph.tensors[t].dtype.itemsize for t in outputs]
     weights = [
         sum(
             math.prod(graph.tensors[t].shape) * weight_itemsize
@@ -155,68 +170,153 @@ def _best_prefix(
         )
         for name in region
     ]
-    spills = [spill(t) for t in outputs]
-    baseline = sum(spills)
-    best_cost, best_k = baseline, 0
-    reloads = 0
-    for k in range(1, len(region) + 1):
-        reloads += (batch - 1) * weights[k - 1]
-        inside = set(region[:k])
-        leaving = [
-            t
-            for t in outputs[:k]
-            if t in graph.outputs or any(c not in inside for c, _ in graph.consumers(t))
-        ]
-        cost = reloads + sum(spills[k:]) + sum(2 * tensor_bytes(t) for t in leaving)
-        if cost < best_cost:
-            best_cost, best_k = cost, k
-    return region[:best_k], baseline - best_cost
-
-
-def _clone_per_image(graph: Graph, prefix: list[str], batch: int, inputs: list[str]) -> None:
-    inside = set(prefix)
-    datas = [(name, graph.node(name)) for name in prefix]
-    produced = {data["outputs"][0] for _, data in datas}
-    read = {t for _, data in datas for t in data["inputs"] if t}
-    leaving = [
-        t
-        for t in sorted(produced, key=[d["outputs"][0] for _, d in datas].index)
-        if t in graph.outputs or any(c not in inside for c, _ in graph.consumers(t))
+    readers = [  # region positions reading each output; None for a reader outside the region
+        [position.get(c) for c, _ in graph.consumers(t)] + ([None] if t in graph.outputs else [])
+        for t in outputs
     ]
-    datas = [(name, {**data, "attrs": dict(data["attrs"])}) for name, data in datas]
-    for name in prefix:
+    groups = [g for g in range(1, batch) if batch % g == 0]
+
+    def spill(index: int, group: int) -> int:
+        return 2 * sizes[index] if sizes[index] * group > SPILL_BYTES * batch else 0
+
+    def prefix_sums(values: list[int]) -> list[int]:
+        sums = [0]
+        for value in values:
+            sums.append(sums[-1] + value)
+        return sums
+
+    weight_sums = prefix_sums(weights)
+    spill_sums = {g: prefix_sums([spill(i, g) for i in range(count)]) for g in (*groups, batch)}
+    # leaving[end]: round trips of the outputs of region[:end] read after it or by the graph
+    leaving = [
+        sum(2 * sizes[i] for i in range(end) if any(r is None or r >= end for r in readers[i]))
+        for end in range(count + 1)
+    ]
+    # regrouped[first][end]: bytes the Concats copy to regroup the outputs of region[:first]
+    # that region[first:end] reads
+    reads = [[] for _ in range(count)]  # region positions whose outputs each node reads
+    for i, users in enumerate(readers):
+        for r in users:
+            if r is not None:
+                reads[r].append(i)
+    regrouped = []
+    for first in range(count + 1):
+        row, seen, total = [0] * (count + 1), set(), 0
+        for end in range(first + 1, count + 1):
+            for i in reads[end - 1]:
+                if i < first and i not in seen:
+                    seen.add(i)
+                    total += sizes[i]
+            row[end] = total
+        regrouped.append(row)
+    baseline = spill_sums[batch][count]
+    # best[(end, group)]: the cheapest tiers covering region[:end], the last of `group`
+    best: dict[tuple[int, int], tuple[int, tuple[Tier, ...]]] = {}
+    for end in range(1, count + 1):
+        for group in groups:
+            for first in range(end):
+                tier_cost = (batch // group - 1) * (weight_sums[end] - weight_sums[first])
+                tier_cost += spill_sums[group][end] - spill_sums[group][first]
+                if first == 0:
+                    before = [(0, ())]
+                else:
+                    tier_cost += regrouped[first][end]
+                    before = [
+                        best[(first, g)]
+                        for g in groups
+                        if g < group and group % g == 0 and (first, g) in best
+                    ]
+                for cost_before, tiers_before in before:
+                    cost = cost_before + tier_cost
+                    if (end, group) not in best or cost < best[(end, group)][0]:
+                        tier = Tier(tuple(region[first:end]), group)
+                        best[(end, group)] = (cost, (*tiers_before, tier))
+    best_cost, best_tiers = baseline, ()
+    for (end, _), (cost, tiers) in best.items():
+        total = cost + baseline - spill_sums[batch][end] + leaving[end]
+        if total < best_cost:
+            best_cost, best_tiers = total, tiers
+    return list(best_tiers), baseline - best_cost
+
+
+def _clone_in_tiers(graph: Graph, tiers: list[Tier], batch: int, inputs: list[str]) -> None:
+    """Replace the tiers' nodes by their clones, one per group of images, emitted so that each
+    group of a tier runs right after the smaller groups it is made of (module docstring)."""
+    datas = {
+        name: {**graph.node(name), "attrs": dict(graph.node(name)["attrs"])}
+        for tier in tiers
+        for name in tier.nodes
+    }
+    order = [name for tier in tiers for name in tier.nodes]
+    produced = {datas[name]["outputs"][0]: tier.group for tier in tiers for name in tier.nodes}
+    inside = set(order)
+    leaving = [
+        datas[name]["outputs"][0]
+        for name in order
+        if datas[name]["outputs"][0] in graph.outputs
+        or any(c not in inside for c, _ in graph.consumers(datas[name]["outputs"][0]))
+    ]
+    # Each tensor's own pieces come in the group size of the tier that computes it (a graph
+    # input: of the first tier that reads it).
+    own_group = dict(produced)
+    for tier in tiers:
+        for name in tier.nodes:
+            for tensor in datas[name]["inputs"]:
+                if tensor in inputs:
+                    own_group.setdefault(tensor, tier.group)
+    for name in order:
         graph.remove_node(name)
 
-    def piece(tensor: str, image: int) -> str:
-        return f"{tensor}@image{image}"
-
-    def add_piece(tensor: str, image: int) -> str:
+    def add_tensor(tensor: str, name: str, group: int) -> str:
         info = graph.tensors[tensor]
-        name = piece(tensor, image)
-        graph.tensors[name] = TensorInfo(name, (1, *info.shape[1:]), info.dtype)
+        graph.tensors[name] = TensorInfo(name, (group, *info.shape[1:]), info.dtype)
         return name
 
+    def own_piece(tensor: str, first: int) -> str:
+        return f"{tensor}@image{first}"
+
     for x in inputs:
-        if x in read:
-            pieces = [add_piece(x, j) for j in range(batch)]
+        if x in own_group:
+            group = own_group[x]
+            pieces = [add_tensor(x, own_piece(x, first), group) for first in range(0, batch, group)]
             graph.add_node(f"{x}/batch_split", "Split", [x], pieces, {"axis": 0})
-    for image in range(batch):
-        for name, data in datas:
+
+    def piece(tensor: str, first: int, group: int) -> str:
+        """`tensor`'s images first..first+group-1 as one tensor, regrouped if need be."""
+        if tensor not in own_group:
+            return tensor  # a weight, or an operand shared by the images
+        own = own_group[tensor]
+        if own == group:
+            return own_piece(tensor, first)
+        name = f"{tensor}@images{first}-{first + group - 1}"
+        if name not in graph.tensors:
+            parts = [own_piece(tensor, j) for j in range(first, first + group, own)]
+            add_tensor(tensor, name, group)
+            node = f"{tensor}/regroup{first}-{first + group - 1}"
+            graph.add_node(node, "Concat", parts, [name], {"axis": 0})
+        return name
+
+    def run_group(level: int, first: int) -> None:
+        tier = tiers[level]
+        if level:
+            for sub in range(first, first + tier.group, tiers[level - 1].group):
+                run_group(level - 1, sub)
+        for name in tier.nodes:
+            data = datas[name]
             graph.add_node(
-                image_clone_name(name, image),
+                image_clone_name(name, first, tier.group),
                 data["op_type"],
-                [piece(t, image) if t in produced or t in inputs else t for t in data["inputs"]],
-                [add_piece(t, image) for t in data["outputs"]],
+                [piece(t, first, tier.group) if t else t for t in data["inputs"]],
+                [add_tensor(t, own_piece(t, first), tier.group) for t in data["outputs"]],
                 data["attrs"],
                 domain=data["domain"],
             )
+
+    for first in range(0, batch, tiers[-1].group):
+        run_group(len(tiers) - 1, first)
     for tensor in leaving:
-        graph.add_node(
-            f"{tensor}/batch_concat",
-            "Concat",
-            [piece(tensor, image) for image in range(batch)],
-            [tensor],
-            {"axis": 0},
-        )
-    for tensor in produced - set(leaving):
+        group = own_group[tensor]
+        parts = [own_piece(tensor, first) for first in range(0, batch, group)]
+        graph.add_node(f"{tensor}/batch_concat", "Concat", parts, [tensor], {"axis": 0})
+    for tensor in set(produced) - set(leaving):
         del graph.tensors[tensor]

@@ -34,9 +34,10 @@ class Probe:
     groups of that many rows (docs/memory_planner.md#groups). It is read at the
     first instruction that reads the location and does not belong to node `producer`.
 
-    With `whole`, the probe reads image `part` of model tensor `whole` (shape [1, ...]), which
-    the program computes one image at a time (patterns/batch_split.py); the reader puts the
-    images of `whole` back together along the batch."""
+    With `whole`, the probe reads `images` images of model tensor `whole` from image `part`
+    on (shape [images, ...]), which the program computes a group of images at a time
+    (patterns/batch_split.py); the reader puts the pieces of `whole` back together along the
+    batch."""
 
     tensor: str
     location: str
@@ -45,6 +46,7 @@ class Probe:
     group: int | None = None  # rows per group of a home in groups
     whole: str | None = None
     part: int | None = None
+    images: int | None = None
 
     def to_json(self) -> dict:
         return {key: value for key, value in asdict(self).items() if value is not None}

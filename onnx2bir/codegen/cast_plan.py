@@ -284,9 +284,9 @@ def _probes(
 
 
 def _image_probes(tensor: str, compiled: Graph, locations: dict, homes: dict) -> dict:
-    """Probes of the images of `tensor` when the program computes it one image at a time
-    (`<tensor>@image<j>`, patterns/batch_split.py); none unless every image is stored."""
-    batch = compiled.tensors.get(f"{tensor}@image0")
+    """Probes of the pieces of `tensor` when the program computes it a group of images at a
+    time (`<tensor>@image<j>`, images j.. as many as its batch, patterns/batch_split.py); none
+    unless every piece is stored."""
     pieces = {}
     part = 0
     while (name := f"{tensor}@image{part}") in compiled.tensors:
@@ -297,6 +297,9 @@ def _image_probes(tensor: str, compiled: Graph, locations: dict, homes: dict) ->
         resident = home is not None and loc.memory is MemoryType.SB
         inner = home.inner if resident else None
         group = home.group if resident and home.group else None
-        pieces[name] = Probe(name, name, producer, inner, group, whole=tensor, part=part)
-        part += 1
-    return pieces if batch is not None else {}
+        images = compiled.tensors[name].shape[0]
+        pieces[name] = Probe(
+            name, name, producer, inner, group, whole=tensor, part=part, images=images
+        )
+        part += images
+    return pieces

@@ -4,15 +4,15 @@
 (explicit `pads` or `auto_pad`) for 1-D and 2-D windows; a 1-D window is treated as 2-D with
 a unit height.
 
-Padding is supplied one of two ways. `padded_input` writes the input into a DRAM scratch
-buffer framed by the pad value (0 for convolution, -inf for max pooling), so that every output
-tile reads a uniform window; only the frame is filled (`fill_frame`), the input's copy writes
-the rest. The window pools and the rep_nhwc conv kernel frame each band in SBUF instead
-(docs/memory_planner.md#framed-bands): `window_tiles` runs in a loop only the output tiles whose
-windows lie inside the input and emits the few that reach into the padding on their own, and
-`load_band` reads such a tile's band straight from the input, setting the band positions that
-fall in the padding to the pad value. No padded copy of the input exists then: it costs no
-DMA, and no SBUF beside the input's own home.
+Padding is framed in SBUF (docs/memory_planner.md#framed-bands): `window_tiles` runs in a
+loop only the output tiles whose windows lie inside the input and emits the few that reach
+into the padding on their own; `clip` says which of a band's rows and columns fall in the
+padding, `frame_band` (and once for every band copy, `frame_sides`) sets those to the pad value
+(0 for convolution, -inf for max pooling), and `read_band` reads the rest straight from the
+input. No padded copy of the input is made: it would cost a copy of the whole input, and a
+second home of its size to stay on chip. The window pools, the generic conv and the rep_nhwc
+kernel read their bands this way; the depthwise and column-packing kernels, whose band layouts
+differ, keep padded scratch copies of their own (`fill_dram`).
 """
 
 from __future__ import annotations
@@ -156,94 +156,6 @@ def fill_dram(
         )
 
 
-def fill_frame(
-    cg: BirCodeGen,
-    loc: str,
-    planes: int,
-    size: tuple[int, int],
-    geo: WindowGeometry,
-    dtype: Dtype,
-    fill: float,
-) -> None:
-    """Write `fill` around the interior of each (height, width) plane of DRAM location `loc`:
-    the rows above and below it and the columns left and right of it, where the interior is
-    the input's in_h x in_w at (pad_top, pad_left). The interior itself is left to the copy
-    that writes it, which needs no ordering against these stores: they touch other bytes.
-
-    Each part is a strided store from one SBUF fill tile, 128 planes at a time (a plane to a
-    partition, as `fill_dram` with rows of a plane does, so a frame the memory planner keeps on
-    chip is written in its own layout) and at most FILL_TILE elements of a plane per store;
-    the stores go to the DMA queues in turn. Filling only the frame writes a fraction of the
-    plane: ResNet's 7 x 7 stride-2 stem frames 3 x 224 x 224 into 229 x 229 (the rows and
-    columns its windows reach), a frame of 2,265 of the 52,441 elements of a plane."""
-    height, width = size
-    fill_tile = cg.sb_tile("frame", NUM_PARTITIONS, FILL_TILE, dtype)
-    exact = not dtype.is_float and math.isfinite(fill) and fill == int(fill)
-    fill_exact(cg, cg.ap(fill_tile), fill, exact)
-    below = height - geo.pad_top - geo.in_h
-    right = width - geo.pad_left - geo.in_w
-    plane = height * width
-    # (first element, rows, row step, elements a row): bands of whole rows, then side strips
-    parts = [
-        (0, 1, 0, geo.pad_top * width),
-        ((geo.pad_top + geo.in_h) * width, 1, 0, below * width),
-        (geo.pad_top * width, geo.in_h, width, geo.pad_left),
-        (geo.pad_top * width + geo.pad_left + geo.in_w, geo.in_h, width, right),
-    ]
-    for rows in tiles(cg, planes, NUM_PARTITIONS, "frame"):
-        for first, count, step, run in parts:
-            if not count or not run:
-                continue
-            if step == 0:  # a band: contiguous in the plane, cut into FILL_TILE runs
-                for col in tiles(cg, run, FILL_TILE, "framec"):
-                    cg.dma(
-                        cg.dram_ap(
-                            loc,
-                            rows.start * plane + first + col.start,
-                            [(plane, rows.size), (1, col.size)],
-                        ),
-                        cg.ap(fill_tile, [(1, col.size)], partitions=rows.size),
-                    )
-                continue
-            per_store = max(1, FILL_TILE // run)  # strip rows a store covers
-            for strip in tiles(cg, count, per_store, "framer"):
-                cg.dma(
-                    cg.dram_ap(
-                        loc,
-                        rows.start * plane + first + strip.start * step,
-                        [(plane, rows.size), (step, strip.size), (1, run)],
-                    ),
-                    cg.ap(fill_tile, [(1, strip.size * run)], partitions=rows.size),
-                )
-
-
-def padded_input(
-    cg: BirCodeGen, tensor: str, planes: int, geo: WindowGeometry, fill: float
-) -> tuple[str, int, int]:
-    """(DRAM location, height, width) of the input framed by `fill`; no copy if unpadded."""
-    height = max(geo.pad_top + geo.in_h, geo.rows_needed(geo.out_h))
-    width = max(geo.pad_left + geo.in_w, geo.cols_needed(geo.out_w))
-    source = cg.dram(tensor)
-    if (height, width) == (geo.in_h, geo.in_w) and geo.pad_top == geo.pad_left == 0:
-        return source.name, height, width
-    scratch = cg.dram_scratch("padded", (planes, height, width), source.dtype)
-    fill_frame(cg, scratch.name, planes, (height, width), geo, source.dtype, fill)
-    interior = geo.pad_top * width + geo.pad_left
-    cg.dma(
-        cg.dram_ap(
-            scratch.name,
-            Affine(interior),
-            [(height * width, planes), (width, geo.in_h), (1, geo.in_w)],
-        ),
-        cg.dram_ap(
-            source.name,
-            Affine(),
-            [(geo.in_h * geo.in_w, planes), (geo.in_w, geo.in_h), (1, geo.in_w)],
-        ),
-    )
-    return scratch.name, height, width
-
-
 @dataclass(frozen=True)
 class Clip:
     """How a band's positions along one axis (its rows, or its columns) fall against the
@@ -323,13 +235,15 @@ def frame_band(
     cols: Clip,
     fill: float,
     sides: bool = True,
+    copies: tuple[int, int] | None = None,
 ) -> None:
     """Set the positions of one band that `clip` put in the padding to `fill`: a memset each
     strip (the rows above and below, the columns left and right of the rest; the side columns
     only with `sides`, see `frame_sides`). The band is a dense [rows, band_cols] block at
     `band_at` of tile `band` on `partitions` (start, count); a compute engine's partition range
     must start at 0, 32, 64 or 96 (PARTITION-START), so a caller whose bands sit at other
-    partitions frames their union and lets each band's read overwrite what it covers."""
+    partitions frames their union and lets each band's read overwrite what it covers. With
+    `copies` (stride, count), as many bands `stride` elements apart, framed alike."""
     start, count = partitions
     height = rows.before + rows.inside + rows.after
     exact = not band.dtype.is_float and math.isfinite(fill) and fill == int(fill)
@@ -343,9 +257,8 @@ def frame_band(
     for row, nrows, col, ncols in strips:
         if nrows and ncols:
             at = band_at + (row * band_cols + col)
-            fill_exact(
-                cg, cg.ap(band, [(band_cols, nrows), (1, ncols)], at, count, start), fill, exact
-            )
+            pattern = [*([copies] if copies else []), (band_cols, nrows), (1, ncols)]
+            fill_exact(cg, cg.ap(band, pattern, at, count, start), fill, exact)
 
 
 def frame_sides(
@@ -387,21 +300,24 @@ def read_band(
     src_partitions: tuple[int, int],
     row_step: int,
     in_w: int,
+    copies: tuple[int, int, int] | None = None,
 ) -> None:
     """One DMA of the positions of a band (as in `frame_band`) that `clip` put inside the
     input `src`, planes of rows of `in_w`: band row i reads input row `rows.first + i·row_step`
     and band column j input column `cols.first + j` of the plane at element `src_at`;
     `src_partitions` is the (stride, count) that steps the source from one partition's plane
-    to the next."""
+    to the next. With `copies` (band stride, source stride, count), as many bands in one DMA."""
     if not (rows.inside and cols.inside):
         return
     start, count = partitions
     at = band_at + (rows.before * band_cols + cols.before)
+    band_dim = [(copies[0], copies[2])] if copies else []
+    src_dim = [(copies[1], copies[2])] if copies else []
     cg.dma(
-        cg.ap(band, [(band_cols, rows.inside), (1, cols.inside)], at, count, start),
+        cg.ap(band, [*band_dim, (band_cols, rows.inside), (1, cols.inside)], at, count, start),
         cg.dram_ap(
             src,
             src_at + rows.first * in_w + cols.first,
-            [src_partitions, (row_step * in_w, rows.inside), (1, cols.inside)],
+            [src_partitions, *src_dim, (row_step * in_w, rows.inside), (1, cols.inside)],
         ),
     )

@@ -101,8 +101,8 @@ class ProbeReader:
 
     def read(self, machine: Machine, probe: Probe) -> np.ndarray:
         """The tensor as the machine holds it now, as float32 in its shape."""
-        if probe.whole is not None:  # one image of the whole tensor
-            shape = (1, *self.shapes[probe.whole][1:])
+        if probe.whole is not None:  # a group of images of the whole tensor
+            shape = (probe.images or 1, *self.shapes[probe.whole][1:])
         else:
             shape = self.shapes[probe.tensor]
         count = int(np.prod(shape, dtype=np.int64))

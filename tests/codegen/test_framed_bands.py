@@ -1,10 +1,10 @@
 """Framed bands (onnx2bir/codegen/spatial.py `window_tiles`, `clip`, `frame_band`,
-`frame_sides`, `read_band`; docs/memory_planner.md#framed-bands): the window pools and the
-rep_nhwc conv read each band straight from the input and set its padding in SBUF, with the
-tiles that reach into the padding emitted on their own. Compared with onnxruntime on inputs a
-wrong frame would change (negative values under a max, so a 0 frame wins a border window;
-rotating band copies, so a position left unset holds the previous tile's values); and no padded
-copy of the input is made."""
+`frame_sides`, `read_band`; docs/memory_planner.md#framed-bands): the window pools, the
+generic conv and the rep_nhwc conv read each band straight from the input and set its padding
+in SBUF, with the tiles that reach into the padding emitted on their own. Compared with
+onnxruntime on inputs a wrong frame would change (negative values under a max, so a 0 frame
+wins a border window; rotating band copies, so a position left unset holds the previous
+tile's values); and no padded copy of the input is made."""
 
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def test_pools_with_padding_match_onnxruntime(monkeypatch, op, shape, attrs, out
 
 def _conv(shape, c_out, kernel, **attrs):
     rng = np.random.default_rng(5)
-    w = rng.standard_normal((c_out, shape[1], *kernel)) / math.sqrt(shape[1] * math.prod(kernel))
+    c_in = shape[1] // attrs.get("group", 1)
+    w = rng.standard_normal((c_out, c_in, *kernel)) / math.sqrt(c_in * math.prod(kernel))
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", **attrs)
     return make_model(node, {"x": shape}, {"y": None}, initializers={"w": w.astype(np.float32)})
 
@@ -125,3 +126,23 @@ def test_rep_nhwc_convs_with_padding_match_onnxruntime(shape, c_out, kernel, att
     assert "kernel.Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh" in rules
     assert_matches_onnxruntime(model, feeds={"x": x})
     _no_padded_copy(model)
+
+
+GENERIC_CONVS = [
+    # 150 channels: a 128-channel tile and a 22-channel edge tile; pads 2 above, 1 left, 3
+    # below, 0 right.
+    ((1, 150, 9, 11), 4, (3, 3), {"pads": [2, 1, 3, 0]}),
+    # Weights too large to stay resident (3 x 9 x 640 fp32 a partition): the block-by-block
+    # order; 17 rows a tile, so the top and bottom tiles are clipped and one runs between.
+    ((1, 300, 40, 30), 640, (3, 3), {"pads": [1, 1, 1, 1]}),
+    # Two groups, stride 2 (ResNet's stage transitions), two images.
+    ((2, 32, 17, 15), 32, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 2}),
+]
+
+
+@pytest.mark.parametrize("shape, c_out, kernel, attrs", GENERIC_CONVS)
+def test_generic_convs_with_padding_match_onnxruntime(shape, c_out, kernel, attrs):
+    model = _conv(shape, c_out, kernel, **attrs)
+    x = np.random.default_rng(7).random(shape).astype(np.float32) + 0.5
+    assert_matches_onnxruntime(model, feeds={"x": x}, passes=[])
+    _no_padded_copy(model, passes=[])

@@ -51,8 +51,9 @@ def _net(batch: int = 3):
 
 @pytest.fixture
 def small_spill(monkeypatch):
-    """Count every activation of the test net as going through DRAM at full batch."""
-    monkeypatch.setattr(batch_split, "SPILL_BYTES", 1024)
+    """Count the test net's 16-channel activations (16 KiB an image, 48 KiB at batch 3) as
+    staying on chip for one image and going through DRAM for the whole batch."""
+    monkeypatch.setattr(batch_split, "SPILL_BYTES", 20 * 1024)
 
 
 def test_the_front_runs_one_image_at_a_time(small_spill):
@@ -158,3 +159,94 @@ def test_the_images_of_a_tensor_share_one_storage_dtype():
     assert not _images_alike("t@image2", {"t@image2": True}, names)
     assert _images_alike("t@image2", dict.fromkeys(names, True), names)
     assert _images_alike("w", {"w": True}, names)  # not an image: its own decision
+
+
+def _two_stage_net(batch: int = 4):
+    """Stage A, 16 channels at 16 x 16 (16 KiB an image) with small weights; stage B, 32
+    channels at 8 x 8 (8 KiB an image) with three 32 x 32 x 3 x 3 convs (18 KiB each in
+    bf16); then a head. Under `small_spill` an image of A fits, two do not; two images of B
+    fit, four do not; so A runs an image at a time and B two at a time, which reads B's
+    weights twice instead of four times. The cut falls after B's first conv, b0: its output
+    (8 KiB an image) is cheaper to regroup than A's (16 KiB)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a0"], name="a0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a0"], ["a1"], name="a1"),
+        helper.make_node("Conv", ["a1", "wb0"], ["b0"], name="b0", strides=[2, 2]),
+        helper.make_node("Relu", ["b0"], ["b1"], name="b1"),
+        helper.make_node("Conv", ["b1", "wb1"], ["b2"], name="b2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["b2", "b0"], ["b3"], name="b3"),
+        helper.make_node("Conv", ["b3", "wb2"], ["b4"], name="b4", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["b4", "wb3"], ["b5"], name="b5", pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["b5"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wf"], ["y"], name="fc", transB=1),
+    ]
+    inits = {
+        "wa": _w(5, 16, 4, 3, 3),
+        "wb0": _w(6, 32, 16, 2, 2),
+        "wb1": _w(7, 32, 32, 3, 3),
+        "wb2": _w(8, 32, 32, 3, 3),
+        "wb3": _w(9, 32, 32, 3, 3),
+        "wf": _w(10, 10, 32),
+    }
+    return make_model(nodes, {"x": (batch, 4, 16, 16)}, {"y": None}, initializers=inits)
+
+
+def test_later_stages_take_larger_groups(small_spill):
+    graph = import_graph(_two_stage_net())
+    result = SplitBatch().run(graph, CompileOptions())
+    groups = {f["node"]: f["group"] for f in result.findings}
+    assert groups["a0"] == groups["a1"] == groups["b0"] == 1
+    assert groups["b1"] == groups["b2"] == groups["b5"] == 2
+    nodes = dict(graph.nodes())
+    assert "b2/images0-1" in nodes and "b2/images2-3" in nodes and "a0/image3" in nodes
+    # b0 computed an image at a time, read two at a time (by b1 and by the residual add):
+    # regrouped once by a Concat, and image 1's b0 is computed before images 0-1 go on
+    assert nodes["b0/regroup0-1"]["inputs"] == ["b0@image0", "b0@image1"]
+    assert nodes["b3/images0-1"]["inputs"] == ["b2@image0", "b0@images0-1"]
+    assert graph.tensors["b3@image2"].shape == (2, 32, 8, 8)
+    order = graph.topological_order()
+    assert order.index("b0/image1") < order.index("b1/images0-1") < order.index("a0/image2")
+
+
+def test_the_tiered_program_matches_onnxruntime(small_spill):
+    compiled = compile_graph(import_graph(_two_stage_net()), CompileOptions(auto_cast="none"))
+    stats = {s.name: s.value for s in compiled.passes.result_of("SplitBatch").statistics}
+    assert stats["tiers"] == 2
+    assert_matches_onnxruntime(_two_stage_net())
+
+
+def test_a_wrong_regroup_order_is_caught(small_spill):
+    model = _two_stage_net()
+    graph = import_graph(model)
+    SplitBatch().run(graph, CompileOptions())
+    regroup = graph.node("b0/regroup2-3")
+    regroup["inputs"] = list(reversed(regroup["inputs"]))
+    for index, tensor in enumerate(regroup["inputs"]):
+        graph.uses[tensor] = [("b0/regroup2-3", index)]
+    compiled = compile_graph(graph, CompileOptions(auto_cast="none"), [])
+    feeds = synthesize_inputs(compiled.graph, 0)
+    got = run_function(compiled.module, feeds)
+    want = run_onnxruntime(model, feeds)
+    assert not compare_output("y", got["y"], want["y"], FP32_ATOL, FP32_RTOL).passed
+
+
+def test_a_tensor_computed_two_images_at_a_time_is_probed_whole(small_spill):
+    def probed(split: bool):
+        compiled = compile_graph(
+            import_graph(_two_stage_net()), CompileOptions(), None if split else []
+        )
+        plan = compiled.cast_plan
+        source = import_graph(_two_stage_net())
+        reader = ProbeReader(
+            compiled.module.functions[0], plan.probes, probe_shapes(plan.probes, source)
+        )
+        run_function(compiled.module, synthesize_inputs(source, 0), before=reader.before())
+        return plan, reader.values
+
+    plan, split = probed(True)
+    pieces = [p for p in plan.probes.values() if p.whole == "b3"]
+    assert [(p.part, p.images) for p in pieces] == [(0, 2), (2, 2)]
+    _, whole = probed(False)
+    assert split["b3"].shape == (4, 32, 8, 8)
+    np.testing.assert_allclose(split["b3"], whole["b3"], rtol=1e-6, atol=1e-6)

@@ -32,7 +32,7 @@ one PSUM tile and stays sequential.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from onnx2bir.bir.enums import ActFunc, Dtype
 from onnx2bir.bir.ir import MemoryLocation
@@ -40,7 +40,15 @@ from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.conv_stationary import emit_stationary_conv, stationary_fits
-from onnx2bir.codegen.spatial import WindowGeometry, padded_input, window_geometry
+from onnx2bir.codegen.spatial import (
+    WindowGeometry,
+    clip,
+    frame_band,
+    frame_sides,
+    read_band,
+    window_geometry,
+    window_tiles,
+)
 from onnx2bir.codegen.tiling import (
     Affine,
     Tile,
@@ -56,17 +64,27 @@ from onnx2bir.graph import Node
 
 @dataclass(frozen=True)
 class ConvInput:
-    """The (already padded) input in DRAM: channel planes [batch, channels, height, width]."""
+    """The input in DRAM: channel planes [batch, channels, height, width]. Either already
+    padded (a scratch copy: pads 0), or the input itself, the window's padding before it
+    (`pad_top`, `pad_left`) framed band by band in SBUF (docs/memory_planner.md#framed-bands)."""
 
     loc: str
     batch: int
     channels: int
     height: int
     width: int
+    pad_top: int = 0
+    pad_left: int = 0
 
     @property
     def plane(self) -> int:
         return self.height * self.width
+
+    def band_geometry(self, geo: WindowGeometry) -> WindowGeometry:
+        """`geo` against this source: its rows and columns, and the padding it lacks."""
+        return replace(
+            geo, in_h=self.height, in_w=self.width, pad_top=self.pad_top, pad_left=self.pad_left
+        )
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,7 @@ class _Plan:
     acc: MemoryLocation
     buffers: tuple[int, int]  # copies rotated by the oh and ow loops (at most one is > 1)
     band_stride: int  # elements between two copies of x_sb
+    sides: bool  # each band frames its side columns (else framed once, `frame_sides`)
 
 
 # The attribute of a conv node (a generic Conv's, or in a NativeKernel's JSON attrs) naming the
@@ -129,7 +148,6 @@ def lower_conv(cg: BirCodeGen, node: Node) -> None:
     dtype = cg.graph.tensors[x_name].dtype
     if dtype is not Dtype.FP32:
         raise cg.fail(f"the generic conv computes in fp32; input is {dtype}")
-    src, height, width = padded_input(cg, x_name, batch * channels, geo, 0.0)
     weights = ConvWeights(
         cg.dram(w_name).name,
         w_shape[0],
@@ -141,7 +159,9 @@ def lower_conv(cg: BirCodeGen, node: Node) -> None:
     emit_conv(
         cg,
         geo,
-        ConvInput(src, batch, channels, height, width),
+        ConvInput(
+            cg.dram(x_name).name, batch, channels, geo.in_h, geo.in_w, geo.pad_top, geo.pad_left
+        ),
         weights,
         cg.dram(node.outputs[0]).name,
     )
@@ -150,8 +170,8 @@ def lower_conv(cg: BirCodeGen, node: Node) -> None:
 def emit_conv(
     cg: BirCodeGen, geo: WindowGeometry, source: ConvInput, weights: ConvWeights, y_loc: str
 ) -> None:
-    """Conv of the already padded input by `weights` into `y_loc`; `geo` gives the window
-    (its pads are already in `source`)."""
+    """Conv of `source` by `weights` into `y_loc`; `geo` gives the window (its pads are in
+    `source` when it is a padded copy, else framed in each band)."""
     c_in_group, c_out_group, groups = weights.c_in_group, weights.c_out_group, weights.groups
     taps = geo.taps
     if stationary_fits(cg, c_in_group, taps, weights.c_out, groups):
@@ -193,7 +213,10 @@ def emit_conv(
         acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE),
         buffers=tuple(copies if i == level else 1 for i in range(2)),
         band_stride=band_stride,
+        sides=counts[1] > 1,
     )
+    if counts[1] == 1:  # one column tile: the same side columns in every band
+        _frame_sides_once(cg, geo, source, plan.x_sb, band_stride, copies, rows, cols)
     w_sb, w_loc = plan.w_sb, weights.loc
     weight_row = c_in_group * taps  # elements of W per output channel
 
@@ -245,6 +268,25 @@ def emit_conv(
                 _emit_output_tiles(cg, plan, n, first_in, first_out, m_size, k_size)
 
 
+def _frame_sides_once(
+    cg: BirCodeGen,
+    geo: WindowGeometry,
+    source: ConvInput,
+    band: MemoryLocation,
+    band_stride: int,
+    copies: int,
+    rows: int,
+    cols: int,
+) -> None:
+    """The side columns of every copy of the band, framed before the tile loops (one column
+    tile: every band has the same ones, docs/memory_planner.md#framed-bands)."""
+    framing = source.band_geometry(geo)
+    band_cols = geo.cols_needed(cols)
+    sides = clip(Affine(), band_cols, framing.pad_left, framing.in_w)
+    at = (band_stride, copies)
+    frame_sides(cg, band, 0, at, (0, NUM_PARTITIONS), geo.rows_needed(rows), band_cols, sides, 0.0)
+
+
 def _emit_output_tiles(
     cg: BirCodeGen,
     plan: _Plan,
@@ -257,11 +299,12 @@ def _emit_output_tiles(
     """For each output tile: accumulate every tap and input-channel tile in PSUM, evict with
     the bias, store."""
     geo, source = plan.geo, plan.source
-    taps, width, plane = geo.taps, source.width, source.plane
+    taps, plane = geo.taps, source.plane
+    framing = source.band_geometry(geo)
     out_plane = geo.out_h * geo.out_w
     b_oh, b_ow = plan.buffers
-    for row in tiles(cg, geo.out_h, plan.rows, "oh", buffers=b_oh):
-        for col in tiles(cg, geo.out_w, plan.cols, "ow", buffers=b_ow):
+    for row in window_tiles(cg, framing, "h", geo.out_h, plan.rows, "oh", b_oh):
+        for col in window_tiles(cg, framing, "w", geo.out_w, plan.cols, "ow", b_ow):
             slot = row.slot + col.slot  # at most one of them rotates
             band_at = slot * plan.band_stride
             out_at = slot * MATMUL_MAX_MOVING_FREE
@@ -269,17 +312,26 @@ def _emit_output_tiles(
             band_cols = geo.cols_needed(col.size)
             pixels = row.size * col.size
             psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m_size)
+            rows = clip(row.start * geo.stride_h, band_rows, framing.pad_top, framing.in_h)
+            cols = clip(col.start * geo.stride_w, band_cols, framing.pad_left, framing.in_w)
             for k in tiles(cg, k_extent, NUM_PARTITIONS, "kc", peel_first=True):
                 first_channel = n.start * source.channels + first_in + k.start
-                cg.dma(
-                    cg.ap(plan.x_sb, [(1, band_rows * band_cols)], band_at, partitions=k.size),
-                    cg.dram_ap(
-                        source.loc,
-                        first_channel * plane
-                        + row.start * (geo.stride_h * width)
-                        + col.start * geo.stride_w,
-                        [(plane, k.size), (width, band_rows), (1, band_cols)],
-                    ),
+                partitions = (0, k.size)
+                x_sb = plan.x_sb
+                frame_band(cg, x_sb, band_at, partitions, band_cols, rows, cols, 0.0, plan.sides)
+                read_band(
+                    cg,
+                    x_sb,
+                    band_at,
+                    partitions,
+                    band_cols,
+                    rows,
+                    cols,
+                    source.loc,
+                    first_channel * plane,
+                    (plane, k.size),
+                    1,
+                    source.width,
                 )
                 k_index = tile_index(k, NUM_PARTITIONS)
                 for tap in range(taps):

@@ -27,7 +27,14 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.spatial import WindowGeometry
+from onnx2bir.codegen.spatial import (
+    WindowGeometry,
+    clip,
+    frame_band,
+    frame_sides,
+    read_band,
+    window_tiles,
+)
 from onnx2bir.codegen.tiling import (
     Affine,
     buffer_count,
@@ -88,41 +95,61 @@ def emit_stationary_conv(cg: BirCodeGen, geo: WindowGeometry, source, weights, y
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, out_copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32)
     acc = cg.psum_tile("acc", NUM_PARTITIONS, out_copies * MATMUL_MAX_MOVING_FREE)
 
-    width, plane = source.width, source.plane
+    plane = source.plane
     out_plane = geo.out_h * geo.out_w
     full_k, rest_k = divmod(c_in, NUM_PARTITIONS)
+    framing = source.band_geometry(geo)  # the padding to frame in SBUF, if any
+    sides_once = tile_count(geo.out_w, cols) == 1
+    if sides_once:  # every band has the same side columns: framed once, every copy
+        band_cols = geo.cols_needed(cols)
+        sides = clip(Affine(), band_cols, framing.pad_left, framing.in_w)
+        at = (band_stride, band_copies * k_tiles)
+        band_rows = geo.rows_needed(rows)
+        frame_sides(cg, x_sb, 0, at, (0, NUM_PARTITIONS), band_rows, band_cols, sides, 0.0)
     for n in tiles(cg, source.batch, 1, "n", buffers=buffers[0]):
-        for row in tiles(cg, geo.out_h, rows, "oh", buffers=buffers[1]):
-            for col in tiles(cg, geo.out_w, cols, "ow", buffers=buffers[2]):
+        for row in window_tiles(cg, framing, "h", geo.out_h, rows, "oh", buffers[1]):
+            for col in window_tiles(cg, framing, "w", geo.out_w, cols, "ow", buffers[2]):
                 tile_slot = n.slot + row.slot + col.slot  # at most one of them rotates
                 band_at = tile_slot * (k_tiles * band_stride)
                 band_rows = geo.rows_needed(row.size)
                 band_cols = geo.cols_needed(col.size)
-                band = band_rows * band_cols
-                corner = (
-                    n.start * (source.channels * plane)
-                    + row.start * (geo.stride_h * width)
-                    + col.start * geo.stride_w
-                )
+                row_clip = clip(row.start * geo.stride_h, band_rows, framing.pad_top, framing.in_h)
+                col_clip = clip(col.start * geo.stride_w, band_cols, framing.pad_left, framing.in_w)
                 # Every input-channel tile's band: the whole tiles in one copy, the edge one.
                 for first, count, partitions in ((0, full_k, NUM_PARTITIONS), (full_k, 1, rest_k)):
                     if not count or not partitions:
                         continue
                     # (a one-tile copy has no tile dim: a unit dim would need its stride to
                     # be a whole number of the home's 128-row chunks)
-                    tile_dim = [(NUM_PARTITIONS * plane, count)] if count > 1 else []
-                    cg.dma(
-                        cg.ap(
-                            x_sb,
-                            [(band_stride, count), (1, band)] if count > 1 else [(1, band)],
-                            band_at + first * band_stride,
-                            partitions=partitions,
-                        ),
-                        cg.dram_ap(
-                            source.loc,
-                            corner + first * NUM_PARTITIONS * plane,
-                            [(plane, partitions), *tile_dim, (width, band_rows), (1, band_cols)],
-                        ),
+                    at = band_at + first * band_stride
+                    lanes = (0, partitions)
+                    copies = (band_stride, NUM_PARTITIONS * plane, count) if count > 1 else None
+                    frame_band(
+                        cg,
+                        x_sb,
+                        at,
+                        lanes,
+                        band_cols,
+                        row_clip,
+                        col_clip,
+                        0.0,
+                        not sides_once,
+                        copies[::2] if copies else None,
+                    )
+                    read_band(
+                        cg,
+                        x_sb,
+                        at,
+                        lanes,
+                        band_cols,
+                        row_clip,
+                        col_clip,
+                        source.loc,
+                        n.start * (source.channels * plane) + first * NUM_PARTITIONS * plane,
+                        (plane, partitions),
+                        1,
+                        source.width,
+                        copies,
                     )
                 pixels = row.size * col.size
                 for m in tiles(cg, c_out, NUM_PARTITIONS, "m", buffers=m_copies):

@@ -33,9 +33,10 @@ fully parallel over channels (the parallel axis goes on P, docs/neuroncore.md#pa
 
 Layouts. The kernel reads x through `conv_kernel_args` strides, never a hard-coded layout.
 Padding frames x with zeros in a DRAM scratch buffer laid out [C, N, H_pad, W_pad], channel
-planes outermost (unlike `spatial.padded_input`, whose planes are a contiguous input's): a
-channel tile's band is then one DMA with unit-stride rows, whatever x's layout (f01b puts
-the batch innermost, so its rows are strided by N). Unpadded inputs are read in place.
+planes outermost: a channel tile's band is then one DMA with unit-stride rows, whatever x's
+layout (f01b puts the batch innermost, so its rows are strided by N). (The generic conv and
+the pools frame their bands in SBUF instead, docs/memory_planner.md#framed-bands.) Unpadded
+inputs are read in place.
 The compute tiles are fp32 whatever x's float dtype (the DMA converts, docs/neuroncore.md#dma);
 VectorE computes in fp32 anyway (docs/neuroncore.md#engines). Only the scratch and its zero-fill
 tile keep x's dtype.
