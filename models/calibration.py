@@ -24,6 +24,7 @@ the extrapolation.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -101,13 +102,21 @@ def main(argv: list[str]) -> int:
     from models.strip_metadata import strip_exporter_metadata
     from models.zoo import _export
 
-    full = "--full" in argv
-    vocab = VOCAB
-    if "--vocab" in argv:
-        at = argv.index("--vocab")
-        vocab = int(argv[at + 1])
-        argv = argv[:at] + argv[at + 2 :]
-    names = [arg for arg in argv if arg != "--full"] or list(MODELS)
+    parser = argparse.ArgumentParser(
+        prog="models/calibration.py",
+        description="Export the calibration encoders (batch 4, sequence 128) at 1 and 2 layers "
+        "to models/.cache/ (an export that exists is kept); run with the export venv.",
+    )
+    parser.add_argument(
+        "models", nargs="*", metavar="MODEL", help=f"models (default all): {', '.join(MODELS)}"
+    )
+    parser.add_argument("--full", action="store_true", help="also export the full depth")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help=f"vocabulary (default {VOCAB})")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.models if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {', '.join(unknown)}; models: {', '.join(MODELS)}")
+    full, vocab, names = args.full, args.vocab, args.models or list(MODELS)
     CACHE.mkdir(exist_ok=True)
     for name in names:
         for layers in (*LAYERS, MODELS[name][4]) if full else LAYERS:

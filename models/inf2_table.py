@@ -35,6 +35,7 @@ torch: torch, torchvision and transformers are imported only where a model is bu
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import time
@@ -223,12 +224,21 @@ def main(argv: list[str]) -> int:
     from models.strip_metadata import strip_exporter_metadata
     from models.zoo import _export
 
-    full = "--full" in argv
-    names = [arg for arg in argv if arg != "--full"] or list(ROWS)
+    parser = argparse.ArgumentParser(
+        prog="models/inf2_table.py",
+        description="Export the Inf2 table's rows to models/.cache/ (an export that exists is "
+        "kept); run with the export venv (torch, torchvision, transformers).",
+    )
+    parser.add_argument(
+        "rows", nargs="*", metavar="ROW", help=f"rows (default all): {', '.join(ROWS)}"
+    )
+    parser.add_argument("--full", action="store_true", help="also export encoders at full depth")
+    args = parser.parse_args(argv)
+    names = args.rows or list(ROWS)
     unknown = [n for n in names if n not in ROWS]
     if unknown:
-        print(f"unknown rows {unknown}; rows: {', '.join(ROWS)}")
-        return 2
+        parser.error(f"unknown rows {', '.join(unknown)}; rows: {', '.join(ROWS)}")
+    full = args.full
     CACHE.mkdir(exist_ok=True)
     for name in names:
         for out in exports_of(name, full):

@@ -269,14 +269,34 @@ def _allocate(
                 break
             address = max(address, end)
         if address + size > ceiling:
-            refused[name] = (
-                f"does not fit: needs {size} B per partition from entry item {first} to "
-                f"{last}, {max(0, ceiling - reserved)} B free under the node arenas"
-            )
+            refused[name] = _no_room(size, first, last, reserved, ceiling, busy)
             continue
         placed.append((first, last, address, address + size))
         result[name] = replace(home, address=address)
     return result, refused
+
+
+def _no_room(
+    size: int, first: int, last: int, reserved: int, ceiling: int, busy: list[tuple[int, int]]
+) -> str:
+    """Why a home of `size` bytes a partition found no gap: the bytes under the node arenas of
+    its live range, those the homes live at the same time take, and the largest gap left."""
+    room = max(0, ceiling - reserved)
+    taken, gap, address = 0, 0, reserved
+    # sorted by address; homes live at different times may share bytes, so count the union
+    for start, end in busy:
+        start, end = max(start, reserved), min(end, ceiling)
+        if end <= max(start, address):
+            continue
+        gap = max(gap, start - address)
+        taken += end - max(start, address)
+        address = end
+    gap = max(gap, ceiling - address)
+    return (
+        f"does not fit: needs {size} B per partition from entry item {first} to {last}; "
+        f"{room} B lie under the node arenas, {taken} B of them held by {len(busy)} other "
+        f"homes live then, largest gap {max(0, gap)} B"
+    )
 
 
 def plan_memory(

@@ -325,3 +325,15 @@ def test_two_nodes_in_a_row_get_arenas_apart_so_loads_run_ahead():
         if s.ins.opcode is Opcode.MATMULT and s.ins.origin.node.startswith("conv1")
     ]
     assert loads and min(loads) < max(matmuls)
+
+
+def test_a_refusal_for_room_says_what_holds_the_bytes():
+    from onnx2bir.codegen.planner import _no_room
+
+    # 100 B under the arenas from 10 to 110: homes at [10, 40) and [30, 50) (live at
+    # different times, sharing 10 B) and [80, 95): 55 B held, gaps of 30 and 15 B.
+    reason = _no_room(40, 3, 7, 10, 110, [(10, 40), (30, 50), (80, 95)])
+    assert reason == (
+        "does not fit: needs 40 B per partition from entry item 3 to 7; 100 B lie under the "
+        "node arenas, 55 B of them held by 3 other homes live then, largest gap 30 B"
+    )
