@@ -10,9 +10,9 @@ into the padding on their own; `clip` says which of a band's rows and columns fa
 padding, `frame_band` (and once for every band copy, `frame_sides`) sets those to the pad value
 (0 for convolution, -inf for max pooling), and `read_band` reads the rest straight from the
 input. No padded copy of the input is made: it would cost a copy of the whole input, and a
-second home of its size to stay on chip. The window pools, the generic conv and the rep_nhwc
-kernel read their bands this way; the depthwise and column-packing kernels, whose band layouts
-differ, keep padded scratch copies of their own (`fill_dram`).
+second home of its size to stay on chip. The window pools, the generic conv, the rep_nhwc
+kernel and the 2-D depthwise kernel read their bands this way; the column-packing and 1-D
+depthwise kernels keep padded scratch copies of their own (`fill_dram`).
 """
 
 from __future__ import annotations
@@ -301,12 +301,14 @@ def read_band(
     row_step: int,
     in_w: int,
     copies: tuple[int, int, int] | None = None,
+    col_step: int = 1,
 ) -> None:
     """One DMA of the positions of a band (as in `frame_band`) that `clip` put inside the
-    input `src`, planes of rows of `in_w`: band row i reads input row `rows.first + i·row_step`
-    and band column j input column `cols.first + j` of the plane at element `src_at`;
-    `src_partitions` is the (stride, count) that steps the source from one partition's plane
-    to the next. With `copies` (band stride, source stride, count), as many bands in one DMA."""
+    input `src`, planes of rows `in_w` elements apart (columns `col_step` apart): band row i
+    reads input row `rows.first + i·row_step` and band column j input column `cols.first + j`
+    of the plane at element `src_at`; `src_partitions` is the (stride, count) that steps the
+    source from one partition's plane to the next. With `copies` (band stride, source stride,
+    count), as many bands in one DMA."""
     if not (rows.inside and cols.inside):
         return
     start, count = partitions
@@ -317,7 +319,7 @@ def read_band(
         cg.ap(band, [*band_dim, (band_cols, rows.inside), (1, cols.inside)], at, count, start),
         cg.dram_ap(
             src,
-            src_at + rows.first * in_w + cols.first,
-            [src_partitions, *src_dim, (row_step * in_w, rows.inside), (1, cols.inside)],
+            src_at + rows.first * in_w + cols.first * col_step,
+            [src_partitions, *src_dim, (row_step * in_w, rows.inside), (col_step, cols.inside)],
         ),
     )

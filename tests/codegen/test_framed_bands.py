@@ -146,3 +146,25 @@ def test_generic_convs_with_padding_match_onnxruntime(shape, c_out, kernel, attr
     x = np.random.default_rng(7).random(shape).astype(np.float32) + 0.5
     assert_matches_onnxruntime(model, feeds={"x": x}, passes=[])
     _no_padded_copy(model, passes=[])
+
+
+DEPTHWISE = [
+    # MobileNet's 3 x 3 stride 2, two images (f01b: a row's columns are two elements apart),
+    # 40 rows: several row tiles, the first and last clipped.
+    ((2, 24, 40, 30), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    # EfficientNet's 5 x 5, asymmetric pads, 150 channels (a tile of 128 and one of 22).
+    ((1, 150, 13, 17), {"pads": [2, 1, 3, 2]}),
+]
+
+
+@pytest.mark.parametrize("shape, attrs", DEPTHWISE)
+def test_depthwise_convs_with_padding_match_onnxruntime(shape, attrs):
+    channels = shape[1]
+    kernel = (5, 5) if attrs["pads"][0] == 2 else (3, 3)
+    model = _conv(shape, channels, kernel, group=channels, **attrs)
+    x = np.random.default_rng(8).random(shape).astype(np.float32) + 0.5
+    compiled = compile_graph(import_graph(model), CompileOptions(auto_cast="none"))
+    rules = {inst.origin.rule for inst in compiled.module.functions[0].instructions()}
+    assert "kernel.conv2d_depthwise_f01b_o01i_bf01" in rules
+    assert_matches_onnxruntime(model, feeds={"x": x})
+    _no_padded_copy(model)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from onnx2bir.bir.enums import ActFunc
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.conv import FUSED_ACTIVATION
+from onnx2bir.codegen.spatial import WindowGeometry
 from onnx2bir.codegen.tiling import contiguous_strides
 from onnx2bir.graph import Node
 
@@ -137,3 +138,22 @@ def conv_geometry(
     if backward:
         return ConvGeometry(list(rhs_dilation), list(lhs_dilation), batch_group_count)
     return ConvGeometry(list(lhs_dilation), list(rhs_dilation), feature_group_count)
+
+
+def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:
+    """The window of a kernel's conv, canonical (rows, columns), its leading pads."""
+    (pad_top, _), (pad_left, _) = args.padding
+    return WindowGeometry(
+        args.in_h,
+        args.in_w,
+        args.out_h,
+        args.out_w,
+        args.k_h,
+        args.k_w,
+        args.stride[0],
+        args.stride[1],
+        args.rhs_dilation[0],
+        args.rhs_dilation[1],
+        pad_top,
+        pad_left,
+    )

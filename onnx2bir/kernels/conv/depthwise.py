@@ -32,14 +32,13 @@ fully parallel over channels (the parallel axis goes on P, docs/neuroncore.md#pa
   multiply of tap k + 1 overlaps VectorE's add of tap k.
 
 Layouts. The kernel reads x through `conv_kernel_args` strides, never a hard-coded layout.
-Padding frames x with zeros in a DRAM scratch buffer laid out [C, N, H_pad, W_pad], channel
-planes outermost: a channel tile's band is then one DMA with unit-stride rows, whatever x's
-layout (f01b puts the batch innermost, so its rows are strided by N). (The generic conv and
-the pools frame their bands in SBUF instead, docs/memory_planner.md#framed-bands.) Unpadded
-inputs are read in place.
+The 2-D kernel reads each band straight from x through its strides (f01b puts the batch
+innermost, so a row's columns are N apart) and sets the band's positions in the padding to zero
+in SBUF (docs/memory_planner.md#framed-bands). The 1-D kernel frames x with zeros in a DRAM
+scratch buffer laid out [C, N, 1, L_pad] instead; unpadded inputs are read in place.
 The compute tiles are fp32 whatever x's float dtype (the DMA converts, docs/neuroncore.md#dma);
-VectorE computes in fp32 anyway (docs/neuroncore.md#engines). Only the scratch and its zero-fill
-tile keep x's dtype.
+VectorE computes in fp32 anyway (docs/neuroncore.md#engines). Only the 1-D kernel's scratch and
+its zero-fill tile keep x's dtype.
 """
 
 from __future__ import annotations
@@ -51,8 +50,16 @@ from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.ir import MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.spatial import fill_dram
+from onnx2bir.codegen.spatial import (
+    clip,
+    fill_dram,
+    frame_band,
+    frame_sides,
+    read_band,
+    window_tiles,
+)
 from onnx2bir.codegen.tiling import (
+    Affine,
     Tile,
     buffer_count,
     copy_stride,
@@ -61,7 +68,7 @@ from onnx2bir.codegen.tiling import (
     tiles,
 )
 from onnx2bir.graph import Node
-from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
+from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args, kernel_geometry
 
 FP32_BYTES = 4
 # The 2-D product tile [rows, cols, kH, kW] per partition. 64 KiB is 16K fp32, a quarter of
@@ -209,7 +216,7 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: Node) -> None:
     args = conv_kernel_args(cg, node)
     check_depthwise(cg, node, args)
     rows, cols = output_tile_2d(cg, args)
-    src = framed_input(cg, node, args)
+    geo = kernel_geometry(args)  # the padding is framed band by band in SBUF
     taps = args.taps
     c_tile = min(args.c_in, NUM_PARTITIONS)
     taps_sb = cg.sb_tile("taps", NUM_PARTITIONS, taps, Dtype.FP32)
@@ -231,29 +238,46 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: Node) -> None:
     product = cg.sb_tile("product", NUM_PARTITIONS, copies * strides[1], Dtype.FP32)
     out = cg.sb_tile("out", NUM_PARTITIONS, copies * strides[2], Dtype.FP32)
     (s_h, s_w), (d_h, d_w) = args.stride, args.rhs_dilation
-    x_b, x_f, x_h, x_w = src.strides
+    x_b, x_f, x_h, x_w = args.x_strides
     y_b, y_f, y_h, y_w = args.y_strides
+    sides_once = tile_count(args.out_w, cols) == 1
+    if sides_once:  # one column tile: the same side columns in every band, framed once
+        band_cols = cols_needed(args, cols)
+        sides = clip(Affine(), band_cols, geo.pad_left, geo.in_w)
+        at = (strides[0], copies)
+        partitions = (0, min(args.c_in, NUM_PARTITIONS))
+        frame_sides(cg, band, 0, at, partitions, rows_needed(args, rows), band_cols, sides, 0.0)
 
     for c in tiles(cg, args.c_in, c_tile, "c"):
         load_channel_constants(cg, args, c, taps_sb, bias_sb)
         p = c.size
         for n in tiles(cg, args.batch, 1, "n", buffers=buffers[0]):
-            for row in tiles(cg, args.out_h, rows, "oh", buffers=buffers[1]):
-                for col in tiles(cg, args.out_w, cols, "ow", buffers=buffers[2]):
+            for row in window_tiles(cg, geo, "h", args.out_h, rows, "oh", buffers[1]):
+                for col in window_tiles(cg, geo, "w", args.out_w, cols, "ow", buffers[2]):
                     slot = n.slot + row.slot + col.slot  # at most one of them rotates
                     band_at, product_at, out_at = (slot * stride for stride in strides)
                     band_rows = rows_needed(args, row.size)
                     band_cols = cols_needed(args, col.size)
-                    cg.dma(
-                        cg.ap(band, [(1, band_rows * band_cols)], band_at, partitions=p),
-                        cg.dram_ap(
-                            src.loc,
-                            n.start * x_b
-                            + c.start * x_f
-                            + row.start * (s_h * x_h)
-                            + col.start * (s_w * x_w),
-                            [(x_f, p), (x_h, band_rows), (x_w, band_cols)],
-                        ),
+                    row_clip = clip(row.start * s_h, band_rows, geo.pad_top, geo.in_h)
+                    col_clip = clip(col.start * s_w, band_cols, geo.pad_left, geo.in_w)
+                    lanes = (0, p)
+                    frame_band(
+                        cg, band, band_at, lanes, band_cols, row_clip, col_clip, 0.0, not sides_once
+                    )
+                    read_band(
+                        cg,
+                        band,
+                        band_at,
+                        lanes,
+                        band_cols,
+                        row_clip,
+                        col_clip,
+                        args.x,
+                        n.start * x_b + c.start * x_f,
+                        (x_f, p),
+                        1,
+                        x_h,
+                        col_step=x_w,
                     )
                     window = cg.ap(
                         band,

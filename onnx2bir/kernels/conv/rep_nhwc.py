@@ -50,26 +50,7 @@ from onnx2bir.codegen.tiling import (
     tiles,
 )
 from onnx2bir.graph import Node
-from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args
-
-
-def kernel_geometry(args: ConvKernelArgs) -> WindowGeometry:
-    (pad_top, _), (pad_left, _) = args.padding
-    return WindowGeometry(
-        args.in_h,
-        args.in_w,
-        args.out_h,
-        args.out_w,
-        args.k_h,
-        args.k_w,
-        args.stride[0],
-        args.stride[1],
-        args.rhs_dilation[0],
-        args.rhs_dilation[1],
-        pad_top,
-        pad_left,
-    )
-
+from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args, kernel_geometry
 
 REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"  # the name the conv registry writes
 
