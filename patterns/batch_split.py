@@ -20,7 +20,8 @@ reads of a tier's weights. The activations shrink stage by stage while the weigh
 later stages take larger groups. The pass picks the tiers (by dynamic programming over the
 per-sample nodes in topological order and the divisors of N) that minimise
 
-    sum over tiers of (N / g - 1) x weight bytes of its nodes
+    sum over tiers of (N / g - 1) x weight bytes of its nodes (a tier of g > 1 only of ops
+      whose lowerings walk a group's planes as rows, `GROUP_WALKED`)
     + DRAM round trips of the tensors too large to stay on chip: 2 x bytes of each output whose
       group (its bytes x g / N, or the whole tensor after the prefix) exceeds `SPILL_BYTES`
     + the bytes the Concats copy to regroup tensors between tiers
@@ -68,6 +69,14 @@ PER_SAMPLE = frozenset(
         "Concat",
     }
 )
+
+
+# Per-sample ops whose lowerings walk a batch of a few images a channel plane at a time, the
+# rows the memory planner keeps such tensors in (docs/memory_planner.md#layout), so that a
+# group of g > 1 images stays on chip as a single image does. BatchNormalization is not among
+# them: its lowering packs several images' planes into one tile, an access that steps both
+# channels and images, which the planner cannot map to rows; a tier of groups takes none.
+GROUP_WALKED = PER_SAMPLE - {"BatchNormalization"}
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,10 @@ def _best_tiers(
         for t in outputs
     ]
     groups = [g for g in range(1, batch) if batch % g == 0]
+    # ungrouped[k]: how many of region[:k] no tier of groups may take (GROUP_WALKED)
+    ungrouped = [0]
+    for name in region:
+        ungrouped.append(ungrouped[-1] + (graph.node(name)["op_type"] not in GROUP_WALKED))
 
     def spill(index: int, group: int) -> int:
         return 2 * sizes[index] if sizes[index] * group > SPILL_BYTES * batch else 0
@@ -215,6 +228,8 @@ def _best_tiers(
     for end in range(1, count + 1):
         for group in groups:
             for first in range(end):
+                if group > 1 and ungrouped[end] > ungrouped[first]:
+                    continue
                 tier_cost = (batch // group - 1) * (weight_sums[end] - weight_sums[first])
                 tier_cost += spill_sums[group][end] - spill_sums[group][first]
                 if first == 0:

@@ -337,3 +337,23 @@ def test_a_refusal_for_room_says_what_holds_the_bytes():
         "does not fit: needs 40 B per partition from entry item 3 to 7; 100 B lie under the "
         "node arenas, 55 B of them held by 3 other homes live then, largest gap 30 B"
     )
+
+
+def test_a_channel_concat_of_two_images_stays_on_chip():
+    # [2, 128, 4, 4] tensors concatenated along the channels: the concat walks each image's
+    # channel planes, the rows of the plan, so its inputs and output stay in SBUF (a flat run
+    # of an image's channels beside a step over the images could not be mapped to rows).
+    rng = np.random.default_rng(9)
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="relu_a"),
+            helper.make_node("Neg", ["x"], ["b"], name="neg_b"),
+            helper.make_node("Concat", ["a", "b"], ["c"], name="cat", axis=1),
+            helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid"),
+        ],
+        [_vi("x", [2, 128, 4, 4])],
+        [_vi("y", [2, 256, 4, 4])],
+    )
+    x = rng.standard_normal((2, 128, 4, 4)).astype(np.float32)
+    decisions = _run(model, {"x": x}, auto_cast="none").memory_plan.decisions
+    assert all(decisions[t].resident for t in ("a", "b", "c"))

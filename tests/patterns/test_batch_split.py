@@ -161,7 +161,7 @@ def test_the_images_of_a_tensor_share_one_storage_dtype():
     assert _images_alike("w", {"w": True}, names)  # not an image: its own decision
 
 
-def _two_stage_net(batch: int = 4):
+def _two_stage_net(batch: int = 4, batch_norm: bool = False):
     """Stage A, 16 channels at 16 x 16 (16 KiB an image) with small weights; stage B, 32
     channels at 8 x 8 (8 KiB an image) with three 32 x 32 x 3 x 3 convs (18 KiB each in
     bf16); then a head. Under `small_spill` an image of A fits, two do not; two images of B
@@ -173,7 +173,12 @@ def _two_stage_net(batch: int = 4):
         helper.make_node("Relu", ["a0"], ["a1"], name="a1"),
         helper.make_node("Conv", ["a1", "wb0"], ["b0"], name="b0", strides=[2, 2]),
         helper.make_node("Relu", ["b0"], ["b1"], name="b1"),
-        helper.make_node("Conv", ["b1", "wb1"], ["b2"], name="b2", pads=[1, 1, 1, 1]),
+        *(
+            [helper.make_node("BatchNormalization", ["b1", *BN], ["b1n"], name="bn")]
+            if batch_norm
+            else [helper.make_node("Identity", ["b1"], ["b1n"], name="bn")]
+        ),
+        helper.make_node("Conv", ["b1n", "wb1"], ["b2"], name="b2", pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["b2", "b0"], ["b3"], name="b3"),
         helper.make_node("Conv", ["b3", "wb2"], ["b4"], name="b4", pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["b4", "wb3"], ["b5"], name="b5", pads=[1, 1, 1, 1]),
@@ -189,7 +194,13 @@ def _two_stage_net(batch: int = 4):
         "wb3": _w(9, 32, 32, 3, 3),
         "wf": _w(10, 10, 32),
     }
+    if batch_norm:
+        rng = np.random.default_rng(11)
+        inits.update({name: rng.random(32).astype(np.float32) + 0.5 for name in BN})
     return make_model(nodes, {"x": (batch, 4, 16, 16)}, {"y": None}, initializers=inits)
+
+
+BN = ["bn_scale", "bn_bias", "bn_mean", "bn_var"]
 
 
 def test_later_stages_take_larger_groups(small_spill):
@@ -250,3 +261,15 @@ def test_a_tensor_computed_two_images_at_a_time_is_probed_whole(small_spill):
     _, whole = probed(False)
     assert split["b3"].shape == (4, 32, 8, 8)
     np.testing.assert_allclose(split["b3"], whole["b3"], rtol=1e-6, atol=1e-6)
+
+
+def test_a_batch_norm_keeps_its_tier_at_one_image(small_spill):
+    # A BatchNormalization in stage B: its lowering packs several images' planes into one
+    # tile, an access the memory plan cannot keep on chip, so no tier of groups takes it
+    # (GROUP_WALKED): it runs an image at a time, and the groups of two start after it.
+    graph = import_graph(_two_stage_net(batch_norm=True))
+    result = SplitBatch().run(graph, CompileOptions())
+    groups = {f["node"]: f["group"] for f in result.findings}
+    assert groups["bn"] == groups["b1"] == 1 and groups["b2"] == 2
+    assert "bn/image3" in dict(graph.nodes())
+    assert_matches_onnxruntime(_two_stage_net(batch_norm=True))

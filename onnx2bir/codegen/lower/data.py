@@ -62,23 +62,38 @@ def lower_copy(cg: BirCodeGen, node: Node) -> None:
 
 
 def lower_concat(cg: BirCodeGen, node: Node) -> None:
-    """Each input lands in its slice along `axis`: [outer, length·inner] runs of the output."""
+    """Each input lands in its slice along `axis`: [outer, length·inner] runs of the output.
+
+    A run of whole channel planes (axis 0 or 1 of a tensor of rank 3 or more: a batch or a
+    channel concat) is walked a plane at a time, [planes, plane], the rows the memory planner
+    keeps such tensors in (docs/memory_planner.md#layout), one DMA per image of a channel
+    concat (up to `UNROLL_TRIPS` images; the planner maps one row-stepping dim of an access to
+    partitions), so that inputs and output can stay on chip."""
     out = node.outputs[0]
     out_shape = cg.graph.tensors[out].shape
     axis = node.attrs["axis"] % len(out_shape)
     outer = math.prod(out_shape[:axis])
     inner = math.prod(out_shape[axis + 1 :])
     row = out_shape[axis] * inner
+    plane = math.prod(out_shape[2:]) if len(out_shape) >= 3 and axis <= 1 else 0
     position = 0
     dst = cg.dram(out).name
     for tensor in node.inputs:
         if not tensor:
             continue
         length = cg.graph.tensors[tensor].shape[axis] * inner
-        if length and outer:
+        src = cg.dram(tensor).name
+        if length and outer and plane and outer <= UNROLL_TRIPS:
+            run = [(plane, length // plane), (1, plane)]
+            for image in range(outer):
+                cg.dma(
+                    cg.dram_ap(dst, Affine(position + image * row), run),
+                    cg.dram_ap(src, Affine(image * length), run),
+                )
+        elif length and outer:
             cg.dma(
                 cg.dram_ap(dst, Affine(position), [(row, outer), (1, length)]),
-                cg.dram_ap(cg.dram(tensor).name, Affine(), [(length, outer), (1, length)]),
+                cg.dram_ap(src, Affine(), [(length, outer), (1, length)]),
             )
         position += length
 
