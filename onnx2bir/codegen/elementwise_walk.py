@@ -36,7 +36,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import NUM_PARTITIONS
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.residency import preferred_group, preferred_row
+from onnx2bir.codegen.residency import image_group, preferred_group, preferred_row
 from onnx2bir.codegen.tiling import (
     Affine,
     broadcast_strides,
@@ -150,6 +150,13 @@ def _walk_pieces(
     group = preferred_group(cg.graph, out)
     if group:
         pieces = [_in_groups(piece, group, out_shape[-1]) for piece in pieces]
+    elif (images := image_group(cg.graph, out)) and all(
+        tuple(shapes.get(t, cg.graph.tensors[t].shape)) == out_shape for t in inputs
+    ):
+        # a batch of images next to a conv, its images in groups: one image at a time (an op
+        # with a broadcast operand walks flat rows, and the plan keeps the tensor in its rows)
+        plane = math.prod(out_shape[2:])
+        pieces = [_in_groups(piece, images, plane) for piece in pieces]
     return [out, *inputs], pieces
 
 

@@ -43,6 +43,7 @@ from onnx2bir.codegen.residency import (
     AxisRanges,
     Home,
     canonical_inner,
+    image_group,
     plan_copy,
     preferred_group,
 )
@@ -207,6 +208,9 @@ def _layout_candidates(
     group = preferred_group(graph, loc.name, walks=False)
     if group:
         layouts.append((loc.shape[-1], group))
+    images = image_group(graph, loc.name)
+    if images:
+        layouts.append((canonical_inner(loc.shape), images))
     return layouts
 
 

@@ -455,6 +455,45 @@ def preferred_row(graph, tensor: str, hops: int = 16) -> int:
     return canonical_inner(shape)
 
 
+def image_group(graph, tensor: str) -> int:
+    """Rows (channel planes) per image of a home in groups for a batch of images [N, C, ...]
+    (N > 1) whose C is not a whole number of partition chunks and whose rows are planes
+    (`preferred_row`): each image then starts at partition 0, so a conv's loop over the images
+    steps whole groups and its PSUM evictions keep their lanes (docs/memory_planner.md#groups);
+    0 otherwise. The walks that read such a tensor take one image at a time."""
+    if tensor not in graph.tensors:
+        return 0
+    shape = tuple(graph.tensors[tensor].shape)
+    if len(shape) < 3 or shape[0] < 2 or shape[1] % NUM_PARTITIONS == 0:
+        return 0
+    if not _near_plane_op(graph, tensor, shape):
+        return 0
+    return shape[1]
+
+
+def _near_plane_op(graph, tensor: str, shape: tuple[int, ...], hops: int = 8) -> bool:
+    """Whether a conv, pool or batch norm (`PLANE_OPS`) reads or writes `tensor`, or a tensor
+    of its shape reached through ops that keep the shape (an elementwise chain)."""
+    seen, frontier = {tensor}, [tensor]
+    for _ in range(hops):
+        following = []
+        for name in frontier:
+            producer = graph.producer(name)
+            for node in ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]:
+                data = graph.node(node)
+                if data["op_type"] in PLANE_OPS:
+                    return True
+                for other in [*data["inputs"], *data["outputs"]]:
+                    if other and other not in seen and other in graph.tensors:
+                        if tuple(graph.tensors[other].shape) == shape:
+                            seen.add(other)
+                            following.append(other)
+        if not following:
+            return False
+        frontier = following
+    return False
+
+
 def preferred_group(graph, tensor: str, hops: int = 8, walks: bool = True) -> int:
     """`group_rows` of `tensor`, past one partition chunk, when it is a per-matrix operand or
     result of a batched MatMul (both inputs of rank 3 or more: attention's per-head products),
