@@ -396,3 +396,31 @@ def test_an_op_with_a_broadcast_operand_over_image_groups_still_matches():
     # plan must not put its input or output in image groups it cannot walk; the numbers match.
     x = np.random.default_rng(12).standard_normal((2, 8, 10, 10)).astype(np.float32)
     _run(_conv_chain_of_two_images("PRelu"), {"x": x}, auto_cast="none")
+
+
+@pytest.mark.parametrize("pool", ["MaxPool", "GlobalAveragePool"])
+def test_a_pool_between_convs_walks_image_groups_one_image_at_a_time(pool):
+    # The pool reads and writes 96-channel images of a batch of two: walking one image's
+    # channel planes at a time (`lower/pool.py plane_tiles`), its input and output can stay
+    # in SBUF in image groups; a walk over all 192 planes at once would cross from image 0's
+    # channels into image 1's inside a partition chunk.
+    rng = np.random.default_rng(13)
+    w0 = rng.standard_normal((96, 8, 3, 3)).astype(np.float32) / 8
+    w1 = rng.standard_normal((16, 96, 1, 1)).astype(np.float32) / 10
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    out = [2, 16, 5, 5] if pool == "MaxPool" else [2, 16, 1, 1]
+    model = _model(
+        [
+            helper.make_node("Conv", ["x", "w0"], ["c"], name="c0", pads=[1, 1, 1, 1]),
+            helper.make_node(
+                pool, ["c"], ["p"], name="pool", **(attrs if pool == "MaxPool" else {})
+            ),
+            helper.make_node("Conv", ["p", "w1"], ["y"], name="c1"),
+        ],
+        [_vi("x", [2, 8, 10, 10])],
+        [_vi("y", out)],
+        [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(w1, "w1")],
+    )
+    x = rng.standard_normal((2, 8, 10, 10)).astype(np.float32)
+    decisions = _run(model, {"x": x}, auto_cast="none").memory_plan.decisions
+    assert decisions["c"].resident and decisions["p"].resident, decisions["c"].reason

@@ -14,6 +14,9 @@ chunks when the plane is larger than a tile, then reduce the partial results); t
 scales by 1 / (H·W) on ScalarE. MaxPool and AveragePool on 5-D inputs go to `lower_pool3d`
 (a depth pass, then `window_pool` here).
 
+Planes are tiled 128 at a time over all images, or image by image when the memory plan may keep
+the input or output in image groups (`plane_tiles`, docs/memory_planner.md#groups).
+
 The window pools' output-tile loops (planes, output rows, output columns) rotate band, out and
 divisor tiles over buffer copies along the innermost loop with more than one tile
 (docs/buffers.md#lowerings): that loop is `parallel`.
@@ -29,6 +32,7 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType
 from onnx2bir.bir.opcodes import NUM_PARTITIONS, ap_field_overflow, free_size_limit
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.residency import image_group
 from onnx2bir.codegen.spatial import (
     WindowGeometry,
     clip,
@@ -40,6 +44,7 @@ from onnx2bir.codegen.spatial import (
 )
 from onnx2bir.codegen.tiling import (
     Affine,
+    Tile,
     buffer_count,
     copy_stride,
     rotating_level,
@@ -148,7 +153,31 @@ def _window_pool(
     x_name, out_name = node.inputs[0], node.outputs[0]
     x_shape = tuple(cg.graph.tensors[x_name].shape)
     dtype = cg.graph.tensors[x_name].dtype
-    window_pool(cg, x_name, out_name, x_shape[0] * x_shape[1], dtype, geo, op, fill, divisor)
+    images = _images_apart(cg, x_name, out_name)
+    window_pool(
+        cg, x_name, out_name, x_shape[0] * x_shape[1], dtype, geo, op, fill, divisor, images
+    )
+
+
+def _images_apart(cg: BirCodeGen, *tensors: str) -> int:
+    """The batch when the memory plan may keep one of `tensors` in image groups
+    (`residency.image_group`: each image's channels from partition 0), so that the pool walks
+    one image's channel planes at a time; else 1 (the planes of all images in one walk)."""
+    if any(image_group(cg.graph, t) for t in tensors):
+        return cg.graph.tensors[tensors[0]].shape[0]
+    return 1
+
+
+def plane_tiles(cg: BirCodeGen, planes: int, images: int, name: str, buffers: int = 1):
+    """Tiles of up to 128 of `planes` (N·C) planes: over all of them, or with `images` > 1
+    image by image, so that no tile crosses from one image's channels into the next's."""
+    if images <= 1:
+        yield from tiles(cg, planes, NUM_PARTITIONS, name, buffers=buffers)
+        return
+    per_image = planes // images
+    for n in tiles(cg, images, 1, f"{name}n"):
+        for c in tiles(cg, per_image, NUM_PARTITIONS, name, buffers=buffers):
+            yield Tile(n.start * per_image + c.start, c.size, c.first, c.slot)
 
 
 def window_pool(
@@ -161,6 +190,7 @@ def window_pool(
     op: AluOp,
     fill: float,
     divisor: float | str | None,
+    images: int = 1,
 ) -> None:
     """Windows of the `fill`-framed planes of `x_name` (a graph tensor or a DRAM location of
     this node) reduced with `op` (a 4-D access pattern: output rows, output cols, window rows,
@@ -190,7 +220,7 @@ def window_pool(
     # (docs/buffers.md#lowerings).
     band_stride = copy_stride(geo.rows_needed(rows) * geo.cols_needed(cols), dtype)
     out_stride = copy_stride(rows * cols, dtype)
-    counts = [tile_count(planes, NUM_PARTITIONS), tile_count(geo.out_h, rows)]
+    counts = [tile_count(planes // images, NUM_PARTITIONS), tile_count(geo.out_h, rows)]
     counts.append(tile_count(geo.out_w, cols))
     level = rotating_level(counts)
     copies = 1
@@ -215,7 +245,7 @@ def window_pool(
         rows_each = geo.rows_needed(rows)
         copies_at = (band_stride, copies)
         frame_sides(cg, band, 0, copies_at, partitions, rows_each, band_cols, side_clip, fill)
-    for p in tiles(cg, planes, NUM_PARTITIONS, "p", buffers=buffers[0]):
+    for p in plane_tiles(cg, planes, images, "p", buffers[0]):
         for row in window_tiles(cg, geo, "h", geo.out_h, rows, "oh", buffers[1]):
             for col in window_tiles(cg, geo, "w", geo.out_w, cols, "ow", buffers[2]):
                 slot = p.slot + row.slot + col.slot  # at most one of them rotates
@@ -303,7 +333,7 @@ def lower_global_pool(cg: BirCodeGen, node: Node) -> None:
     data = cg.sb_tile("data", NUM_PARTITIONS, chunk, dtype)
     partial = cg.sb_tile("partial", NUM_PARTITIONS, chunks, dtype)
     total = cg.sb_tile("sum", NUM_PARTITIONS, 1, dtype)
-    for p in tiles(cg, planes, NUM_PARTITIONS, "p"):
+    for p in plane_tiles(cg, planes, _images_apart(cg, x_name, out_name), "p"):
         for piece in tiles(cg, size, chunk, "hw"):
             cg.dma(
                 cg.ap(data, [(1, piece.size)], partitions=p.size),
