@@ -37,6 +37,9 @@ DESIGN.md's contract:
         on the exact integer path, or left on the float path and why; docs/quantization.md),
      "quantized_summary": {"integer", "float", "integer_weight_bytes", "dma_bytes_weights"}
         | null (null for a model with no quantized conv or matmul),
+     "batch_split": {"images", "tiers": [{"group", "nodes", "first", "last"}]} | null (the
+        per-sample front run a group of images at a time, tier by tier; docs/memory_planner.md
+        #batch-split),
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
@@ -161,7 +164,32 @@ def build_report(model: str, compilation: Compilation) -> dict:
         "int64": [n.to_json() for n in compilation.int64],
         "quantized": findings.get("RaiseIntegerMatmuls", []),
         "quantized_summary": _quantized_summary(findings.get("RaiseIntegerMatmuls", []), cost),
+        "batch_split": _batch_split(findings.get("SplitBatch", [])),
     }
+
+
+def _batch_split(split: list[dict]) -> dict | None:
+    """The tiers of the batch split, from SplitBatch's findings (one per node, in order)."""
+    if not split:
+        return None
+    tiers: list[dict] = []
+    for finding in split:
+        if not tiers or tiers[-1]["group"] != finding["group"]:
+            tiers.append({"group": finding["group"], "nodes": 0, "first": finding["node"]})
+        tiers[-1]["nodes"] += 1
+        tiers[-1]["last"] = finding["node"]
+    return {"images": split[0]["images"], "tiers": tiers}
+
+
+def batch_split_text(split: dict | None) -> list[str]:
+    if not split:
+        return []
+    parts = [
+        f"{t['nodes']} nodes ({t['first']} .. {t['last']}) "
+        + ("an image at a time" if t["group"] == 1 else f"{t['group']} images at a time")
+        for t in split["tiers"]
+    ]
+    return [f"batch split ({split['images']} images): " + "; ".join(parts)]
 
 
 def _quantized_summary(quantized: list[dict], cost: dict | None) -> dict | None:
@@ -444,6 +472,7 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
         )
     if doc.get("cost"):
         lines += cost_text(doc["cost"])
+    lines += batch_split_text(doc.get("batch_split"))
     lines += memory_text(doc.get("memory"))
     return "\n".join(lines)
 

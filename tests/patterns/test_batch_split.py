@@ -273,3 +273,23 @@ def test_a_batch_norm_keeps_its_tier_at_one_image(small_spill):
     assert groups["bn"] == groups["b1"] == 1 and groups["b2"] == 2
     assert "bn/image3" in dict(graph.nodes())
     assert_matches_onnxruntime(_two_stage_net(batch_norm=True))
+
+
+def test_the_report_names_the_tiers(small_spill):
+    from onnx2bir.reporting.document import batch_split_text, build_report
+
+    compiled = compile_graph(import_graph(_two_stage_net()), CompileOptions())
+    split = build_report("two_stage", compiled)["batch_split"]
+    assert split == {
+        "images": 4,
+        "tiers": [
+            {"group": 1, "nodes": 3, "first": "a0", "last": "b0"},
+            {"group": 2, "nodes": 7, "first": "b1", "last": "gap"},
+        ],
+    }
+    assert batch_split_text(split) == [
+        "batch split (4 images): 3 nodes (a0 .. b0) an image at a time; "
+        "7 nodes (b1 .. gap) 2 images at a time"
+    ]
+    unsplit = compile_graph(import_graph(_two_stage_net(batch=1)), CompileOptions())
+    assert build_report("one", unsplit)["batch_split"] is None
