@@ -466,14 +466,22 @@ def image_group(graph, tensor: str) -> int:
     shape = tuple(graph.tensors[tensor].shape)
     if len(shape) < 3 or shape[0] < 2 or shape[1] % NUM_PARTITIONS == 0:
         return 0
-    if not _near_plane_op(graph, tensor, shape):
+    if not _near_plane_op(graph, tensor):
         return 0
     return shape[1]
 
 
-def _near_plane_op(graph, tensor: str, shape: tuple[int, ...], hops: int = 8) -> bool:
+def _near_plane_op(graph, tensor: str, hops: int = 8) -> bool:
     """Whether a conv, pool or batch norm (`PLANE_OPS`) reads or writes `tensor`, or a tensor
     of its shape reached through ops that keep the shape (an elementwise chain)."""
+    nodes = _nodes_around(graph, tensor, hops, through=lambda data: True)
+    return any(data["op_type"] in PLANE_OPS for data in nodes)
+
+
+def _nodes_around(graph, tensor: str, hops: int, through):
+    """The nodes that write or read `tensor`, then, breadth first for up to `hops` steps, those
+    of the tensors of its shape that nodes `through` accepts lead to (as node data)."""
+    shape = tuple(graph.tensors[tensor].shape)
     seen, frontier = {tensor}, [tensor]
     for _ in range(hops):
         following = []
@@ -481,17 +489,17 @@ def _near_plane_op(graph, tensor: str, shape: tuple[int, ...], hops: int = 8) ->
             producer = graph.producer(name)
             for node in ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]:
                 data = graph.node(node)
-                if data["op_type"] in PLANE_OPS:
-                    return True
+                yield data
+                if not through(data):
+                    continue
                 for other in [*data["inputs"], *data["outputs"]]:
                     if other and other not in seen and other in graph.tensors:
                         if tuple(graph.tensors[other].shape) == shape:
                             seen.add(other)
                             following.append(other)
         if not following:
-            return False
+            return
         frontier = following
-    return False
 
 
 def preferred_group(graph, tensor: str, hops: int = 8, walks: bool = True) -> int:
@@ -508,28 +516,17 @@ def preferred_group(graph, tensor: str, hops: int = 8, walks: bool = True) -> in
         # Matrices within one chunk walk as well in flat rows, several to a tile (a home in
         # groups of them, `walks` false, serves a per-head product's operand).
         return 0
-    seen, frontier = {tensor}, [tensor]
-    for _ in range(hops):
-        following = []
-        for name in frontier:
-            producer = graph.producer(name)
-            nodes = ([producer] if producer else []) + [n for n, _ in graph.consumers(name)]
-            for node in nodes:
-                data = graph.node(node)
-                op_type = data["op_type"]
-                if op_type == "MatMul":
-                    ranks = [len(graph.tensors[t].shape) for t in data["inputs"][:2]]
-                    if min(ranks) >= 3:
-                        return group
-                    continue
-                if op_type in PLANE_OPS or (op_type in ROW_OPS and op_type != "Softmax"):
-                    continue
-                for other in [*data["inputs"], *data["outputs"]]:
-                    if other and other not in seen and other in graph.tensors:
-                        if tuple(graph.tensors[other].shape) == shape:
-                            seen.add(other)
-                            following.append(other)
-        if not following:
-            break
-        frontier = following
+
+    def through(data) -> bool:  # ops that keep the matrices' layout (a Softmax does)
+        op_type = data["op_type"]
+        return not (
+            op_type == "MatMul"
+            or op_type in PLANE_OPS
+            or (op_type in ROW_OPS and op_type != "Softmax")
+        )
+
+    for data in _nodes_around(graph, tensor, hops, through):
+        if data["op_type"] == "MatMul":
+            if min(len(graph.tensors[t].shape) for t in data["inputs"][:2]) >= 3:
+                return group
     return 0

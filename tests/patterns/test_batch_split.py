@@ -100,20 +100,25 @@ def test_a_node_mixing_images_stops_the_region(small_spill):
     assert not SplitBatch().run(graph, CompileOptions()).changed
 
 
-def test_a_wrong_image_order_is_caught(small_spill):
-    # Concat the images back in the wrong order: the comparison must fail.
-    model = _net()
+def _matches_with_reversed_concat(model, concat_node: str) -> bool:
+    """Split `model`, reverse the inputs of the split's Concat `concat_node` (its pieces put
+    together in the wrong order), and whether the program's output still matches."""
     graph = import_graph(model)
     SplitBatch().run(graph, CompileOptions())
-    concat = graph.node("g/batch_concat")
+    concat = graph.node(concat_node)
     concat["inputs"] = list(reversed(concat["inputs"]))
     for index, tensor in enumerate(concat["inputs"]):
-        graph.uses[tensor] = [("g/batch_concat", index)]
+        graph.uses[tensor] = [(concat_node, index)]
     compiled = compile_graph(graph, CompileOptions(auto_cast="none"), [])
     feeds = synthesize_inputs(compiled.graph, 0)
     got = run_function(compiled.module, feeds)
     want = run_onnxruntime(model, feeds)
-    assert not compare_output("y", got["y"], want["y"], FP32_ATOL, FP32_RTOL).passed
+    return compare_output("y", got["y"], want["y"], FP32_ATOL, FP32_RTOL).passed
+
+
+def test_a_wrong_image_order_is_caught(small_spill):
+    # Concat the images back in the wrong order: the comparison must fail.
+    assert not _matches_with_reversed_concat(_net(), "g/batch_concat")
 
 
 def test_the_oracle_rounds_where_every_image_rounds(small_spill):
@@ -228,18 +233,7 @@ def test_the_tiered_program_matches_onnxruntime(small_spill):
 
 
 def test_a_wrong_regroup_order_is_caught(small_spill):
-    model = _two_stage_net()
-    graph = import_graph(model)
-    SplitBatch().run(graph, CompileOptions())
-    regroup = graph.node("b0/regroup2-3")
-    regroup["inputs"] = list(reversed(regroup["inputs"]))
-    for index, tensor in enumerate(regroup["inputs"]):
-        graph.uses[tensor] = [("b0/regroup2-3", index)]
-    compiled = compile_graph(graph, CompileOptions(auto_cast="none"), [])
-    feeds = synthesize_inputs(compiled.graph, 0)
-    got = run_function(compiled.module, feeds)
-    want = run_onnxruntime(model, feeds)
-    assert not compare_output("y", got["y"], want["y"], FP32_ATOL, FP32_RTOL).passed
+    assert not _matches_with_reversed_concat(_two_stage_net(), "b0/regroup2-3")
 
 
 def test_a_tensor_computed_two_images_at_a_time_is_probed_whole(small_spill):

@@ -318,3 +318,65 @@ def test_a_fused_relus_allowance_still_rejects_a_wrong_conv(monkeypatch, mode, a
     assert validate(model, inputs=feeds).document["passed"]
     corrupt_node(monkeypatch, "conv", mode=mode, amount=amount)
     assert not validate(model, inputs=feeds).document["passed"]
+
+
+def _net_split_in_pairs(monkeypatch):
+    """A conv net at batch 4 whose second stage the batch split runs two images at a time
+    (the split's threshold lowered so that a 16 KiB image fits and a 32 KiB pair does not):
+    its tensors there are stored as pieces of two images, probed and put back together."""
+    from onnx2bir.patterns import batch_split
+
+    monkeypatch.setattr(batch_split, "SPILL_BYTES", 20 * 1024)
+    rng = np.random.default_rng(2)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a0"], name="a0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a0"], ["a1"], name="a1"),
+        helper.make_node("Conv", ["a1", "wb0"], ["b0"], name="b0", strides=[2, 2]),
+        helper.make_node("Relu", ["b0"], ["b1"], name="b1"),
+        helper.make_node("Conv", ["b1", "wb1"], ["b2"], name="b2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["b2", "b0"], ["b3"], name="b3"),
+        helper.make_node("Conv", ["b3", "wb2"], ["b4"], name="b4", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["b4", "wb3"], ["y"], name="b5", pads=[1, 1, 1, 1]),
+    ]
+    inits = {
+        "wa": w(16, 4, 3, 3),
+        "wb0": w(32, 16, 2, 2),
+        "wb1": w(32, 32, 3, 3),
+        "wb2": w(32, 32, 3, 3),
+        "wb3": w(32, 32, 3, 3),
+    }
+    model = make_model(nodes, {"x": (4, 4, 16, 16)}, {"y": None}, initializers=inits)
+    feeds = {"x": rng.standard_normal((4, 4, 16, 16)).astype(np.float32)}
+    return model, feeds
+
+
+@pytest.mark.parametrize(
+    ("mode", "amount"),
+    [("scale", 1.02), ("zero", 0.0), ("noise", 0.01)],
+    ids=["2% gain", "zeros", "noise"],
+)
+def test_a_wrong_pair_of_images_fails_its_checkpoint(monkeypatch, mode, amount):
+    """b3 is computed two images at a time (pieces `b3@image0`, `b3@image2`, batch 2 each,
+    Probe.images). The right program passes; the Add of images 2-3 alone 2% off, zeroed or
+    noisy by 0.01 fails the checkpoint of b3, put back together from its pieces."""
+    from onnx2bir.api.validate import validate
+    from onnx2bir.bir.enums import MemoryType
+
+    model, feeds = _net_split_in_pairs(monkeypatch)
+    doc = validate(model, inputs=feeds).document
+    assert doc["passed"]
+    assert any(c["name"] == "b3" for c in doc["checkpoints"])
+    corrupt_node(
+        monkeypatch,
+        "b3/images2-3",
+        mode=mode,
+        amount=amount,
+        memories=(MemoryType.DRAM, MemoryType.SB),
+    )
+    doc = validate(model, inputs=feeds).document
+    failing = [c["name"] for c in doc["checkpoints"] if not c["passed"]]
+    assert not doc["passed"] and failing[0] == "b3"
