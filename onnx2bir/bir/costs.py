@@ -41,6 +41,14 @@ class CostTable:
     dma_descriptor_min_bytes: int = 256
     # docs/device_time.md#semaphores: an engine waiting on another stream's semaphore
     semaphore_cycles: int = 100
+    # docs/device_time.md#on-chip-ports: an ACT, DVE or POOL operand whose innermost free
+    # stride is wider than this many bytes gets half the SBUF/PSUM bandwidth: the instruction
+    # takes twice as long.
+    wide_stride_bytes: int = 16
+    wide_stride_factor: int = 2
+    # docs/device_time.md#on-chip-ports: DVE and POOL cannot access SBUF at the same time, nor
+    # DVE and ACT PSUM; the simulation serialises such instructions (False: it does not).
+    shared_ports: bool = True
     loop_warmup: int = 3  # loop trips simulated one by one before the steady state
     pe_peak_flops: float = 128 * 128 * 2 * 2.8e9  # bf16/fp16/tf32/fp8 peak, 91.75 TFLOP/s
     # The dtype fp32 matmul operands are costed as (None: as fp32, the BIR's own dtypes)

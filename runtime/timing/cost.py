@@ -11,6 +11,8 @@ partition, the largest free size among the instruction's operands:
   table's `pe_dtype`, when set, stands for the dtype fp32 operands would be cast to).
 - ACT (any opcode): max(64, N). DVE: max(64, N) with one input, max(64, 2N) for TensorTensor with
   both inputs in SBUF (max(64, N) when one is in PSUM). POOL: 150 + N.
+- ACT, DVE and POOL take twice as long when an on-chip operand's innermost free stride is wider
+  than 16 bytes (half the SBUF/PSUM bandwidth).
 - DMA: 0.6 us to issue + bytes / (engines x 27 GB/s), a transfer spreading over one DMA engine
   per 8 partitions (16 engines for 128 partitions or DRAM to DRAM); the core's DMA engines share
   272 GB/s (the simulation's shared resource). A DMA that waits on another stream's semaphore
@@ -124,7 +126,19 @@ def instruction_cost(
         cycles = max(table.min_ii, n if in_psum else 2 * n)
     else:  # ACT, and DVE with one input
         cycles = max(table.min_ii, n)
+    if ins.engine is not Engine.PE and any(wide_stride(ap, function, table) for ap in operands):
+        cycles *= table.wide_stride_factor
     return float(cycles), cycles / table.clock(ins.engine), 0
+
+
+def wide_stride(ap, function: Function, table: CostTable = DEFAULT_TABLE) -> bool:
+    """Whether an on-chip operand steps its innermost free dim (of more than one element) by
+    more than `table.wide_stride_bytes` (docs/device_time.md#on-chip-ports)."""
+    location = function.memory_locations[ap.loc]
+    if not location.on_chip:
+        return False
+    steps = [stride for stride, count in ap.pattern if count > 1]
+    return bool(steps) and abs(steps[-1]) * location.dtype.itemsize > table.wide_stride_bytes
 
 
 def estimate(

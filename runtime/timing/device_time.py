@@ -8,8 +8,10 @@ program order. An instruction starts when its stream is free and every dependenc
 finished; a dependency from another stream is a semaphore and adds its latency (docs/device_time.md
 #semaphores), during which the waiting stream counts as busy (it is stalled on the semaphore).
 A DMA's data phase also takes the core's shared DMA bandwidth (one resource for all queues); a
-transfer that finds it taken stalls its queue. Every slice therefore begins where another slice
-(its stream's previous one, a dependency, or the shared bandwidth's previous user) ends, so the
+transfer that finds it taken stalls its queue. Likewise DVE and POOL share SBUF's port, and DVE
+and ACT share PSUM's (docs/device_time.md#on-chip-ports): an instruction that needs a port
+another engine holds waits for it. Every slice therefore begins where another slice (its
+stream's previous one, a dependency, or a shared resource's previous user) ends, so the
 estimate never exceeds the sum of all busy time.
 
 Loops: the first `table.loop_warmup` trips are simulated one by one (a dependency on a body
@@ -27,11 +29,13 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from onnx2bir.bir.enums import Engine, Opcode
+from onnx2bir.bir.enums import Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import BasicBlock, Function, Instruction, Loop
 from onnx2bir.runtime.timing.cost import CostTable, instruction_cost, matmul_flops
 
 SHARED_DMA = "DMA bandwidth"  # the per-core shared DMA resource (not a stream)
+SBUF_PORT = "SBUF port"  # DVE and POOL cannot access SBUF at the same time
+PSUM_PORT = "PSUM port"  # DVE and ACT cannot access PSUM at the same time
 
 
 def stream_of(ins: Instruction) -> str:
@@ -94,17 +98,74 @@ _COMPULSORY_KINDS = {
 _PAYLOAD_KINDS = {"ExternalInputParameter", "Const"}
 
 
+class _Timeline:
+    """When each user held one shared resource: intervals that never overlap, sorted by start
+    (so by end too), as parallel lists (start, end, slice index). A new user takes the first
+    gap at or after it is ready, whatever order the simulation meets the users in."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.owners: list[int] = []
+
+    def first_gap(self, earliest: float, duration: float) -> tuple[float, int]:
+        """(start of the first gap of `duration` at or after `earliest`, slice of the user it
+        waits behind or -1)."""
+        begin, blocker = earliest, -1
+        j = bisect.bisect_right(self.ends, earliest)
+        while j < len(self.starts):
+            if self.starts[j] >= begin + duration:
+                break
+            if self.ends[j] > begin:
+                begin, blocker = self.ends[j], self.owners[j]
+            j += 1
+        return begin, blocker
+
+    def reserve(self, begin: float, duration: float, owner: int) -> None:
+        position = bisect.bisect_left(self.starts, begin)
+        self.starts.insert(position, begin)
+        self.ends.insert(position, begin + duration)
+        self.owners.insert(position, owner)
+
+    def shift(self, first: int, by: float) -> None:
+        """Move the intervals of slices [first:] by `by` seconds."""
+        moved = sorted(
+            (start + by, end + by, owner) if owner >= first else (start, end, owner)
+            for start, end, owner in zip(self.starts, self.ends, self.owners, strict=True)
+        )
+        self.starts = [m[0] for m in moved]
+        self.ends = [m[1] for m in moved]
+        self.owners = [m[2] for m in moved]
+
+
+def ports_of(ins: Instruction, function: Function) -> tuple[str, ...]:
+    """The shared on-chip ports an instruction holds while it runs: SBUF's for DVE and POOL
+    touching SBUF, PSUM's for DVE and ACT touching PSUM (docs/device_time.md#on-chip-ports)."""
+    if ins.engine not in (Engine.DVE, Engine.POOL, Engine.ACT):
+        return ()
+    locations = function.memory_locations
+    memories = {
+        locations[ap.loc].memory
+        for ap in (*ins.srcs.values(), ins.dst)
+        if ap is not None and ap.loc in locations
+    }
+    ports = []
+    if ins.engine in (Engine.DVE, Engine.POOL) and MemoryType.SB in memories:
+        ports.append(SBUF_PORT)
+    if ins.engine in (Engine.DVE, Engine.ACT) and MemoryType.PSUM in memories:
+        ports.append(PSUM_PORT)
+    return tuple(ports)
+
+
 class _Simulator:
     def __init__(self, function: Function, table: CostTable):
         self.function, self.table = function, table
         self.sim = Simulation()
         self.free: dict[str, tuple[float, int]] = {}  # stream -> (free at, last slice)
         self.finish: dict[int, tuple[float, int, str]] = {}  # ins id -> (end, slice, stream)
-        # The core's shared DMA bandwidth: when each transfer held it, sorted by start, as
-        # parallel lists (start, end, slice index); transfers fill the gaps between others.
-        self.shared_starts: list[float] = []
-        self.shared_ends: list[float] = []
-        self.shared_slices: list[int] = []
+        # The core's shared DMA bandwidth and the two on-chip ports.
+        self.shared = {name: _Timeline() for name in (SHARED_DMA, SBUF_PORT, PSUM_PORT)}
+        self.ports: dict[int, tuple[str, ...]] = {}  # ins id -> the ports it holds
         self.before: dict[int, tuple[float, int, str]] = {}  # the instance before that one
         # Recent instances of each instruction (oldest first), and the slice at which the
         # current trip of each loop began: a carried edge reads the source's last instance
@@ -179,6 +240,14 @@ class _Simulator:
             ready = max(ready, end + latency)
         start = wait_from
         end = ready + seconds
+        ports = self._ports(ins)
+        if ports:
+            begin, blocker = self._first_common_gap(ports, ready, seconds)
+            for port in ports:
+                self.shared[port].reserve(begin, seconds, len(self.sim.slices))
+            if begin > ready:
+                end = begin + seconds
+                cause = blocker  # waited for another engine's use of the port
         if ins.engine is Engine.DMA and moved:
             # The core's DMA bandwidth drains every queue's bytes: this transfer's data, which
             # may begin after the issue cost, takes bytes / core bandwidth of it, in the first
@@ -239,21 +308,33 @@ class _Simulator:
     def _hold_bandwidth(self, earliest: float, duration: float) -> tuple[float, int]:
         """Reserve the shared bandwidth for `duration` from the first gap at or after
         `earliest`; (end of the reservation, slice of the transfer it waited behind or -1)."""
-        starts, ends, owners = self.shared_starts, self.shared_ends, self.shared_slices
-        begin, blocker = earliest, -1
-        # Reservations never overlap, so sorted by start they are sorted by end too.
-        j = bisect.bisect_right(ends, earliest)
-        while j < len(starts):
-            if starts[j] >= begin + duration:
-                break
-            if ends[j] > begin:
-                begin, blocker = ends[j], owners[j]
-            j += 1
-        position = bisect.bisect_left(starts, begin)
-        starts.insert(position, begin)
-        ends.insert(position, begin + duration)
-        owners.insert(position, len(self.sim.slices))
+        bandwidth = self.shared[SHARED_DMA]
+        begin, blocker = bandwidth.first_gap(earliest, duration)
+        bandwidth.reserve(begin, duration, len(self.sim.slices))
         return begin + duration, blocker
+
+    def _ports(self, ins: Instruction) -> tuple[str, ...]:
+        if not self.table.shared_ports:
+            return ()
+        ports = self.ports.get(id(ins))
+        if ports is None:
+            ports = self.ports[id(ins)] = ports_of(ins, self.function)
+        return ports
+
+    def _first_common_gap(
+        self, ports: tuple[str, ...], earliest: float, duration: float
+    ) -> tuple[float, int]:
+        """The first time at or after `earliest` at which every port in `ports` is free for
+        `duration`, and the slice it waited behind (-1: none)."""
+        begin, blocker = earliest, -1
+        while True:
+            moved = False
+            for port in ports:
+                gap, owner = self.shared[port].first_gap(begin, duration)
+                if gap > begin:
+                    begin, blocker, moved = gap, owner, True
+            if not moved:
+                return begin, blocker
 
     def loop(self, loop: Loop, weight: int) -> None:
         trips = loop.trip_count
@@ -302,16 +383,8 @@ class _Simulator:
             for i, (end, index, stream) in enumerate(recent):
                 if index >= first:
                     recent[i] = (end + by, index, stream)
-        moved = [
-            (start + by if owner >= first else start, end + by if owner >= first else end, owner)
-            for start, end, owner in zip(
-                self.shared_starts, self.shared_ends, self.shared_slices, strict=True
-            )
-        ]
-        moved.sort()
-        self.shared_starts = [m[0] for m in moved]
-        self.shared_ends = [m[1] for m in moved]
-        self.shared_slices = [m[2] for m in moved]
+        for timeline in self.shared.values():
+            timeline.shift(first, by)
         ends = [s.end for s in slices[first:]]
         self.sim.total_seconds = max(self.sim.total_seconds, *ends)
 

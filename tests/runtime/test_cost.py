@@ -249,3 +249,73 @@ def test_a_carried_edge_to_an_earlier_instruction_waits_for_the_previous_trip():
         )
     )
     assert plain.total_seconds == pytest.approx(6 * T_ACT + SEM_PE + T_MM)
+
+
+# The on-chip ports (docs/device_time.md#on-chip-ports): NeuronCore-v2's architecture guide says
+# VectorE and GpSimdE cannot access SBUF in parallel, nor VectorE and ScalarE PSUM; the
+# compiler serialises such instructions. Each case pairs two independent instructions on two
+# engines with their times derived from the engine formulas above.
+T_DVE = 1000 / 1.12e9  # a one-input DVE instruction of 1000 elements
+
+
+def dve_copy(ins_id, src="s32", dst="s32", n=1000):
+    return ins(Opcode.TENSOR_COPY, Engine.DVE, ap(dst, 128, n), {"in": ap(src, 128, n)}, ins_id)
+
+
+def pool_copy(ins_id, n=1000):
+    src = {"in": ap("s32", 128, n)}
+    return ins(Opcode.TENSOR_COPY, Engine.POOL, ap("s32", 128, n), src, ins_id)
+
+
+def act_from(src, ins_id, n=1000):
+    src_ap = {"in": ap(src, 128, n)}
+    return ins(Opcode.ACTIVATION, Engine.ACT, ap("s32", 128, n), src_ap, ins_id, func="exp")
+
+
+T_POOL = (150 + 1000) / 1.4e9
+
+
+def test_dve_and_pool_take_turns_on_sbuf():
+    both = estimate(_module([dve_copy(1), pool_copy(2)]))
+    assert both.total_seconds == pytest.approx(T_DVE + T_POOL)
+    apart = estimate(_module([dve_copy(1), pool_copy(2)]), table=CostTable(shared_ports=False))
+    assert apart.total_seconds == pytest.approx(max(T_DVE, T_POOL))
+    # The waiting engine counts the wait as busy; the sum of busy times bounds the estimate.
+    assert sum(both.stream_busy_seconds.values()) >= both.total_seconds
+
+
+def test_dve_and_act_take_turns_on_psum_but_not_on_sbuf():
+    on_psum = estimate(_module([dve_copy(1, src="p"), act_from("p", 2)]))
+    assert on_psum.total_seconds == pytest.approx(T_DVE + T_ACT)
+    on_sbuf = estimate(_module([dve_copy(1), act_from("s32", 2)]))
+    assert on_sbuf.total_seconds == pytest.approx(max(T_DVE, T_ACT))
+    # ACT reading SBUF while DVE reads PSUM: different ports.
+    mixed = estimate(_module([dve_copy(1, src="p", dst="p"), act_from("s32", 2)]))
+    assert mixed.total_seconds == pytest.approx(max(T_DVE, T_ACT))
+
+
+def test_a_port_user_takes_the_first_gap_it_fits():
+    """POOL (1000 elements) is met first and takes SBUF; DVE waits for it; the next POOL
+    instruction, free to start when its stream is, finds SBUF held by DVE and follows it."""
+    first = estimate(_module([pool_copy(1), dve_copy(2)]))
+    assert first.total_seconds == pytest.approx(T_POOL + T_DVE)
+    chain = estimate(_module([pool_copy(1), dve_copy(2), pool_copy(3, n=64)]))
+    assert chain.total_seconds == pytest.approx(T_POOL + T_DVE + (150 + 64) / 1.4e9)
+
+
+def test_a_wide_innermost_stride_halves_an_engines_bandwidth():
+    """Stride 4 of fp32 is 16 bytes (full rate); stride 8 is 32 bytes (twice the cycles); a
+    stride on an outer dim, or a broadcast (stride 0), costs nothing."""
+
+    def copy_with(pattern):
+        src = {"in": AccessPattern("s32", pattern, 0, (), 0, 128)}
+        return cycles(ins(Opcode.TENSOR_COPY, Engine.DVE, ap("s32", 128, 100), src))
+
+    assert copy_with(((4, 100),)) == 100
+    assert copy_with(((8, 100),)) == 200
+    assert copy_with(((400, 2), (1, 50))) == 100
+    assert copy_with(((0, 100),)) == 100
+    assert copy_with(((8, 100), (1, 1))) == 200  # a one-element dim is not the minor one
+    # bf16 elements: stride 8 is 16 bytes (full rate), 9 is 18 bytes.
+    src16 = {"in": AccessPattern("s16", ((9, 50),), 0, (), 0, 128)}
+    assert cycles(ins(Opcode.TENSOR_COPY, Engine.DVE, ap("s16", 128, 50), src16)) == 128
