@@ -109,10 +109,15 @@ def emit_staged(steps: list[list[Callable[[], None]]]) -> None:
 class EngineLoad:
     """The estimated busy time of each engine over the steps of a group assigned so far, by
     the cost model's formulas (docs/device_time.md#instruction-costs): `pick` gives a step that
-    several engines can run to the one that would be done with it first."""
+    several engines can run to the one that would be done with it first. The steps work on
+    SBUF tiles, and VectorE and GpSimd take turns on SBUF (docs/device_time.md#on-chip-ports):
+    their steps also add up on the port, and neither is done before the port is."""
+
+    SBUF_PORT_ENGINES = (Engine.DVE, Engine.POOL)
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(Engine, 0.0)
+        self.sbuf_port = 0.0
 
     @staticmethod
     def cost(engine: Engine, n: int, tensor_tensor: bool = False) -> float:
@@ -127,10 +132,19 @@ class EngineLoad:
         return cycles / table.clock(engine)
 
     def add(self, engine: Engine, n: int, tensor_tensor: bool = False) -> Engine:
-        self.seconds[engine] += self.cost(engine, n, tensor_tensor)
+        seconds = self.cost(engine, n, tensor_tensor)
+        self.seconds[engine] += seconds
+        if engine in self.SBUF_PORT_ENGINES:
+            self.sbuf_port += seconds
         return engine
 
     def pick(self, engines: tuple[Engine, ...], n: int, tensor_tensor: bool = False) -> Engine:
         """The first of `engines` to finish the step, which is then counted on it."""
-        best = min(engines, key=lambda e: self.seconds[e] + self.cost(e, n, tensor_tensor))
-        return self.add(best, n, tensor_tensor)
+
+        def done(engine: Engine) -> float:
+            before = self.seconds[engine]
+            if engine in self.SBUF_PORT_ENGINES:
+                before = max(before, self.sbuf_port)
+            return before + self.cost(engine, n, tensor_tensor)
+
+        return self.add(min(engines, key=done), n, tensor_tensor)

@@ -20,7 +20,14 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx2bir.bir.enums import Engine, MemoryType
 from onnx2bir.bir.ir import Loop, all_loops
 from onnx2bir.bir.verify import verify_module
-from onnx2bir.codegen.row_groups import COPY_BUDGET, GROUP, emit_skewed, emit_staged, plan_groups
+from onnx2bir.codegen.row_groups import (
+    COPY_BUDGET,
+    GROUP,
+    EngineLoad,
+    emit_skewed,
+    emit_staged,
+    plan_groups,
+)
 from onnx2bir.codegen.tiling import BUFFERED_LOOPS
 from onnx2bir.compiler import compile_graph, compile_model, import_graph
 from onnx2bir.options import CompileOptions
@@ -128,7 +135,9 @@ def test_softmax_row_groups_match_onnxruntime_race_free(op, case):
     shape, axis = SOFTMAX_CASES[case]
     model = one_node_model(op, {"x": shape}, shape, opset=13, axis=axis)
     compiled = _compile(model)
-    assert {Engine.POOL, Engine.ACT, Engine.DVE} <= _engines(compiled)
+    # ScalarE and VectorE share the steps; GpSimd would take a row max only if it finished it
+    # first, and it shares SBUF's port with VectorE (test_engine_load_counts_the_sbuf_port).
+    assert {Engine.ACT, Engine.DVE} <= _engines(compiled)
     if case == "many_tiles":
         buffered = compiled.module.metadata[BUFFERED_LOOPS]
         loops = {loop.axis: loop for loop in _loops(compiled.module.functions[0].entry)}
@@ -264,3 +273,18 @@ def test_rows_are_read_from_and_written_to_their_homes(op):
     got = run_function(compilation.module, {"x": x})
     want = run_onnxruntime(model, {"x": x})
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_engine_load_counts_the_sbuf_port():
+    """VectorE and GpSimd take turns on SBUF (docs/device_time.md#on-chip-ports): an idle
+    GpSimd is no faster than a busy VectorE for a step on SBUF tiles. Costs from the formulas:
+    VectorE N cycles at 1.12 GHz, GpSimd 150 + N at 1.4 GHz, ScalarE N at 1.4 GHz."""
+    busy = EngineLoad()
+    busy.add(Engine.DVE, 1000)  # 893 ns on VectorE and on the port
+    # 64 elements: VectorE 57 ns after 893, GpSimd 153 ns after the same 893 on the port.
+    assert busy.pick((Engine.POOL, Engine.DVE), 64) is Engine.DVE
+    # ScalarE does not take SBUF's port: with the port busy it finishes first.
+    assert busy.pick((Engine.ACT, Engine.DVE), 64) is Engine.ACT
+    # A long row: GpSimd's 150 + 4096 cycles at 1.4 GHz (3.03 us) beat VectorE's 4096 at
+    # 1.12 GHz (3.66 us).
+    assert EngineLoad().pick((Engine.POOL, Engine.DVE), 4096) is Engine.POOL
