@@ -165,17 +165,17 @@ class _Simulator:
         self.finish: dict[int, tuple[float, int, str]] = {}  # ins id -> (end, slice, stream)
         # The core's shared DMA bandwidth and the two on-chip ports.
         self.shared = {name: _Timeline() for name in (SHARED_DMA, SBUF_PORT, PSUM_PORT)}
-        self.ports: dict[int, tuple[str, ...]] = {}  # ins id -> the ports it holds
         self.before: dict[int, tuple[float, int, str]] = {}  # the instance before that one
         # Recent instances of each instruction (oldest first), and the slice at which the
         # current trip of each loop began: a carried edge reads the source's last instance
         # before the current trip of the loop that carries it (docs/buffers.md#device-time).
         self.recent: dict[int, list[tuple[float, int, str]]] = {}
         self.trip_start: dict[str, int] = {}
-        self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...]]] = {}
+        # ins id -> (cycles, seconds, DMA bytes, FLOPs, compulsory locations, ports held)
+        self.cost_cache: dict[int, tuple[float, float, int, int, tuple[str, ...], tuple]] = {}
         self.payload_reads: dict[int, tuple] = {}  # (payload, bytes) a DMA reads
 
-    def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...]]:
+    def _cost(self, ins: Instruction) -> tuple[float, float, int, int, tuple[str, ...], tuple]:
         cached = self.cost_cache.get(id(ins))
         if cached is None:
             cycles, seconds, moved = instruction_cost(ins, self.function, self.table)
@@ -202,7 +202,8 @@ class _Simulator:
                     and locations[ap.loc].kind.value in _COMPULSORY_KINDS
                 )
             flops = matmul_flops(ins) if ins.engine is Engine.PE else 0
-            cached = (cycles, seconds, moved, flops, compulsory)
+            ports = ports_of(ins, self.function) if self.table.shared_ports else ()
+            cached = (cycles, seconds, moved, flops, compulsory, ports)
             self.cost_cache[id(ins)] = cached
         return cached
 
@@ -214,7 +215,7 @@ class _Simulator:
                 self.instruction(item, weight)
 
     def instruction(self, ins: Instruction, weight: int) -> None:
-        cycles, seconds, moved, flops, compulsory = self._cost(ins)
+        cycles, seconds, moved, flops, compulsory, ports = self._cost(ins)
         table, stream = self.table, stream_of(ins)
         free, cause = self.free.get(stream, (0.0, -1))
         wait_from, ready = free, free
@@ -240,7 +241,6 @@ class _Simulator:
             ready = max(ready, end + latency)
         start = wait_from
         end = ready + seconds
-        ports = self._ports(ins)
         if ports:
             begin, blocker = self._first_common_gap(ports, ready, seconds)
             for port in ports:
@@ -312,14 +312,6 @@ class _Simulator:
         begin, blocker = bandwidth.first_gap(earliest, duration)
         bandwidth.reserve(begin, duration, len(self.sim.slices))
         return begin + duration, blocker
-
-    def _ports(self, ins: Instruction) -> tuple[str, ...]:
-        if not self.table.shared_ports:
-            return ()
-        ports = self.ports.get(id(ins))
-        if ports is None:
-            ports = self.ports[id(ins)] = ports_of(ins, self.function)
-        return ports
 
     def _first_common_gap(
         self, ports: tuple[str, ...], earliest: float, duration: float
