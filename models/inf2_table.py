@@ -218,12 +218,6 @@ def build(name: str, layers: int | None = None):
 
 
 def main(argv: list[str]) -> int:
-    import onnx
-    import torch
-
-    from models.strip_metadata import strip_exporter_metadata
-    from models.zoo import _export
-
     parser = argparse.ArgumentParser(
         prog="models/inf2_table.py",
         description="Export the Inf2 table's rows to models/.cache/ (an export that exists is "
@@ -239,6 +233,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"unknown rows {', '.join(unknown)}; rows: {', '.join(ROWS)}")
     full = args.full
+    import onnx  # the export venv's packages, needed only past --help
+    import torch
+
+    from models.strip_metadata import strip_exporter_metadata
+    from models.zoo import _export
+
     CACHE.mkdir(exist_ok=True)
     for name in names:
         for out in exports_of(name, full):

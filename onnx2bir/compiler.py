@@ -127,7 +127,9 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
         graph, options, GENERIC_LOWERINGS, kernels, planning_run=True, derived_constants=derived
     )
     function = first.run().functions[0]
-    plan = plan_memory(function, graph, first.arena_need, first.reserved_bytes)
+    plan = plan_memory(
+        function, graph, first.arena_need, first.reserved_bytes, first.weight_requests
+    )
     second = BirCodeGen(
         graph, options, GENERIC_LOWERINGS, kernels, memory_plan=plan, derived_constants=derived
     )

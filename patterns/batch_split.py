@@ -16,8 +16,10 @@ are N times an image's and do not fit SBUF, so each one goes through DRAM betwee
 and its consumers; a few images' do fit, and the nodes of the graph are emitted in order, so
 with the prefix cloned per group the memory plan keeps each group's activations on chip from
 one layer to the next. The price is that each clone loads its weights again: N / g - 1 extra
-reads of a tier's weights. The activations shrink stage by stage while the weights grow, so
-later stages take larger groups. The pass picks the tiers (by dynamic programming over the
+reads of a tier's weights, counted here in full although the memory planner later keeps some
+of them in SBUF for several clones when there is room (docs/memory_planner.md#shared-weights).
+The activations shrink stage by stage while the weights grow, so later stages take larger
+groups. The pass picks the tiers (by dynamic programming over the
 per-sample nodes in topological order and the divisors of N) that minimise
 
     sum over tiers of (N / g - 1) x weight bytes of its nodes (a tier of g > 1 only of ops

@@ -69,7 +69,7 @@ from onnx2bir.bir.parallel import parallel_hazards
 from onnx2bir.codegen.casting import storage_dtype
 from onnx2bir.codegen.deps import DependencyTracker
 from onnx2bir.codegen.instructions import InstructionBuilders
-from onnx2bir.codegen.planner import MemoryPlan
+from onnx2bir.codegen.planner import MemoryPlan, WeightRequest
 from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.residency import plan_copy
 from onnx2bir.codegen.tiling import Affine
@@ -175,6 +175,7 @@ class BirCodeGen(InstructionBuilders):
         self.homes = memory_plan.homes if memory_plan else {}
         self.arena_need: dict[int, int] = {}
         self.psum_need: dict[int, int] = {}
+        self.weight_requests: list[WeightRequest] = []  # every `weight_tile`, for the planner
         self.item_nodes: dict[int, str] = {}
         self._dram_views: dict[str, MemoryLocation] = {}
         self._copy_engine = 0
@@ -553,6 +554,42 @@ class BirCodeGen(InstructionBuilders):
         self._sb_top += nbytes
         self._arena_top = max(self._arena_top, self._sb_top)
         return self.function.add_memory_location(loc)
+
+    def weight_tile(
+        self, tag: str, key: tuple, partitions: int, free: int, dtype: Dtype
+    ) -> tuple[MemoryLocation, bool]:
+        """An SBUF tile for the node's whole copy of a constant, and whether the node must load
+        it. `key` names the constant (its DRAM location first; a computed tensor is never
+        shared) and the way the caller fills
+        the tile: nodes asking with one key get the same bytes. When the memory plan gives
+        the key a home (docs/memory_planner.md#shared-weights), the tile is that home, loaded
+        by its first reader only; the node's arena still takes the bytes of its own copy, so
+        that both passes allocate the same tiles."""
+        if self.function.memory_locations[key[0]].kind not in PAYLOAD_KINDS:
+            return self.sb_tile(tag, partitions, free, dtype), True  # computed: not shared
+        item = len(self.function.entry.items) - 1  # the node's scope, open
+        home = self.memory_plan.weight_home(key, item) if self.memory_plan else None
+        if home is None:
+            tile = self.sb_tile(tag, partitions, free, dtype)
+            request = WeightRequest(item, key, partitions, tile.bytes_per_partition)
+            self.weight_requests.append(request)
+            return tile, True
+        self.sb_tile(tag, partitions, free, dtype)  # the bytes of the node's own copy
+        locations = self.function.memory_locations
+        if home.name not in locations:
+            self.function.add_memory_location(
+                MemoryLocation(
+                    home.name,
+                    MemoryType.SB,
+                    MemoryKind.INTERNAL,
+                    on_chip(dtype),
+                    (partitions, free),
+                    partitions,
+                    home.address,
+                    home.nbytes,
+                )
+            )
+        return locations[home.name], item == home.first
 
     def sb_free_bytes(self) -> int:
         """Bytes of each SBUF partition the node can still allocate, counted as if its arena

@@ -21,6 +21,13 @@ The rule, per tensor:
   SBUF location at its address; a DmaCopy between two on-chip operands becomes a TensorCopy,
   and a DmaCopy with one DRAM side keeps its DMA with the on-chip side rewritten.
 Each refusal is a reason naming the node and the rule; `report` lists them.
+
+A second rule, for weights (docs/memory_planner.md#shared-weights):
+- pattern: one constant loaded whole, the same way (`WeightRequest.key`), by several nodes —
+  the clones of a node that `SplitBatch` runs an image at a time;
+- check: one SBUF home for it fits, from its first reader to its last, in the room the
+  tensor homes and the arenas leave;
+- rewrite: the first reader loads it into that home, the others read it there.
 """
 
 from __future__ import annotations
@@ -74,10 +81,44 @@ class Decision:
     last_item: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class WeightRequest:
+    """A node's whole copy of a constant, as the code generator asked for it
+    (`BirCodeGen.weight_tile`): `key` names the constant and the way it is loaded, so two
+    requests with one key fill their tiles with the same bytes."""
+
+    item: int  # position of the node's scope in the entry block
+    key: tuple
+    partitions: int
+    nbytes: int  # bytes per partition
+
+
+@dataclass(frozen=True, slots=True)
+class WeightHome:
+    """The SBUF home of a constant shared by nodes: loaded by `first`, read by every item."""
+
+    name: str
+    key: tuple
+    address: int
+    nbytes: int
+    items: tuple[int, ...]
+
+    @property
+    def first(self) -> int:
+        return self.items[0]
+
+    @property
+    def last(self) -> int:
+        return self.items[-1]
+
+
 @dataclass
 class MemoryPlan:
     homes: dict[str, Home] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
+    weight_homes: list[WeightHome] = field(default_factory=list)
+    # shared constants some of whose readers load their own copy, and why
+    weight_refusals: dict[tuple, str] = field(default_factory=dict)
     arena_need: dict[int, int] = field(default_factory=dict)
     reserved: int = 0
     sbuf_high_water: int = 0  # bytes per partition in use at the busiest node
@@ -88,6 +129,13 @@ class MemoryPlan:
         """Where node `item`'s arena starts: the top of SBUF minus what the node needs, or,
         for a node whose arena was put below its neighbours' (`_alternate_arenas`), lower."""
         return self.lowered.get(item, SBUF_BYTES_PER_PARTITION - self.arena_need.get(item, 0))
+
+    def weight_home(self, key: tuple, item: int) -> WeightHome | None:
+        """The home node `item` reads the constant `key` from, if any."""
+        for home in self.weight_homes:
+            if home.key == key and item in home.items:
+                return home
+        return None
 
     def counts(self) -> Counter:
         return Counter("resident" if d.resident else "dram" for d in self.decisions.values())
@@ -253,31 +301,46 @@ def _allocate(
     arena_need: dict[int, int],
     reserved: int,
 ) -> tuple[dict[str, Home], dict[str, str]]:
-    """First fit in order of first use: each home gets the lowest address where it overlaps no
-    home live at the same time and stays under every arena of its live range."""
+    """First fit in order of first use, larger first among equals (`_first_fit`)."""
     placed: list[tuple[int, int, int, int]] = []  # (first, last, address, end)
     result: dict[str, Home] = {}
     refused: dict[str, str] = {}
     order = sorted(homes, key=lambda name: (intervals[name][0], -homes[name].bytes_per_partition))
     for name in order:
         home = homes[name]
-        first, last = intervals[name]
-        ceiling = SBUF_BYTES_PER_PARTITION - max(
-            (arena_need.get(item, 0) for item in range(first, last + 1)), default=0
-        )
-        size = home.bytes_per_partition
-        busy = sorted((a, e) for f, la, a, e in placed if f <= last and first <= la)
-        address = reserved
-        for start, end in busy:
-            if address + size <= start:
-                break
-            address = max(address, end)
-        if address + size > ceiling:
-            refused[name] = _no_room(size, first, last, reserved, ceiling, busy)
-            continue
-        placed.append((first, last, address, address + size))
-        result[name] = replace(home, address=address)
+        size, (first, last) = home.bytes_per_partition, intervals[name]
+        address = _first_fit(size, first, last, placed, arena_need, reserved)
+        if isinstance(address, str):
+            refused[name] = address
+        else:
+            placed.append((first, last, address, address + size))
+            result[name] = replace(home, address=address)
     return result, refused
+
+
+def _first_fit(
+    size: int,
+    first: int,
+    last: int,
+    placed: list[tuple[int, int, int, int]],
+    arena_need: dict[int, int],
+    reserved: int,
+) -> int | str:
+    """The lowest address for `size` bytes a partition, live from item `first` to `last`, that
+    overlaps no home of `placed` live at the same time and stays under every arena of that
+    range. Else why not (`_no_room`)."""
+    ceiling = SBUF_BYTES_PER_PARTITION - max(
+        (arena_need.get(item, 0) for item in range(first, last + 1)), default=0
+    )
+    busy = sorted((a, e) for f, la, a, e in placed if f <= last and first <= la)
+    address = reserved
+    for start, end in busy:
+        if address + size <= start:
+            break
+        address = max(address, end)
+    if address + size > ceiling:
+        return _no_room(size, first, last, reserved, ceiling, busy)
+    return address
 
 
 def _no_room(
@@ -304,9 +367,14 @@ def _no_room(
 
 
 def plan_memory(
-    fn: Function, graph: Graph, arena_need: dict[int, int], reserved: int
+    fn: Function,
+    graph: Graph,
+    arena_need: dict[int, int],
+    reserved: int,
+    weight_requests: list[WeightRequest] = (),
 ) -> MemoryPlan:
-    """Decide a home for every Internal DRAM tensor of the first pass's function `fn`."""
+    """Decide a home for every Internal DRAM tensor of the first pass's function `fn`, then
+    for every constant several nodes load whole (`weight_requests`) in the room left."""
     candidates = _candidates(fn)
     accesses, refused = _collect(fn, candidates)
     homes: dict[str, Home] = {}
@@ -345,9 +413,67 @@ def plan_memory(
             )
         else:
             plan.decisions[name] = Decision(name, False, refused.get(name, "not placed"))
-    plan.sbuf_high_water = _high_water(plan, intervals, len(fn.entry.items))
-    plan.lowered = _alternate_arenas(arena_need, homes, intervals, reserved, len(fn.entry.items))
+    placed = [
+        (*intervals[name], home.address, home.address + home.bytes_per_partition)
+        for name, home in homes.items()
+    ]
+    plan.weight_homes, plan.weight_refusals = _place_weight_homes(
+        weight_requests, placed, arena_need, reserved
+    )
+    placed += [
+        (home.first, home.last, home.address, home.address + home.nbytes)
+        for home in plan.weight_homes
+    ]
+    plan.sbuf_high_water = _high_water(plan, placed, len(fn.entry.items))
+    plan.lowered = _alternate_arenas(arena_need, placed, reserved, len(fn.entry.items))
     return plan
+
+
+def _place_weight_homes(
+    requests: list[WeightRequest],
+    placed: list[tuple[int, int, int, int]],
+    arena_need: dict[int, int],
+    reserved: int,
+) -> tuple[list[WeightHome], dict[tuple, str]]:
+    """Homes for the constants that several nodes load whole, after the tensor homes (which
+    keep their places: a tensor kept on chip saves two DRAM trips of its bytes, a shared
+    weight one per reader but the first). Largest saving first, a constant's readers (in
+    order) are cut into runs, each as long as one home fits: at the lowest address where it
+    overlaps no home live at the same time and stays under every arena from the run's first
+    reader to its last. The first reader of a run loads the home; a reader in no run of two
+    or more loads its own copy, and the constant's entry in the refusals says why.
+    A reader's arena keeps the bytes its own copy took in the first pass, so that both passes
+    allocate the same tiles (docs/memory_planner.md#shared-weights)."""
+    readers: dict[tuple, list[WeightRequest]] = {}
+    for request in requests:
+        readers.setdefault(request.key, []).append(request)
+    shared = {key: group for key, group in readers.items() if len({r.item for r in group}) > 1}
+
+    def saving(key: tuple) -> int:
+        group = shared[key]
+        return (len(group) - 1) * group[0].nbytes * group[0].partitions
+
+    placed = list(placed)
+    homes: list[WeightHome] = []
+    refused: dict[tuple, str] = {}
+    for key in sorted(shared, key=saving, reverse=True):
+        items = sorted({r.item for r in shared[key]})
+        size = shared[key][0].nbytes
+        start = 0
+        while start < len(items) - 1:
+            for stop in range(len(items), start + 1, -1):  # the longest run that fits
+                run = items[start:stop]
+                address = _first_fit(size, run[0], run[-1], placed, arena_need, reserved)
+                if not isinstance(address, str):
+                    break
+                refused.setdefault(key, address)
+            if isinstance(address, str):  # not even two readers in a row
+                start += 1
+                continue
+            placed.append((run[0], run[-1], address, address + size))
+            homes.append(WeightHome(f"{key[0]}@sbuf{len(homes)}", key, address, size, tuple(run)))
+            start = stop
+    return homes, refused
 
 
 def _settle(
@@ -412,8 +538,7 @@ def _other_layout(
 
 def _alternate_arenas(
     arena_need: dict[int, int],
-    homes: dict[str, Home],
-    intervals: dict[str, tuple[int, int]],
+    placed: list[tuple[int, int, int, int]],
     reserved: int,
     items: int,
 ) -> dict[int, int]:
@@ -423,12 +548,12 @@ def _alternate_arenas(
     write-after-read edge), and no node's loads run ahead of the compute before it. In order,
     a node whose predecessor stays at the top moves down, under the larger of its two
     neighbours' arenas, when the space there is above every home live at it; the homes keep
-    their places (docs/memory_planner.md#allocation)."""
+    their places (docs/memory_planner.md#allocation). `placed`: every home's (first item,
+    last item, address, end)."""
     homes_top = [reserved] * items
-    for name, home in homes.items():
-        first, last = intervals[name]
+    for first, last, _, end in placed:
         for item in range(first, min(last, items - 1) + 1):
-            homes_top[item] = max(homes_top[item], home.address + home.bytes_per_partition)
+            homes_top[item] = max(homes_top[item], end)
     lowered: dict[int, int] = {}
     for item in range(items):
         need = arena_need.get(item, 0)
@@ -441,13 +566,12 @@ def _alternate_arenas(
     return lowered
 
 
-def _high_water(plan: MemoryPlan, intervals: dict[str, tuple[int, int]], items: int) -> int:
+def _high_water(plan: MemoryPlan, placed: list[tuple[int, int, int, int]], items: int) -> int:
     """The most SBUF bytes per partition in use at once: reserved, live homes and the arena."""
     change = [0] * (items + 1)  # homes' bytes coming live (+) and freed (-) at each item
-    for name, home in plan.homes.items():
-        first, last = intervals[name]
-        change[first] += home.bytes_per_partition
-        change[min(last + 1, items)] -= home.bytes_per_partition
+    for first, last, address, end in placed:
+        change[first] += end - address
+        change[min(last + 1, items)] -= end - address
     peak, live = plan.reserved, 0
     for item in range(items):
         live += change[item]

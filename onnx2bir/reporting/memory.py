@@ -6,7 +6,10 @@ JSON, under "memory" (null when code generation failed):
      "sbuf_high_water_bytes", "psum_high_water_bytes",   (per partition; null when not planned)
      "dram_reasons": [{"reason", "count"}],              (most common first)
      "tensors": [{"tensor", "resident", "reason", "bytes_per_partition",
-                  "first_item", "last_item"}]}
+                  "first_item", "last_item"}],
+     "shared_weights": [{"constant", "home", "readers", "bytes_per_partition",
+                         "first_item", "last_item"}],              (docs/memory_planner.md
+     "shared_weights_refused": [{"constant", "reason"}]}             #shared-weights)
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def memory_json(compilation: Compilation) -> dict | None:
             "psum_high_water_bytes": None,
             "dram_reasons": [],
             "tensors": [],
+            "shared_weights": [],
+            "shared_weights_refused": [],
         }
     decisions = sorted(plan.decisions.values(), key=lambda d: (d.first_item, d.tensor))
     kinds = Counter(_reason_kind(d.reason) for d in decisions if not d.resident)
@@ -62,6 +67,20 @@ def memory_json(compilation: Compilation) -> dict | None:
             }
             for d in decisions
         ],
+        "shared_weights": [
+            {
+                "constant": home.key[0],
+                "home": home.name,
+                "readers": len(home.items),
+                "bytes_per_partition": home.nbytes,
+                "first_item": home.first,
+                "last_item": home.last,
+            }
+            for home in plan.weight_homes
+        ],
+        "shared_weights_refused": [
+            {"constant": key[0], "reason": reason} for key, reason in plan.weight_refusals.items()
+        ],
     }
 
 
@@ -77,4 +96,12 @@ def memory_text(memory: dict | None, reasons: int = 5) -> list[str]:
     ]
     for entry in memory["dram_reasons"][:reasons]:
         lines.append(f"  in DRAM x{entry['count']}: {entry['reason']}")
+    shared = memory.get("shared_weights", [])
+    if shared or memory.get("shared_weights_refused"):
+        loads = sum(home["readers"] - 1 for home in shared)
+        lines.append(
+            f"  weights shared in SBUF: {len(shared)} homes, {loads} loads saved; "
+            f"{len(memory['shared_weights_refused'])} constants still loaded by some of "
+            "their readers (no room)"
+        )
     return lines

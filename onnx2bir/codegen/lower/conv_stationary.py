@@ -67,12 +67,28 @@ def emit_stationary_conv(cg: BirCodeGen, geo: WindowGeometry, source, weights, y
     k_tiles = tile_count(c_in, NUM_PARTITIONS)
     m_tiles = tile_count(c_out, NUM_PARTITIONS)
     k_stride = taps * c_out  # elements of w_sb per input-channel tile
-    w_sb = cg.sb_tile("weights", NUM_PARTITIONS, k_tiles * k_stride, operand)
-    _load_weights(cg, w_sb, weights.loc, c_in, taps, c_out)
+    # Clones of one conv (a batch run an image at a time) may share one copy of the weights
+    # in SBUF, loaded by the first of them (docs/memory_planner.md#shared-weights).
+    w_sb, load = cg.weight_tile(
+        "weights",
+        (weights.loc, "conv_stationary", c_in, taps, c_out, operand),
+        NUM_PARTITIONS,
+        k_tiles * k_stride,
+        operand,
+    )
+    if load:
+        _load_weights(cg, w_sb, weights.loc, c_in, taps, c_out)
     bias_sb = None
     if weights.bias:
-        bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, m_tiles, Dtype.FP32)
-        _load_bias(cg, bias_sb, weights.bias, c_out)
+        bias_sb, load = cg.weight_tile(
+            "bias",
+            (weights.bias, "conv_stationary.bias", c_out),
+            NUM_PARTITIONS,
+            m_tiles,
+            Dtype.FP32,
+        )
+        if load:
+            _load_bias(cg, bias_sb, weights.bias, c_out)
 
     cols = min(geo.out_w, MATMUL_MAX_MOVING_FREE)
     rows = max(1, min(geo.out_h, MATMUL_MAX_MOVING_FREE // cols))

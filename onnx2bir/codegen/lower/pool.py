@@ -56,6 +56,10 @@ from onnx2bir.graph import Node
 
 POOL_OUT_TILE = 1024
 POOL_BAND_BYTES = 96 * 1024  # SBUF bytes per partition one input band may take
+# Band copies: double buffering, not one copy per tile. A pool reads each band once, so one
+# copy ahead is enough to overlap its load; four copies of a 224-wide map's band take a third
+# of SBUF, room a batch split's homes and shared weights need (docs/buffers.md#lowerings).
+POOL_BAND_COPIES = 2
 REDUCE_CHUNK = 8192
 
 
@@ -228,7 +232,7 @@ def window_pool(
         per_copy = (band_stride + out_stride * (2 if isinstance(divisor, str) else 1)) * (
             dtype.itemsize
         )
-        copies = buffer_count(cg, counts[level], per_copy)
+        copies = buffer_count(cg, counts[level], per_copy, limit=POOL_BAND_COPIES)
     buffers = [copies if i == level else 1 for i in range(3)]
     band = cg.sb_tile("band", NUM_PARTITIONS, copies * band_stride, dtype)
     out_sb = cg.sb_tile("out", NUM_PARTITIONS, copies * out_stride, dtype)

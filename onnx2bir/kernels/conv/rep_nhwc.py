@@ -72,6 +72,8 @@ class _Plan:
     cols: int
     w_slot: int  # weight elements per (row group, channel tile)
     weights: MemoryLocation
+    load_weights: bool  # False: another node loaded them into a shared home
+    load_bias: bool
     band: MemoryLocation  # `buffers` copies of band, out and acc (docs/buffers.md#rotation)
     bias: MemoryLocation
     out: MemoryLocation
@@ -114,8 +116,9 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
             cg, plan.band, 0, copies, (0, NUM_PARTITIONS), plan.rows, band_cols, side_clip, 0.0
         )
     for m in tiles(cg, args.c_out, min(args.c_out, NUM_PARTITIONS), "m"):
-        _load_weights(cg, plan, m)
-        if args.bias:
+        if plan.load_weights:
+            _load_weights(cg, plan, m)
+        if args.bias and plan.load_bias:
             cg.dma(
                 cg.ap(plan.bias, partitions=m.size),
                 cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
@@ -141,9 +144,25 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
     w_slot = args.k_w * min(args.c_out, NUM_PARTITIONS)
     operand = pe_operand_dtype(cg)
     # Resident weights: [(r, c), (group, channel tile, kw, C_out)] for one C_out tile.
-    # Both PE operands in the autocast dtype: the weight and band DMAs are the casts.
-    weights = cg.sb_tile("weights", NUM_PARTITIONS, len(groups) * c_tiles * w_slot, operand)
-    bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
+    # Both PE operands in the autocast dtype: the weight and band DMAs are the casts. With one
+    # C_out tile they are the whole weights, which the clones of a conv run an image at a time
+    # may share (docs/memory_planner.md#shared-weights).
+    w_free = len(groups) * c_tiles * w_slot
+    load_weights = load_bias = True
+    if args.c_out <= NUM_PARTITIONS:
+        shape = (args.c_in, args.c_out, args.k_h, args.k_w, args.w_strides, per_group, operand)
+        weights, load_weights = cg.weight_tile(
+            "weights", (args.w, "rep_nhwc", *shape), NUM_PARTITIONS, w_free, operand
+        )
+        if args.bias:
+            bias, load_bias = cg.weight_tile(
+                "bias", (args.bias, "rep_nhwc.bias", args.c_out), NUM_PARTITIONS, 1, Dtype.FP32
+            )
+        else:
+            bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
+    else:
+        weights = cg.sb_tile("weights", NUM_PARTITIONS, w_free, operand)
+        bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
     # The output-tile loop rotates band, out and acc (docs/buffers.md#lowerings).
     band_stride = copy_stride(rows * geo.cols_needed(cols), operand)
     bands = len(groups) * c_tiles  # one band per (row group, channel tile)
@@ -168,6 +187,8 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
         cols,
         w_slot,
         weights=weights,
+        load_weights=load_weights,
+        load_bias=load_bias,
         band=cg.sb_tile("band", NUM_PARTITIONS, bands * copies * band_stride, operand),
         bias=bias,
         out=cg.sb_tile("out", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32),
