@@ -459,20 +459,25 @@ def _place_weight_homes(
     for key in sorted(shared, key=saving, reverse=True):
         items = sorted({r.item for r in shared[key]})
         size = shared[key][0].nbytes
-        start = 0
-        while start < len(items) - 1:
+        alone, reason, start = [], "", 0
+        while start < len(items):
             for stop in range(len(items), start + 1, -1):  # the longest run that fits
                 run = items[start:stop]
                 address = _first_fit(size, run[0], run[-1], placed, arena_need, reserved)
-                if not isinstance(address, str):
-                    break
-                refused.setdefault(key, address)
-            if isinstance(address, str):  # not even two readers in a row
+                if isinstance(address, str):
+                    reason = reason or address
+                    continue
+                placed.append((run[0], run[-1], address, address + size))
+                name = f"{key[0]}@sbuf{len(homes)}"
+                homes.append(WeightHome(name, key, address, size, tuple(run)))
+                start = stop
+                break
+            else:  # not even with the next reader
+                alone.append(items[start])
                 start += 1
-                continue
-            placed.append((run[0], run[-1], address, address + size))
-            homes.append(WeightHome(f"{key[0]}@sbuf{len(homes)}", key, address, size, tuple(run)))
-            start = stop
+        if alone:
+            where = ", ".join(map(str, alone))
+            refused[key] = f"the readers at entry items {where} load their own copy: {reason}"
     return homes, refused
 
 

@@ -24,7 +24,7 @@ def _w(seed: int, *shape: int) -> np.ndarray:
     return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
 
 
-def _net():
+def _net(c_mid: int = C_MID, size: int = 16):
     """Conv(bias) -> Relu -> Conv -> GlobalAveragePool -> Flatten -> Gemm at batch 3; under
     `small_spill` the front runs an image at a time, so each conv has three clones."""
     nodes = [
@@ -36,12 +36,12 @@ def _net():
         helper.make_node("Gemm", ["f", "wf"], ["y"], name="fc", transB=1),
     ]
     inits = {
-        "w0": _w(1, C_MID, C_IN, 3, 3),
-        "b0": _w(2, C_MID, 1)[:, 0],
-        "w1": _w(3, C_MID, C_MID, 3, 3),
-        "wf": _w(4, 10, C_MID),
+        "w0": _w(1, c_mid, C_IN, 3, 3),
+        "b0": _w(2, c_mid, 1)[:, 0],
+        "w1": _w(3, c_mid, c_mid, 3, 3),
+        "wf": _w(4, 10, c_mid),
     }
-    return make_model(nodes, {"x": (BATCH, C_IN, 16, 16)}, {"y": None}, initializers=inits)
+    return make_model(nodes, {"x": (BATCH, C_IN, size, size)}, {"y": None}, initializers=inits)
 
 
 @pytest.fixture
@@ -91,6 +91,26 @@ def test_the_clones_of_a_conv_read_its_weights_from_dram_once(small_spill):
 def test_the_shared_weights_program_matches_onnxruntime(small_spill):
     assert _compiled().memory_plan.weight_homes
     assert_matches_onnxruntime(_net())
+
+
+def test_a_conv_kernel_holds_several_output_tiles_whole_to_share_them(monkeypatch):
+    """w0 (8 -> 160 channels) takes the rep_nhwc kernel with two C_out tiles; its weights
+    and bias are held whole, one slot per tile, so the clones share them too. An image's
+    160-channel 8 x 8 activations (40 KiB) count as on chip, the batch's as through DRAM."""
+    monkeypatch.setattr(batch_split, "SPILL_BYTES", 64 * 1024)
+    model = _net(c_mid=160, size=8)
+    compiled = compile_graph(import_graph(model), CompileOptions(auto_cast="none"))
+    function = compiled.module.functions[0]
+    homes = {home.key[0].split("@")[0]: home for home in compiled.memory_plan.weight_homes}
+    assert len(homes["w0"].items) == len(homes["b0"].items) == BATCH
+    assert all(
+        ins.origin.rule.startswith("kernel.Conv2d_dw_fb01_io01_01bf_rep_nhwc")
+        for ins in _dma_reads(function, homes["w0"].key[0])
+    )
+    moved = sum(ins.dst.num_elements * 4 for ins in _dma_reads(function, homes["w0"].key[0]))
+    assert moved == 160 * C_IN * 9 * 4
+    assert sum(ins.dst.num_elements * 4 for ins in _dma_reads(function, "b0")) == 160 * 4
+    assert_matches_onnxruntime(model)
 
 
 def test_a_home_its_first_reader_does_not_load_is_caught(small_spill, monkeypatch):

@@ -16,8 +16,10 @@ R = min(kH, 128 // C_in) rows fit at once (all of them when the selector's rep_n
 matched: C_in·kH ≤ 128); otherwise the kernel rows are taken in groups of R (the
 K-replication row, priority 9) and wide inputs (C_in > 128) in channel tiles of 128, all
 accumulating into the same PSUM tile. Against the generic path this divides the matmul count
-by R. Weights stay resident in SBUF for a C_out tile; the bias (and a fused Relu) rides on the
-PSUM eviction. Each (row group, channel tile) has a band of its own, so an output tile's band
+by R. Weights stay resident in SBUF for a C_out tile, or whole when every C_out tile's fit
+`WHOLE_WEIGHT_BYTES` (the clones of a conv that a batch runs an image at a time then share
+them, docs/memory_planner.md#shared-weights); the bias (and a fused Relu) rides on the PSUM
+eviction. Each (row group, channel tile) has a band of its own, so an output tile's band
 loads go at once instead of each waiting for the matmuls on the band before it.
 """
 
@@ -54,6 +56,10 @@ from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args, kerne
 
 REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"  # the name the conv registry writes
 
+# Weights of several C_out tiles are held whole, each tile in a slot of its own, when they
+# take at most this many bytes of each partition (a 1x1 conv 128 -> 512 takes 1 KiB in bf16).
+WHOLE_WEIGHT_BYTES = 16 * 1024
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -71,6 +77,7 @@ class _Plan:
     rows: int
     cols: int
     w_slot: int  # weight elements per (row group, channel tile)
+    m_slots: int  # C_out tiles the weights tile holds at once: all of them, or 1
     weights: MemoryLocation
     load_weights: bool  # False: another node loaded them into a shared home
     load_bias: bool
@@ -81,8 +88,15 @@ class _Plan:
     buffers: tuple[int, int, int]  # copies rotated by the n, oh and ow loops (one is > 1)
     band_stride: int  # elements between two copies of the band
 
-    def slot(self, group: int, k: Tile) -> Affine:
-        return (group * self.c_tiles + tile_index(k, self.c_tile)) * self.w_slot
+    def slot(self, group: int, k: Tile, m: Tile) -> Affine:
+        m_slot = tile_index(m, NUM_PARTITIONS) if self.m_slots > 1 else 0
+        groups = len(self.row_groups)
+        return ((m_slot * groups + group) * self.c_tiles + tile_index(k, self.c_tile)) * (
+            self.w_slot
+        )
+
+    def bias_column(self, m: Tile) -> Affine | int:
+        return tile_index(m, NUM_PARTITIONS) if self.m_slots > 1 else 0
 
     def band_at(self, group: int, k: Tile, slot: Affine) -> Affine:
         """Element offset of copy `slot` of the band of (row group, channel tile): each has
@@ -120,7 +134,7 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
             _load_weights(cg, plan, m)
         if args.bias and plan.load_bias:
             cg.dma(
-                cg.ap(plan.bias, partitions=m.size),
+                cg.ap(plan.bias, [(1, 1)], plan.bias_column(m), partitions=m.size),
                 cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
             )
         b_n, b_oh, b_ow = plan.buffers
@@ -148,16 +162,18 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
     # C_out tile they are the whole weights, which the clones of a conv run an image at a time
     # may share (docs/memory_planner.md#shared-weights).
     w_free = len(groups) * c_tiles * w_slot
+    m_tiles = tile_count(args.c_out, NUM_PARTITIONS)
+    whole = m_tiles == 1 or m_tiles * w_free * operand.itemsize <= WHOLE_WEIGHT_BYTES
+    m_slots = m_tiles if whole else 1
     load_weights = load_bias = True
-    if args.c_out <= NUM_PARTITIONS:
+    if whole:
         shape = (args.c_in, args.c_out, args.k_h, args.k_w, args.w_strides, per_group, operand)
         weights, load_weights = cg.weight_tile(
-            "weights", (args.w, "rep_nhwc", *shape), NUM_PARTITIONS, w_free, operand
+            "weights", (args.w, "rep_nhwc", *shape), NUM_PARTITIONS, m_slots * w_free, operand
         )
         if args.bias:
-            bias, load_bias = cg.weight_tile(
-                "bias", (args.bias, "rep_nhwc.bias", args.c_out), NUM_PARTITIONS, 1, Dtype.FP32
-            )
+            key = (args.bias, "rep_nhwc.bias", args.c_out)
+            bias, load_bias = cg.weight_tile("bias", key, NUM_PARTITIONS, m_slots, Dtype.FP32)
         else:
             bias = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32)
     else:
@@ -186,6 +202,7 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
         rows,
         cols,
         w_slot,
+        m_slots,
         weights=weights,
         load_weights=load_weights,
         load_bias=load_bias,
@@ -209,7 +226,7 @@ def _load_weights(cg: BirCodeGen, plan: _Plan, m: Tile) -> None:
                     cg.ap(
                         plan.weights,
                         [(m.size, args.k_w), (1, m.size)],
-                        plan.slot(gi, k),
+                        plan.slot(gi, k, m),
                         partitions=k.size,
                         partition_start=r * k.size,
                     ),
@@ -275,7 +292,7 @@ def _output_tile(
                     cg.ap(
                         plan.weights,
                         [(1, m.size)],
-                        plan.slot(gi, k) + kw * m.size,
+                        plan.slot(gi, k, m) + kw * m.size,
                         partitions=g_rows * k.size,
                     ),
                     cg.ap(
@@ -287,7 +304,9 @@ def _output_tile(
                     accumulate=not (gi == 0 and k.first and kw == 0),
                 )
     result = cg.ap(plan.out, [(1, pixels)], out_at, partitions=m.size)
-    bias = cg.ap(plan.bias, partitions=m.size) if args.bias else None
+    bias = None
+    if args.bias:
+        bias = cg.ap(plan.bias, [(1, 1)], plan.bias_column(m), partitions=m.size)
     cg.activation(result, psum, args.activation, bias=bias)
     y_b, y_f, y_h, y_w = args.y_strides
     cg.dma(
