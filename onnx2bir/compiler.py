@@ -37,6 +37,7 @@ from onnx2bir.patterns.batch_split import SplitBatch
 from onnx2bir.patterns.conv.bridges import FoldConvLayoutBridges
 from onnx2bir.patterns.conv.epilogue import FuseConvActivation
 from onnx2bir.patterns.conv.selection import TransformConvOp
+from onnx2bir.patterns.matmul_scale import FuseMatMulScale
 from onnx2bir.patterns.mlp.raising import LowerToNKIKernelCC
 from onnx2bir.patterns.passes import PassManager
 from onnx2bir.patterns.quant.integer import RaiseIntegerMatmuls
@@ -71,6 +72,7 @@ def default_passes() -> list:
         TransformConvOp(),
         FoldConvLayoutBridges(),
         FuseConvActivation(),
+        FuseMatMulScale(),
     ]
 
 

@@ -93,9 +93,11 @@ def emit_heads(
     k: int,
     n: int,
     dtype: Dtype,
+    alpha: float = 1.0,
 ) -> None:
-    """y[..., h] = a[..., h] @ b[..., h] over `batch` (a, b, y row-major; `strides` the a and b
-    element strides per batch dim, 0 where one broadcasts; `locs` the a, b, y DRAM views).
+    """y[..., h] = alpha · a[..., h] @ b[..., h] over `batch` (a, b, y row-major; `strides` the a
+    and b element strides per batch dim, 0 where one broadcasts; `locs` the a, b, y DRAM views;
+    alpha applied by the eviction).
 
     a [m, k] is cut into row tiles of 128 (m) and contraction tiles of 128 (k); block (kt, h)
     of the pass's tiles holds head h's k tile kt: aᵀ [k tile, m] and b [k tile, n]."""
@@ -182,7 +184,7 @@ def emit_heads(
                     result, [(1, n)], (h.slot * m_tiles + mt) * result_copy, partitions=mm.size
                 )
                 written = cg.write_operand(tile, out)
-                cg.activation(written, total, ActFunc.COPY)
+                cg.activation(written, total, ActFunc.COPY, scale=alpha)
                 cg.store_result(out, tile, written)
 
     def walk(depth: int, a_off: Affine, b_off: Affine, y_off: Affine, copy: Affine) -> None:

@@ -38,13 +38,15 @@ def _vit_attention(tokens: int, heads: int = H):
     q = w.op("Transpose", [projection()], perm=[0, 2, 1, 3], name="q_heads")
     k = w.op("Transpose", [projection()], perm=[0, 2, 3, 1], name="k_transpose")
     v = w.op("Transpose", [projection()], perm=[0, 2, 1, 3], name="v_heads")
-    scores = w.op("MatMul", [q, k], name="qk")
+    scores = w.op("MatMul", [q, k], name="qk")  # scaled on its eviction
     scaled = w.op("Mul", [scores, w.const(0.25)], name="scale")
     probs = w.op("Softmax", [scaled], axis=-1, name="softmax")
     context = w.op("MatMul", [probs, v], name="pv")
     merged = w.op("Transpose", [context], perm=[0, 2, 1, 3], name="merge")
     out = w.op("Relu", [w.reshape(merged, [1, tokens, H * D])], name="out")
-    return w.model(out), {"scores": scores, "probs": probs, "k": k, "q": q, "context": context}
+    # The scale runs on qk's eviction (patterns/matmul_scale.py): qk writes `scaled` itself.
+    names = {"scores": scaled, "probs": probs, "k": k, "q": q, "context": context}
+    return w.model(out), names
 
 
 def _run(model, tokens: int, **options):

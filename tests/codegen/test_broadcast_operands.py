@@ -118,11 +118,16 @@ def test_the_scores_scale_and_mask_compute_in_their_sbuf_homes():
     for tensor in ("scaled", "mask", "cond"):
         assert function.memory_locations[tensor].memory is MemoryType.SB, tensor
     entry = function.entry
-    # The scale Mul: one TensorScalar per tile, from the scores' home into its own.
-    mul = _instances(entry, "scale_mul")
-    assert {i.opcode for i, _ in mul} == {Opcode.TENSOR_SCALAR}
-    assert sum(n for _, n in mul) == B * H * T * T // (128 * 128)
-    assert all(i.srcs["in"].loc == "scores" and i.dst.loc == "scaled" for i, _ in mul)
+    # The scale Mul runs on the product's eviction (patterns/matmul_scale.py): no pass of
+    # its own; each of qk's output tiles is evicted times 0.125 straight into scaled's home.
+    assert not _instances(entry, "scale_mul")
+    evictions = [
+        (i, n)
+        for i, n in _instances(entry, "qk")
+        if i.opcode is Opcode.ACTIVATION and i.dst.loc == "scaled"
+    ]
+    assert sum(n for _, n in evictions) == B * H * T * T // (128 * 128)
+    assert all(i.attrs["scale"] == 0.125 for i, _ in evictions)
     # The mask Add: one TensorTensor per tile, the mask read in its home by every head.
     add = _instances(entry, "mask_add")
     assert {i.opcode for i, _ in add} == {Opcode.TENSOR_TENSOR}

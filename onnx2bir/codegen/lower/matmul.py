@@ -155,9 +155,16 @@ def _row_major(loc: str, offset: Affine, rows: int, cols: int) -> MatrixView:
     return MatrixView(loc, offset, rows, cols, cols, 1)
 
 
+# The attribute of a MatMul node holding the constant factor its PSUM eviction multiplies by:
+# a Mul that FuseMatMulScale folded into it (patterns/matmul_scale.py).
+MATMUL_SCALE = "fused_scale"
+
+
 def lower_matmul(cg: BirCodeGen, node: Node) -> None:
     """numpy matmul: 1-D operands get a unit dim, batch dims broadcast and become loops; a
-    contiguous batched a times one shared b is one matmul with the batches as rows."""
+    contiguous batched a times one shared b is one matmul with the batches as rows. Every
+    tile is evicted times the node's `MATMUL_SCALE`, when it has one."""
+    alpha = float(node.attr(MATMUL_SCALE, 1.0))
     a_name, b_name = node.inputs[:2]
     out = node.outputs[0]
     a_shape = tuple(cg.graph.tensors[a_name].shape)
@@ -188,10 +195,10 @@ def lower_matmul(cg: BirCodeGen, node: Node) -> None:
         # (and b is read once, not once per batch index).
         a_rows = _row_major(a_loc, Affine(), rows * m, k)
         b_view, y_view = _row_major(b_loc, Affine(), k, n), _row_major(y_loc, Affine(), rows * m, n)
-        if try_panels(cg, a_rows, b_view, y_view, dtype):
+        if try_panels(cg, a_rows, b_view, y_view, dtype, alpha):
             return
         mm = _rotating_tiles(cg, dtype, [tile_count(rows * m, NUM_PARTITIONS)], n)
-        emit_gemm(cg, a_rows, b_view, y_view, mm)
+        emit_gemm(cg, a_rows, b_view, y_view, mm, alpha)
         return
     if not batch and try_panels(
         cg,
@@ -199,10 +206,12 @@ def lower_matmul(cg: BirCodeGen, node: Node) -> None:
         _row_major(b_loc, Affine(), k, n),
         _row_major(y_loc, Affine(), m, n),
         dtype,
+        alpha,
     ):
         return
     if len(a_shape) > 1 and heads_fit(cg, batch, b_batch, m, k, n, dtype):
-        emit_heads(cg, batch, (a_batch, b_batch), (a_loc, b_loc, y_loc), m, k, n, dtype)
+        locs = (a_loc, b_loc, y_loc)
+        emit_heads(cg, batch, (a_batch, b_batch), locs, m, k, n, dtype, alpha)
         return
     mm = _rotating_tiles(cg, dtype, [*batch, tile_count(m, NUM_PARTITIONS)], n)
     level = rotating_level([*batch, tile_count(m, NUM_PARTITIONS), tile_count(n, 512)])
@@ -215,6 +224,7 @@ def lower_matmul(cg: BirCodeGen, node: Node) -> None:
                 _row_major(b_loc, b_off, k, n),
                 _row_major(y_loc, y_off, m, n),
                 mm,
+                alpha,
                 slot=slot if level is not None and level < len(batch) else None,
             )
             return
