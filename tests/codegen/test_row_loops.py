@@ -17,7 +17,7 @@ from conftest import (
 )
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx2bir.bir.enums import Engine, MemoryType
+from onnx2bir.bir.enums import Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Loop, all_loops
 from onnx2bir.bir.verify import verify_module
 from onnx2bir.codegen.row_groups import (
@@ -156,9 +156,10 @@ def _weights(seed: int, *shape: int) -> np.ndarray:
 
 # GpSimd takes the row sum from about 600 elements a row and the scale and bias from 100 (where it
 # is not dearer than VectorE, docs/device_time.md#instruction-costs); ScalarE and VectorE
-# always have their steps.
+# always have their steps. Scale and bias rows of 128 elements or more are made on the PE array
+# (GpSimd sets its ones) and applied by VectorE from PSUM.
 LAYER_NORM_CASES = {
-    "four_tiles": ((4, 128, 640), {Engine.ACT, Engine.DVE, Engine.POOL}),
+    "four_tiles": ((4, 128, 640), {Engine.ACT, Engine.DVE, Engine.POOL, Engine.PE}),
     "two_groups_and_edge": ((1100, 64), {Engine.ACT, Engine.DVE}),
     "one_partial_tile": ((3, 50, 40), {Engine.ACT, Engine.DVE}),
 }
@@ -180,6 +181,39 @@ def test_layer_norm_row_groups_match_onnxruntime_race_free(case):
     assert _engines(compiled) - {Engine.DMA} == engines
     assert_matches_onnxruntime(model, passes=[])
     _same_under_a_random_schedule(model)
+
+
+def _vector_reads(compiled, name: str) -> int:
+    """Bytes the program's DMAs read out of constant `name`, loop trips counted."""
+    total = 0
+
+    def walk(block, trips):
+        nonlocal total
+        for item in block.items:
+            if isinstance(item, Loop):
+                walk(item.body, trips * item.trip_count)
+            elif item.opcode is Opcode.DMA_COPY and item.srcs["in"].loc == name:
+                total += item.srcs["in"].num_elements * 4 * trips
+
+    walk(compiled.module.functions[0].entry, 1)
+    return total
+
+
+@pytest.mark.parametrize("negative_zero", [False, True], ids=["on_pe", "negative_zero"])
+def test_layer_norm_makes_its_scale_and_bias_rows_on_the_pe(negative_zero):
+    """An encoder's LN rows (768 fp32) are read once and copied down the partitions on the PE
+    array, not moved once per partition by a broadcast DMA; a scale holding -0 keeps the DMA
+    (1 · (-0) on the PE comes out +0). Both match onnxruntime."""
+    d = 768
+    scale = _weights(1, d)
+    if negative_zero:
+        scale[5] = -0.0
+    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)
+    model = make_model(node, {"x": (1, 197, d)}, {"y": None}, 17, {"s": scale, "b": _weights(2, d)})
+    compiled = _compile(model)
+    assert _vector_reads(compiled, "s") == (128 if negative_zero else 1) * d * 4
+    assert (Engine.PE in _engines(compiled)) is not negative_zero
+    assert_matches_onnxruntime(model, passes=[])
 
 
 def test_instance_norm_groups_images():

@@ -10,8 +10,11 @@ InstanceNormalization and LRN.
   statistics and `(x − mean) · rstd` from `codegen/row_norm.py` (a group of row tiles at a
   time, the steps spread over GpSimd, ScalarE and VectorE, docs/row_loops.md). Then the affine
   step (GpSimd where it is not dearer than VectorE): LN multiplies by the scale and adds the
-  bias, vectors along the free dim loaded once (broadcast to every partition by a stride-0
-  DMA); IN's are per-channel columns. Rows longer than ROW_CHUNK are read in chunks, once per
+  bias, vectors along the free dim made once for every partition: loaded onto one partition
+  and copied down the others on the PE array into PSUM, which VectorE then reads (for fp32
+  constants without negative zeros, as `elementwise_walk._row_on_pe` does for a bias row),
+  else broadcast by a stride-0 DMA that moves the vector once per partition; IN's are
+  per-channel columns. Rows longer than ROW_CHUNK are read in chunks, once per
   pass, one tile at a time.
 - LRN: the window sum across channels is a matmul with a band matrix (ones where
   |c' − c| is inside the window, built with Iota and two comparisons):
@@ -23,10 +26,13 @@ from __future__ import annotations
 
 import math
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
+import numpy as np
+
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.act_range import reciprocal_sqrt
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.elementwise_walk import PE_BROADCAST_ELEMENTS
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
@@ -112,10 +118,18 @@ def lower_layer_norm(cg: BirCodeGen, node: Node) -> None:
     if length > ROW_CHUNK:
         _layer_norm_chunked(cg, x, rows, length, eps, vectors, outputs)
         return
-    # The same scale and bias rows serve every row tile: loaded once, on every partition.
+    # The same scale and bias rows serve every row tile: made once, on every partition.
     p, fp32 = NUM_PARTITIONS, Dtype.FP32
+    on_pe = _vectors_on_pe(cg, [name for name in (scale, bias) if name], length)
     rows_of = {}
+    ones = None
     for tag, loc in vectors.items():
+        if on_pe:
+            if ones is None:
+                ones = cg.sb_tile("ones", 1, p, fp32)
+                cg.memset(cg.ap(ones), 1.0)
+            rows_of[tag] = _vector_down_partitions(cg, tag, loc, length, ones)
+            continue
         tile = cg.sb_tile(tag, p, length, fp32)
         cg.dma(cg.ap(tile, [(1, length)]), cg.dram_ap(loc, Affine(), [(0, p), (1, length)]))
         rows_of[tag] = tile
@@ -129,7 +143,8 @@ def lower_layer_norm(cg: BirCodeGen, node: Node) -> None:
         return cg.dram_ap(x_loc, start, pattern), cg.dram_ap(y_loc, start, pattern), r.size
 
     out_mean, out_rstd = (cg.dram(name).name if name else "" for name in outputs[1:3])
-    engine = pass_engine(length, tensor_tensor=True)
+    # GpSimd cannot read PSUM: vectors made on the PE array are applied by VectorE.
+    engine = Engine.DVE if on_pe else pass_engine(length, tensor_tensor=True)
 
     def tile_steps(r: Tile) -> list:
         t = norm.tile(r, views)
@@ -156,6 +171,43 @@ def lower_layer_norm(cg: BirCodeGen, node: Node) -> None:
 
     for group in row_groups(cg, norm.plan, "r"):
         emit_skewed([tile_steps(r) for r in group])
+
+
+def _vectors_on_pe(cg: BirCodeGen, names: list[str], length: int) -> bool:
+    """Whether LN's scale and bias rows are made on the PE array (`_vector_down_partitions`):
+    rows of 128 elements or more (`PE_BROADCAST_ELEMENTS` on the partitions, as for a bias
+    row; a shorter row's broadcast DMA is small), fp32 constants without negative zeros (the
+    PE's sum starts from +0, so 1 · (-0) would come out +0) and PSUM banks for both."""
+    if NUM_PARTITIONS * length < PE_BROADCAST_ELEMENTS:
+        return False
+    for name in names:
+        info = cg.graph.tensors[name]
+        if not info.is_const or info.dtype is not Dtype.FP32:
+            return False
+        values = np.asarray(info.const)
+        if np.any((values == 0) & np.signbit(values)):
+            return False
+    banks = -(-length // MATMUL_MAX_MOVING_FREE)
+    return bool(names) and len(names) * banks <= cg.psum_free_banks()
+
+
+def _vector_down_partitions(cg: BirCodeGen, tag: str, loc: str, length: int, ones):
+    """The vector at `loc` on every partition, in PSUM: loaded once onto one partition (one
+    small DMA, not one copy per partition), then ones[1, 128]ᵀ · row[1, cols] on the PE array,
+    512 columns (one bank) per matmul. Exact: each element is 1 · x, rounded once."""
+    fp32 = Dtype.FP32
+    row = cg.sb_tile(f"{tag}_row", 1, length, fp32)
+    cg.dma(cg.ap(row, [(1, length)], partitions=1), cg.dram_ap(loc, Affine(), [(1, length)]))
+    psum = cg.psum_tile(tag, NUM_PARTITIONS, length)
+    for start in range(0, length, MATMUL_MAX_MOVING_FREE):
+        size = min(MATMUL_MAX_MOVING_FREE, length - start)
+        cg.matmul(
+            cg.ap(psum, [(1, size)], start),
+            cg.ap(ones, [(1, NUM_PARTITIONS)], partitions=1),
+            cg.ap(row, [(1, size)], start, partitions=1),
+            accumulate=False,
+        )
+    return psum
 
 
 def _layer_norm_chunked(
