@@ -209,19 +209,23 @@ def emit_elementwise(
     names, pieces = planned
     locations = [cg.dram(name) for name in names]
     trips = max((_rotating_trips(piece) for piece in pieces), default=1)
-    per_copy = sum(FREE_TILE * cg.graph.tensors[name].dtype.itemsize for name in names)
+    # A copy holds the walk's widest tile, 64-byte aligned in any dtype: attention scores in
+    # rows of 128 take 128 elements, not FREE_TILE, and leave the room to the homes (the
+    # tiles stay unused when every operand has one).
+    stride = -(-max(min(piece.cols, FREE_TILE) for piece in pieces) // 64) * 64
+    per_copy = sum(stride * cg.graph.tensors[name].dtype.itemsize for name in names)
     copies = buffer_count(cg, trips, per_copy, limit=COPIES)
     # Tiles in the tensors' own dtypes: under `--auto-cast all` the DMAs cast to and from
     # the DRAM storage dtype.
     sb = [
-        cg.sb_tile(f"x{index}", NUM_PARTITIONS, copies * FREE_TILE, cg.graph.tensors[name].dtype)
+        cg.sb_tile(f"x{index}", NUM_PARTITIONS, copies * stride, cg.graph.tensors[name].dtype)
         for index, name in enumerate(names)
     ]
     pe_rows = {} if psum_rows else None
     for piece in pieces:
         level = rotating_level(_tile_counts(piece)) if copies > 1 else None
         hoist = [None] + [_hoist_depth(piece, index) for index in range(1, len(locations))]
-        walk = _Walk(piece, locations, sb, compute, level, copies, direct, hoist, pe_rows)
+        walk = _Walk(piece, locations, sb, compute, level, copies, stride, direct, hoist, pe_rows)
         _emit_piece(cg, walk, 0, [Affine()] * len(locations), Affine())
 
 
@@ -250,6 +254,7 @@ class _Walk:
     compute: Compute
     level: int | None  # the loop level that rotates the tiles' copies
     copies: int
+    stride: int  # elements between two copies of a tile
     direct: bool  # operands straight from and into SBUF homes
     hoist: list  # per operand, the loop level it is loaded at (`_hoist_depth`), or None
     pe_rows: dict | None  # the ones and PSUM tiles of rows copied on the PE (`_row_on_pe`)
@@ -293,7 +298,7 @@ def _hoist(cg, walk: _Walk, depth: int, offsets, slot: Affine, hoisted: dict) ->
     hoisted = dict(hoisted)
     width = min(piece.rows, NUM_PARTITIONS)
     for index in loads:
-        tile = cg.ap(walk.sb[index], [(1, piece.cols)], slot * FREE_TILE, partitions=width)
+        tile = cg.ap(walk.sb[index], [(1, piece.cols)], slot * walk.stride, partitions=width)
         dram = cg.dram_ap(
             walk.locations[index].name,
             piece.base[index] + offsets[index],
@@ -391,7 +396,7 @@ def _emit_piece(
     )
     for row in rows:
         for col in tiles(cg, piece.cols, FREE_TILE, "c", buffers=walk.buffers(outer + 1)):
-            at = (slot + row.slot + col.slot) * FREE_TILE
+            at = (slot + row.slot + col.slot) * walk.stride
             aps = []
             for index, loc in enumerate(locations):
                 start = (
