@@ -541,9 +541,6 @@ def _other_layout(
     return None
 
 
-LOWER_WINDOW = 3  # nodes before a moved arena whose arenas it keeps clear of
-
-
 def _alternate_arenas(
     arena_need: dict[int, int],
     placed: list[tuple[int, int, int, int]],
@@ -556,10 +553,8 @@ def _alternate_arenas(
     write-after-read edge), and no node's loads run ahead of the compute before it. In order,
     a node whose predecessor stays at the top moves down, under the larger of its two
     neighbours' arenas, when the space there is above every home live at it; the homes keep
-    their places (docs/memory_planner.md#allocation). A moved arena also ends under the
-    arenas of the `LOWER_WINDOW` nodes before it, where they are, when the room above the
-    homes allows: two weight-loading nodes with small ones between then share no byte.
-    `placed`: every home's (first item, last item, address, end)."""
+    their places (docs/memory_planner.md#allocation). `placed`: every home's (first item,
+    last item, address, end)."""
     homes_top = [reserved] * items
     for first, last, _, end in placed:
         for item in range(first, min(last, items - 1) + 1):
@@ -570,23 +565,9 @@ def _alternate_arenas(
         if not need or item - 1 in lowered:
             continue
         neighbours = max(arena_need.get(item - 1, 0), arena_need.get(item + 1, 0))
-        if not neighbours:
-            continue
-        # Under the arenas of the nodes just before (where they are) and of the next one.
-        window = range(max(0, item - LOWER_WINDOW), item)
-        ceiling = min(
-            [SBUF_BYTES_PER_PARTITION - neighbours]
-            + [
-                lowered.get(i, SBUF_BYTES_PER_PARTITION - arena_need.get(i, 0))
-                for i in window
-                if arena_need.get(i, 0)
-            ]
-        )
-        start = ceiling - need
-        if start >= max(homes_top[i] for i in range(window.start, item + 1)):
+        start = SBUF_BYTES_PER_PARTITION - neighbours - need
+        if neighbours and start >= homes_top[item]:
             lowered[item] = start
-        elif SBUF_BYTES_PER_PARTITION - neighbours - need >= homes_top[item]:
-            lowered[item] = SBUF_BYTES_PER_PARTITION - neighbours - need
     return lowered
 
 
