@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from onnx2bir.bir.dtypes import on_chip
-from onnx2bir.bir.enums import MemoryKind, MemoryType, Opcode
+from onnx2bir.bir.enums import PAYLOAD_KINDS, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import (
     BasicBlock,
     DoWhile,
@@ -425,8 +425,25 @@ def plan_memory(
         for home in plan.weight_homes
     ]
     plan.sbuf_high_water = _high_water(plan, placed, len(fn.entry.items))
-    plan.lowered = _alternate_arenas(arena_need, placed, reserved, len(fn.entry.items))
+    plan.lowered = _alternate_arenas(
+        arena_need, placed, reserved, len(fn.entry.items), _weight_loaders(fn)
+    )
     return plan
+
+
+def _weight_loaders(fn: Function) -> set[int]:
+    """The nodes (entry items) whose DMAs read weights or constants."""
+    locations = fn.memory_locations
+    found: set[int] = set()
+    for index, entry in enumerate(fn.entry.items):
+        body = entry.body.instructions() if not isinstance(entry, Instruction) else [entry]
+        for ins in body:
+            if ins.opcode is Opcode.DMA_COPY:
+                loc = locations[ins.srcs["in"].loc]
+                if loc.memory is MemoryType.DRAM and loc.kind in PAYLOAD_KINDS:
+                    found.add(index)
+                    break
+    return found
 
 
 def _place_weight_homes(
@@ -541,11 +558,15 @@ def _other_layout(
     return None
 
 
+LOADER_WINDOW = 4  # earlier nodes whose weight-loading arenas a moved weight loader avoids
+
+
 def _alternate_arenas(
     arena_need: dict[int, int],
     placed: list[tuple[int, int, int, int]],
     reserved: int,
     items: int,
+    loaders: set[int] = frozenset(),
 ) -> dict[int, int]:
     """Arenas put below their neighbours' (item -> start), so that two nodes in a row never
     share SBUF bytes. Every arena ends at the top of SBUF, so node k+1's tiles take the bytes
@@ -553,8 +574,10 @@ def _alternate_arenas(
     write-after-read edge), and no node's loads run ahead of the compute before it. In order,
     a node whose predecessor stays at the top moves down, under the larger of its two
     neighbours' arenas, when the space there is above every home live at it; the homes keep
-    their places (docs/memory_planner.md#allocation). `placed`: every home's (first item,
-    last item, address, end)."""
+    their places (docs/memory_planner.md#allocation). A moved node that loads weights also
+    keeps clear of the weight loaders among the `LOADER_WINDOW` nodes before it, where they
+    are, when the room above the homes allows. `placed`: every home's (first item, last item,
+    address, end); `loaders`: the nodes whose DMAs read weights or constants."""
     homes_top = [reserved] * items
     for first, last, _, end in placed:
         for item in range(first, min(last, items - 1) + 1):
@@ -566,8 +589,19 @@ def _alternate_arenas(
             continue
         neighbours = max(arena_need.get(item - 1, 0), arena_need.get(item + 1, 0))
         start = SBUF_BYTES_PER_PARTITION - neighbours - need
-        if neighbours and start >= homes_top[item]:
-            lowered[item] = start
+        if not neighbours or start < homes_top[item]:
+            continue
+        lowered[item] = start
+        if item not in loaders:
+            continue
+        # A weight loader also keeps clear of the weight loaders just before it, where they
+        # are, so that its loads do not wait for their matmuls.
+        earlier = [i for i in range(max(0, item - LOADER_WINDOW), item - 1) if i in loaders]
+        bases = [lowered.get(i, SBUF_BYTES_PER_PARTITION - arena_need.get(i, 0)) for i in earlier]
+        deeper = min([start + need, *bases]) - need
+        window = range(max(0, item - LOADER_WINDOW), item + 1)
+        if deeper < start and deeper >= max(homes_top[i] for i in window):
+            lowered[item] = deeper
     return lowered
 
 
