@@ -565,7 +565,8 @@ class BirCodeGen(InstructionBuilders):
         the key a home (docs/memory_planner.md#shared-weights), the tile is that home, loaded
         by its first reader only; the node's arena still takes the bytes of its own copy, so
         that both passes allocate the same tiles."""
-        if self.function.memory_locations[key[0]].kind not in PAYLOAD_KINDS:
+        source = self.function.memory_locations.get(key[0])
+        if source is None or source.kind not in PAYLOAD_KINDS:
             return self.sb_tile(tag, partitions, free, dtype), True  # computed: not shared
         item = len(self.function.entry.items) - 1  # the node's scope, open
         home = self.memory_plan.weight_home(key, item) if self.memory_plan else None
