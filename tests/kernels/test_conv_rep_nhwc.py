@@ -135,3 +135,21 @@ def test_band_loads_do_not_wait_for_the_other_bands_matmuls(x_shape, kernel):
         for dep in load.deps:
             if by_id[dep.source].opcode is Opcode.MATMULT:
                 assert dep.carried_by is not None, f"{load} waits for {by_id[dep.source]}"
+
+
+def test_whole_weights_read_each_band_once_for_every_output_block():
+    """C_out 200 takes two 128-channel blocks; the weights (200 x 128 of a 1x1 conv) fit whole,
+    so the output tile's band is read once and serves both blocks, each evicted on its own
+    rotating copy. Held per block instead, the band was read once per block."""
+    model = conv_model((1, 128, 9, 9), 200, (1, 1), True, seed=7)
+    compilation = compile_model(model, FP32)
+    matmuls = run_and_compare(compilation, model)
+    fn = compilation.module.functions[0]
+    band_reads = [
+        i
+        for i in fn.instructions()
+        if i.origin.rule == f"kernel.{REP_NHWC}" and any(ap.loc == "x" for ap in i.srcs.values())
+    ]
+    # 81 output pixels: one output tile, one row group of one kernel row: one read of x.
+    assert len(band_reads) == 1
+    assert {m.dst.num_partitions for m in matmuls} == {128, 72}

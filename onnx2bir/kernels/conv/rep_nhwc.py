@@ -19,8 +19,11 @@ accumulating into the same PSUM tile. Against the generic path this divides the 
 by R. Weights stay resident in SBUF for a C_out tile, or whole when every C_out tile's fit
 `WHOLE_WEIGHT_BYTES` (the clones of a conv that a batch runs an image at a time then share
 them, docs/memory_planner.md#shared-weights); the bias (and a fused Relu) rides on the PSUM
-eviction. Each (row group, channel tile) has a band of its own, so an output tile's band
-loads go at once instead of each waiting for the matmuls on the band before it.
+eviction. With the weights per C_out tile, the C_out loop is outermost and each output tile's
+bands are read again for every C_out tile; with them whole, the C_out tiles run inside each
+output tile, its bands read once for all of them, acc and out rotating over two copies.
+Each (row group, channel tile) has a band of its own, so an output tile's band loads go at
+once instead of each waiting for the matmuls on the band before it.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class _Plan:
     cols: int
     w_slot: int  # weight elements per (row group, channel tile)
     m_slots: int  # C_out tiles the weights tile holds at once: all of them, or 1
+    m_copies: int  # with all of them: copies of acc and out the output-tile loop rotates
     weights: MemoryLocation
     load_weights: bool  # False: another node loaded them into a shared home
     load_bias: bool
@@ -129,6 +133,18 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
         frame_sides(
             cg, plan.band, 0, copies, (0, NUM_PARTITIONS), plan.rows, band_cols, side_clip, 0.0
         )
+    b_n, b_oh, b_ow = plan.buffers
+
+    def output_tiles(m: Tile | None) -> None:
+        for n in tiles(cg, args.batch, 1, "n", buffers=b_n):
+            for row in window_tiles(cg, plan.geo, "h", args.out_h, plan.rows, "oh", b_oh):
+                for col in window_tiles(cg, plan.geo, "w", args.out_w, plan.cols, "ow", b_ow):
+                    slot = n.slot + row.slot + col.slot  # at most one of them rotates
+                    if m is None:
+                        _output_tile_all_blocks(cg, plan, n, row, col, slot, sides_once)
+                    else:
+                        _output_tile(cg, plan, m, n, row, col, slot, sides_once)
+
     for m in tiles(cg, args.c_out, min(args.c_out, NUM_PARTITIONS), "m"):
         if plan.load_weights:
             _load_weights(cg, plan, m)
@@ -137,12 +153,10 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
                 cg.ap(plan.bias, [(1, 1)], plan.bias_column(m), partitions=m.size),
                 cg.dram_ap(args.bias, m.start, [(1, m.size), (1, 1)]),
             )
-        b_n, b_oh, b_ow = plan.buffers
-        for n in tiles(cg, args.batch, 1, "n", buffers=b_n):
-            for row in window_tiles(cg, plan.geo, "h", args.out_h, plan.rows, "oh", b_oh):
-                for col in window_tiles(cg, plan.geo, "w", args.out_w, plan.cols, "ow", b_ow):
-                    slot = n.slot + row.slot + col.slot  # at most one of them rotates
-                    _output_tile(cg, plan, m, n, row, col, slot, sides_once)
+        if plan.m_slots == 1:
+            output_tiles(m)
+    if plan.m_slots > 1:  # weights whole: each output tile's bands serve every C_out tile
+        output_tiles(None)
 
 
 def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
@@ -184,10 +198,13 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
     bands = len(groups) * c_tiles  # one band per (row group, channel tile)
     counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
     level = rotating_level(counts)
+    # With the weights whole, the C_out tiles run inside each output tile (its bands loaded
+    # once for all of them), rotating two copies of acc and out.
+    m_copies = 2 if m_slots > 1 else 1
     copies = 1
     if level is not None:
-        copy_bytes = bands * band_stride * operand.itemsize + MATMUL_MAX_MOVING_FREE * 4
-        copies = buffer_count(cg, counts[level], copy_bytes, psum_banks=1)
+        copy_bytes = bands * band_stride * operand.itemsize + m_copies * MATMUL_MAX_MOVING_FREE * 4
+        copies = buffer_count(cg, counts[level], copy_bytes, psum_banks=m_copies)
     buffers = tuple(copies if i == level else 1 for i in range(3))
     return _Plan(
         args,
@@ -203,13 +220,16 @@ def _plan(cg: BirCodeGen, node: Node, args: ConvKernelArgs) -> _Plan:
         cols,
         w_slot,
         m_slots,
+        m_copies,
         weights=weights,
         load_weights=load_weights,
         load_bias=load_bias,
         band=cg.sb_tile("band", NUM_PARTITIONS, bands * copies * band_stride, operand),
         bias=bias,
-        out=cg.sb_tile("out", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32),
-        acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * MATMUL_MAX_MOVING_FREE),
+        out=cg.sb_tile(
+            "out", NUM_PARTITIONS, copies * m_copies * MATMUL_MAX_MOVING_FREE, Dtype.FP32
+        ),
+        acc=cg.psum_tile("acc", NUM_PARTITIONS, copies * m_copies * MATMUL_MAX_MOVING_FREE),
         buffers=buffers,
         band_stride=band_stride,
     )
@@ -250,59 +270,113 @@ def _output_tile(
 ) -> None:
     """Replicate the band once per kernel row, kW matmuls per group, evict, store; band, out
     and acc are the copies `slot` picks."""
-    args, geo = plan.args, plan.geo
-    band_cols = geo.cols_needed(col.size)
     pixels = row.size * col.size
     out_at = slot * MATMUL_MAX_MOVING_FREE
     psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
-    for gi, (g0, g_rows) in enumerate(plan.row_groups):
-        for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
-            first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
-            band_at = plan.band_at(gi, k, slot)
-            # Each kernel row's band reads its own input rows: the rows that fall in the
-            # padding differ from one to the next, and a memset must start at partition 0, 32,
-            # 64 or 96, so the union of their frames is set on every partition of the group
-            # first and each kernel row's read overwrites the rows it has (no-op inside).
-            cols = clip(col.start * geo.stride_w, band_cols, geo.pad_left, geo.in_w)
-            starts = [row.start * geo.stride_h + (g0 + r) * geo.dilation_h for r in range(g_rows)]
-            clips = [clip(s, row.size, geo.pad_top, geo.in_h, geo.stride_h) for s in starts]
-            before = max(c.before for c in clips)
-            after = min(max(c.after for c in clips), row.size - before)
-            union = Clip(before, row.size - before - after, after, Affine())
-            group = (0, g_rows * k.size)
-            frame_band(cg, plan.band, band_at, group, band_cols, union, cols, 0.0, not sides_once)
-            for r, rows in enumerate(clips):
-                read_band(
-                    cg,
-                    plan.band,
-                    band_at,
-                    (r * k.size, k.size),
-                    band_cols,
-                    rows,
-                    cols,
-                    plan.src,
-                    first_plane * plan.plane,
-                    (plan.channel_planes * plan.plane, k.size),
-                    geo.stride_h,
-                    geo.in_w,
-                )
-            for kw in range(args.k_w):
-                cg.matmul(
-                    psum,
-                    cg.ap(
-                        plan.weights,
-                        [(1, m.size)],
-                        plan.slot(gi, k, m) + kw * m.size,
-                        partitions=g_rows * k.size,
-                    ),
-                    cg.ap(
-                        plan.band,
-                        [(band_cols, row.size), (geo.stride_w, col.size)],
-                        band_at + kw * geo.dilation_w,
-                        partitions=g_rows * k.size,
-                    ),
-                    accumulate=not (gi == 0 and k.first and kw == 0),
-                )
+    for gi in range(len(plan.row_groups)):
+        for k in tiles(cg, plan.args.c_in, plan.c_tile, "kc", peel_first=True):
+            _load_band(cg, plan, gi, k, n, row, col, slot, sides_once)
+            _group_matmuls(cg, plan, psum, gi, k, m, row, col, slot)
+    _evict(cg, plan, psum, out_at, m, n, row, col)
+
+
+def _output_tile_all_blocks(
+    cg: BirCodeGen, plan: _Plan, n: Tile, row: Tile, col: Tile, slot: Affine, sides_once: bool
+) -> None:
+    """One output tile for every C_out tile, the weights whole: every band loaded once, then
+    each C_out tile's matmuls and eviction, acc and out rotating over `m_copies` copies so
+    that the matmuls of one block overlap the eviction of the one before."""
+    args = plan.args
+    for gi in range(len(plan.row_groups)):
+        for k in tiles(cg, args.c_in, plan.c_tile, "kc"):
+            _load_band(cg, plan, gi, k, n, row, col, slot, sides_once)
+    pixels = row.size * col.size
+    for m in tiles(cg, args.c_out, NUM_PARTITIONS, "m", buffers=plan.m_copies):
+        out_at = (slot * plan.m_copies + m.slot) * MATMUL_MAX_MOVING_FREE
+        psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
+        for gi in range(len(plan.row_groups)):
+            for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
+                _group_matmuls(cg, plan, psum, gi, k, m, row, col, slot)
+        _evict(cg, plan, psum, out_at, m, n, row, col)
+
+
+def _load_band(
+    cg: BirCodeGen,
+    plan: _Plan,
+    gi: int,
+    k: Tile,
+    n: Tile,
+    row: Tile,
+    col: Tile,
+    slot: Affine,
+    sides_once: bool,
+) -> None:
+    """The band of (row group gi, channel tile k) for one output tile, one read per kernel row."""
+    geo = plan.geo
+    g0, g_rows = plan.row_groups[gi]
+    band_cols = geo.cols_needed(col.size)
+    first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
+    band_at = plan.band_at(gi, k, slot)
+    # Each kernel row's band reads its own input rows: the rows that fall in the
+    # padding differ from one to the next, and a memset must start at partition 0, 32,
+    # 64 or 96, so the union of their frames is set on every partition of the group
+    # first and each kernel row's read overwrites the rows it has (no-op inside).
+    cols = clip(col.start * geo.stride_w, band_cols, geo.pad_left, geo.in_w)
+    starts = [row.start * geo.stride_h + (g0 + r) * geo.dilation_h for r in range(g_rows)]
+    clips = [clip(s, row.size, geo.pad_top, geo.in_h, geo.stride_h) for s in starts]
+    before = max(c.before for c in clips)
+    after = min(max(c.after for c in clips), row.size - before)
+    union = Clip(before, row.size - before - after, after, Affine())
+    group = (0, g_rows * k.size)
+    frame_band(cg, plan.band, band_at, group, band_cols, union, cols, 0.0, not sides_once)
+    for r, rows in enumerate(clips):
+        read_band(
+            cg,
+            plan.band,
+            band_at,
+            (r * k.size, k.size),
+            band_cols,
+            rows,
+            cols,
+            plan.src,
+            first_plane * plan.plane,
+            (plan.channel_planes * plan.plane, k.size),
+            geo.stride_h,
+            geo.in_w,
+        )
+
+
+def _group_matmuls(
+    cg: BirCodeGen, plan: _Plan, psum, gi: int, k: Tile, m: Tile, row: Tile, col: Tile, slot
+) -> None:
+    """The kW matmuls of (row group gi, channel tile k) into `psum` for C_out tile m."""
+    geo = plan.geo
+    g_rows = plan.row_groups[gi][1]
+    band_cols = geo.cols_needed(col.size)
+    band_at = plan.band_at(gi, k, slot)
+    for kw in range(plan.args.k_w):
+        cg.matmul(
+            psum,
+            cg.ap(
+                plan.weights,
+                [(1, m.size)],
+                plan.slot(gi, k, m) + kw * m.size,
+                partitions=g_rows * k.size,
+            ),
+            cg.ap(
+                plan.band,
+                [(band_cols, row.size), (geo.stride_w, col.size)],
+                band_at + kw * geo.dilation_w,
+                partitions=g_rows * k.size,
+            ),
+            accumulate=not (gi == 0 and k.first and kw == 0),
+        )
+
+
+def _evict(cg: BirCodeGen, plan: _Plan, psum, out_at, m: Tile, n: Tile, row: Tile, col: Tile):
+    """psum (+ bias, fused activation) into the out tile, stored to y."""
+    args = plan.args
+    pixels = row.size * col.size
     result = cg.ap(plan.out, [(1, pixels)], out_at, partitions=m.size)
     bias = None
     if args.bias:
