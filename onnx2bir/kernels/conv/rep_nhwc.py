@@ -60,8 +60,10 @@ from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args, kerne
 REP_NHWC = "Conv2d_dw_fb01_io01_01bf_rep_nhwc_Pcinh"  # the name the conv registry writes
 
 # Weights of several C_out tiles are held whole, each tile in a slot of its own, when they
-# take at most this many bytes of each partition (a 1x1 conv 128 -> 512 takes 1 KiB in bf16).
-WHOLE_WEIGHT_BYTES = 16 * 1024
+# take at most this many bytes of each partition: half the budget of the generic conv's
+# stationary weights (conv_stationary.RESIDENT_WEIGHT_BYTES). A 1x1 conv 128 -> 512 takes 1 KiB
+# in bf16, ViT's patch embedding (3 -> 768, 16 x 16) 24 KiB.
+WHOLE_WEIGHT_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
