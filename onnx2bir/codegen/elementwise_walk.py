@@ -324,17 +324,37 @@ def _broadcast_on_pe(cg: BirCodeGen, walk: _Walk, index: int, width: int) -> boo
         return False
     if walk.sb[index].dtype is not Dtype.FP32 or width * piece.cols < PE_BROADCAST_ELEMENTS:
         return False
-    info = cg.graph.tensors.get(walk.locations[index].name)
-    if info is None or not info.is_const:
+    if not pe_copyable(cg.graph.tensors.get(walk.locations[index].name)):
         return False
-    values = np.asarray(info.const)
-    if np.any((values == 0) & np.signbit(values)):
-        return False  # the PE's sum starts from +0: 1 · (-0) would come out +0
     if index in walk.pe_rows:
         return walk.pe_rows[index].shape[1] >= piece.cols
     if any(key != "ones" for key in walk.pe_rows):
         return False  # one PSUM operand per instruction: a second row is loaded as before
     return -(-piece.cols // MATMUL_COLUMNS) <= cg.psum_free_banks()
+
+
+def pe_copyable(info) -> bool:
+    """Whether a tensor's row may be copied down the partitions on the PE array
+    (`copy_row_down`) and stay exact: an fp32 constant without negative zeros (the PE's sum
+    starts from +0, so 1 · (-0) would come out +0)."""
+    if info is None or not info.is_const or info.dtype is not Dtype.FP32:
+        return False
+    values = np.asarray(info.const)
+    return not np.any((values == 0) & np.signbit(values))
+
+
+def copy_row_down(cg: BirCodeGen, psum, ones, row, width: int, cols: int) -> None:
+    """`row` (cols elements on partition 0 of an SBUF tile) on `width` partitions of `psum`:
+    ones[1, width]ᵀ · row[1, cols], 512 columns (one bank) per matmul; `ones` holds at least
+    `width` ones on one partition. Exact: each element is 1 · x, rounded once."""
+    for start in range(0, cols, MATMUL_COLUMNS):
+        size = min(MATMUL_COLUMNS, cols - start)
+        cg.matmul(
+            cg.ap(psum, [(1, size)], start, partitions=width),
+            cg.ap(ones, [(1, width)], partitions=1),
+            cg.ap(row, [(1, size)], start, partitions=1),
+            accumulate=False,
+        )
 
 
 def _row_on_pe(cg: BirCodeGen, walk: _Walk, index: int, width: int, offset: Affine):
@@ -359,15 +379,7 @@ def _row_on_pe(cg: BirCodeGen, walk: _Walk, index: int, width: int, offset: Affi
             [(piece.col_strides[index], piece.cols)],
         ),
     )
-    ones = cg.ap(tiles_["ones"], [(1, width)], partitions=1)
-    for start in range(0, piece.cols, MATMUL_COLUMNS):
-        size = min(MATMUL_COLUMNS, piece.cols - start)
-        cg.matmul(
-            cg.ap(tiles_[index], [(1, size)], start, partitions=width),
-            ones,
-            cg.ap(walk.sb[index], [(1, size)], start, partitions=1),
-            accumulate=False,
-        )
+    copy_row_down(cg, tiles_[index], tiles_["ones"], walk.sb[index], width, piece.cols)
     return cg.ap(tiles_[index], [(1, piece.cols)], partitions=width)
 
 

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS
 from onnx2bir.codegen.act_range import reciprocal_sqrt
 from onnx2bir.codegen.driver import BirCodeGen
-from onnx2bir.codegen.elementwise_walk import PE_BROADCAST_ELEMENTS
+from onnx2bir.codegen.elementwise_walk import PE_BROADCAST_ELEMENTS, copy_row_down, pe_copyable
 from onnx2bir.codegen.lower.data import copy_strided
 from onnx2bir.codegen.lower.elementwise import iota
 from onnx2bir.codegen.row_groups import emit_skewed, row_groups
@@ -176,37 +174,25 @@ def lower_layer_norm(cg: BirCodeGen, node: Node) -> None:
 def _vectors_on_pe(cg: BirCodeGen, names: list[str], length: int) -> bool:
     """Whether LN's scale and bias rows are made on the PE array (`_vector_down_partitions`):
     rows of 128 elements or more (`PE_BROADCAST_ELEMENTS` on the partitions, as for a bias
-    row; a shorter row's broadcast DMA is small), fp32 constants without negative zeros (the
-    PE's sum starts from +0, so 1 · (-0) would come out +0) and PSUM banks for both."""
+    row; a shorter row's broadcast DMA is small), `pe_copyable` constants and PSUM banks for
+    both."""
     if NUM_PARTITIONS * length < PE_BROADCAST_ELEMENTS:
         return False
-    for name in names:
-        info = cg.graph.tensors[name]
-        if not info.is_const or info.dtype is not Dtype.FP32:
-            return False
-        values = np.asarray(info.const)
-        if np.any((values == 0) & np.signbit(values)):
-            return False
+    if not all(pe_copyable(cg.graph.tensors[name]) for name in names):
+        return False
     banks = -(-length // MATMUL_MAX_MOVING_FREE)
     return bool(names) and len(names) * banks <= cg.psum_free_banks()
 
 
 def _vector_down_partitions(cg: BirCodeGen, tag: str, loc: str, length: int, ones):
     """The vector at `loc` on every partition, in PSUM: loaded once onto one partition (one
-    small DMA, not one copy per partition), then ones[1, 128]ᵀ · row[1, cols] on the PE array,
-    512 columns (one bank) per matmul. Exact: each element is 1 · x, rounded once."""
+    small DMA, not one copy per partition), then copied down the others on the PE array
+    (`elementwise_walk.copy_row_down`)."""
     fp32 = Dtype.FP32
     row = cg.sb_tile(f"{tag}_row", 1, length, fp32)
     cg.dma(cg.ap(row, [(1, length)], partitions=1), cg.dram_ap(loc, Affine(), [(1, length)]))
     psum = cg.psum_tile(tag, NUM_PARTITIONS, length)
-    for start in range(0, length, MATMUL_MAX_MOVING_FREE):
-        size = min(MATMUL_MAX_MOVING_FREE, length - start)
-        cg.matmul(
-            cg.ap(psum, [(1, size)], start),
-            cg.ap(ones, [(1, NUM_PARTITIONS)], partitions=1),
-            cg.ap(row, [(1, size)], start, partitions=1),
-            accumulate=False,
-        )
+    copy_row_down(cg, psum, ones, row, NUM_PARTITIONS, length)
     return psum
 
 

@@ -67,6 +67,21 @@ WHOLE_WEIGHT_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
+class _OutTile:
+    """One output tile: image `n`, output rows and columns, and the `slot` (copy) of band, out
+    and acc it uses."""
+
+    n: Tile
+    row: Tile
+    col: Tile
+    slot: Affine
+
+    @property
+    def pixels(self) -> int:
+        return self.row.size * self.col.size
+
+
+@dataclass(frozen=True)
 class _Plan:
     """The kernel's tiling: row groups, channel tiles, output tile, and its SBUF/PSUM tiles."""
 
@@ -141,11 +156,12 @@ def trace_rep_nhwc(cg: BirCodeGen, node: Node) -> None:
         for n in tiles(cg, args.batch, 1, "n", buffers=b_n):
             for row in window_tiles(cg, plan.geo, "h", args.out_h, plan.rows, "oh", b_oh):
                 for col in window_tiles(cg, plan.geo, "w", args.out_w, plan.cols, "ow", b_ow):
-                    slot = n.slot + row.slot + col.slot  # at most one of them rotates
+                    # at most one of the three loops rotates
+                    at = _OutTile(n, row, col, n.slot + row.slot + col.slot)
                     if m is None:
-                        _output_tile_all_blocks(cg, plan, n, row, col, slot, sides_once)
+                        _output_tile_all_blocks(cg, plan, at, sides_once)
                     else:
-                        _output_tile(cg, plan, m, n, row, col, slot, sides_once)
+                        _output_tile(cg, plan, m, at, sides_once)
 
     for m in tiles(cg, args.c_out, min(args.c_out, NUM_PARTITIONS), "m"):
         if plan.load_weights:
@@ -260,61 +276,38 @@ def _load_weights(cg: BirCodeGen, plan: _Plan, m: Tile) -> None:
                 )
 
 
-def _output_tile(
-    cg: BirCodeGen,
-    plan: _Plan,
-    m: Tile,
-    n: Tile,
-    row: Tile,
-    col: Tile,
-    slot: Affine,
-    sides_once: bool,
-) -> None:
+def _output_tile(cg: BirCodeGen, plan: _Plan, m: Tile, at: _OutTile, sides_once: bool) -> None:
     """Replicate the band once per kernel row, kW matmuls per group, evict, store; band, out
-    and acc are the copies `slot` picks."""
-    pixels = row.size * col.size
-    out_at = slot * MATMUL_MAX_MOVING_FREE
-    psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
+    and acc are the copies `at.slot` picks."""
+    out_at = at.slot * MATMUL_MAX_MOVING_FREE
+    psum = cg.ap(plan.acc, [(1, at.pixels)], out_at, partitions=m.size)
     for gi in range(len(plan.row_groups)):
         for k in tiles(cg, plan.args.c_in, plan.c_tile, "kc", peel_first=True):
-            _load_band(cg, plan, gi, k, n, row, col, slot, sides_once)
-            _group_matmuls(cg, plan, psum, gi, k, m, row, col, slot)
-    _evict(cg, plan, psum, out_at, m, n, row, col)
+            _load_band(cg, plan, gi, k, at, sides_once)
+            _group_matmuls(cg, plan, psum, gi, k, m, at)
+    _evict(cg, plan, psum, out_at, m, at)
 
 
-def _output_tile_all_blocks(
-    cg: BirCodeGen, plan: _Plan, n: Tile, row: Tile, col: Tile, slot: Affine, sides_once: bool
-) -> None:
+def _output_tile_all_blocks(cg: BirCodeGen, plan: _Plan, at: _OutTile, sides_once: bool) -> None:
     """One output tile for every C_out tile, the weights whole: every band loaded once, then
     each C_out tile's matmuls and eviction, acc and out rotating over `m_copies` copies so
     that the matmuls of one block overlap the eviction of the one before."""
     args = plan.args
     for gi in range(len(plan.row_groups)):
         for k in tiles(cg, args.c_in, plan.c_tile, "kc"):
-            _load_band(cg, plan, gi, k, n, row, col, slot, sides_once)
-    pixels = row.size * col.size
+            _load_band(cg, plan, gi, k, at, sides_once)
     for m in tiles(cg, args.c_out, NUM_PARTITIONS, "m", buffers=plan.m_copies):
-        out_at = (slot * plan.m_copies + m.slot) * MATMUL_MAX_MOVING_FREE
-        psum = cg.ap(plan.acc, [(1, pixels)], out_at, partitions=m.size)
+        out_at = (at.slot * plan.m_copies + m.slot) * MATMUL_MAX_MOVING_FREE
+        psum = cg.ap(plan.acc, [(1, at.pixels)], out_at, partitions=m.size)
         for gi in range(len(plan.row_groups)):
             for k in tiles(cg, args.c_in, plan.c_tile, "kc", peel_first=True):
-                _group_matmuls(cg, plan, psum, gi, k, m, row, col, slot)
-        _evict(cg, plan, psum, out_at, m, n, row, col)
+                _group_matmuls(cg, plan, psum, gi, k, m, at)
+        _evict(cg, plan, psum, out_at, m, at)
 
 
-def _load_band(
-    cg: BirCodeGen,
-    plan: _Plan,
-    gi: int,
-    k: Tile,
-    n: Tile,
-    row: Tile,
-    col: Tile,
-    slot: Affine,
-    sides_once: bool,
-) -> None:
+def _load_band(cg: BirCodeGen, plan: _Plan, gi: int, k: Tile, at: _OutTile, sides_once: bool):
     """The band of (row group gi, channel tile k) for one output tile, one read per kernel row."""
-    geo = plan.geo
+    geo, n, row, col, slot = plan.geo, at.n, at.row, at.col, at.slot
     g0, g_rows = plan.row_groups[gi]
     band_cols = geo.cols_needed(col.size)
     first_plane = k.start * plan.channel_planes + n.start * plan.batch_planes
@@ -348,11 +341,9 @@ def _load_band(
         )
 
 
-def _group_matmuls(
-    cg: BirCodeGen, plan: _Plan, psum, gi: int, k: Tile, m: Tile, row: Tile, col: Tile, slot
-) -> None:
+def _group_matmuls(cg: BirCodeGen, plan: _Plan, psum, gi: int, k: Tile, m: Tile, at: _OutTile):
     """The kW matmuls of (row group gi, channel tile k) into `psum` for C_out tile m."""
-    geo = plan.geo
+    geo, row, col, slot = plan.geo, at.row, at.col, at.slot
     g_rows = plan.row_groups[gi][1]
     band_cols = geo.cols_needed(col.size)
     band_at = plan.band_at(gi, k, slot)
@@ -375,11 +366,10 @@ def _group_matmuls(
         )
 
 
-def _evict(cg: BirCodeGen, plan: _Plan, psum, out_at, m: Tile, n: Tile, row: Tile, col: Tile):
+def _evict(cg: BirCodeGen, plan: _Plan, psum, out_at, m: Tile, at: _OutTile) -> None:
     """psum (+ bias, fused activation) into the out tile, stored to y."""
-    args = plan.args
-    pixels = row.size * col.size
-    result = cg.ap(plan.out, [(1, pixels)], out_at, partitions=m.size)
+    args, n, row, col = plan.args, at.n, at.row, at.col
+    result = cg.ap(plan.out, [(1, at.pixels)], out_at, partitions=m.size)
     bias = None
     if args.bias:
         bias = cg.ap(plan.bias, [(1, 1)], plan.bias_column(m), partitions=m.size)
