@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -136,6 +137,16 @@ class Graph:
         default=None, repr=False, compare=False
     )
     _mutations: int = field(default=0, repr=False, compare=False)
+    # Each node's place in the order topological_order keeps where it can: (n,) for the n-th
+    # node added, or, for a node added in_place_of(another), that node's place and a number.
+    _place: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
+    _placing: list | None = field(default=None, repr=False, compare=False)
+    _added: int = field(default=0, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in self.nx.nodes:  # a graph made around a networkx graph built elsewhere
+            self._place.setdefault(name, (self._added,))
+            self._added += 1
 
     # --- queries -------------------------------------------------------------------------
     def nodes(self):
@@ -172,6 +183,13 @@ class Graph:
         if name in self.nx:
             raise ValueError(f"node name {name!r} is used twice")
         self._mutations += 1
+        if self._placing is None:
+            self._place[name] = (self._added,)
+            self._added += 1
+        else:
+            base, number = self._placing
+            self._place[name] = (*base, number)
+            self._placing[1] += 1
         self.nx.add_node(
             name,
             op_type=op_type,
@@ -206,6 +224,21 @@ class Graph:
             if tensor in self.uses:
                 self.uses[tensor] = [use for use in self.uses[tensor] if use[0] != name]
         self.nx.remove_node(name)
+        del self._place[name]
+
+    @contextmanager
+    def in_place_of(self, node: str) -> Iterator[None]:
+        """Nodes added inside take `node`'s place in the order, one after another: a rewrite
+        that replaces `node` (removes it and adds its replacement and helpers) leaves the
+        order of the other nodes as it was, where plain additions would go after every
+        node and run as late as the dependencies allow."""
+        if self._placing is not None:
+            raise RuntimeError("in_place_of does not nest")
+        self._placing = [self._place[node], 1]
+        try:
+            yield
+        finally:
+            self._placing = None
 
     def remove_dead_producers(self, tensors) -> int:
         """Remove the writers of `tensors` that nothing reads any more, and so on up their
@@ -263,8 +296,7 @@ class Graph:
         block, which made them quadratic in the depth)."""
         state = (self._mutations, self.nx.number_of_nodes(), self.nx.number_of_edges())
         if self._order is None or self._order[0] != state:
-            rank = {name: index for index, name in enumerate(self.nx.nodes)}
-            order = list(nx.lexicographical_topological_sort(self.nx, key=rank.__getitem__))
+            order = list(nx.lexicographical_topological_sort(self.nx, key=self._place.__getitem__))
             self._order = (state, order)
         return list(self._order[1])
 
@@ -284,7 +316,7 @@ class Graph:
                 },
             )
         copy.add_edges_from(self.nx.edges(keys=True, data=True))
-        return Graph(
+        graph = Graph(
             self.name,
             copy,
             dict(self.tensors),
@@ -296,6 +328,8 @@ class Graph:
             self.parameters,
             self.imported,
         )
+        graph._place, graph._added = dict(self._place), self._added
+        return graph
 
 
 def _read_by_bodies(bodies) -> set[str]:

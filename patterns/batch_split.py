@@ -9,7 +9,9 @@ images j..k; a tensor computed in groups is stored as its pieces `<tensor>@image
 group of images starting at j, batch g. A Split along the batch feeds the first tier; where a
 tier reads a tensor computed in smaller groups, a Concat along the batch makes the group it
 needs (`<tensor>@images<j>-<k>`); every tensor that leaves the prefix is put back together by
-a Concat along the batch. Nothing else changes.
+a Concat along the batch. The last tier's groups run in lockstep, segment by segment, when
+its weights are too large to stay on chip from one group to the next (`_lockstep_segments`).
+Nothing else changes.
 
 Why (docs/memory_planner.md#batch-split): at batch N the activations of a CNN's first stages
 are N times an image's and do not fit SBUF, so each one goes through DRAM between its producer
@@ -87,15 +89,28 @@ class SplitBatch:
 
     def run(self, graph: Graph, options: CompileOptions) -> PassResult:
         images = _images(graph)
-        tiers, saved = [], 0
+        tiers, saved, lockstep = [], 0, []
         if images:
             batch, inputs = images
             region = _per_sample_nodes(graph, batch, set(inputs))
             tiers, saved = _best_tiers(graph, region, batch, options)
             if tiers:
-                _clone_in_tiers(graph, tiers, batch, inputs)
+                lockstep = _lockstep_segments(graph, tiers[-1], batch, _weight_itemsize(options))
+                _clone_in_tiers(graph, tiers, batch, inputs, lockstep)
+        # the lockstep segment of each node of the last tier (when its groups are in lockstep)
+        segment = {name: k for k, nodes in enumerate(lockstep) for name in nodes}
         findings = [
-            {"node": name, "nodes": [name], "images": images[0], "group": tier.group}
+            {
+                "node": name,
+                "nodes": [name],
+                "images": images[0],
+                "group": tier.group,
+                **(
+                    {"lockstep_segment": segment[name]}
+                    if tier is tiers[-1] and len(lockstep) > 1
+                    else {}
+                ),
+            }
             for tier in tiers
             for name in tier.nodes
         ]
@@ -167,20 +182,12 @@ def _best_tiers(
 ) -> tuple[list[Tier], int]:
     """The tiers to clone `region`'s leading nodes in, and the bytes they save (module
     docstring); ([], 0) when no split saves any."""
-    cast = cast_dtype(options)  # weights are read in the autocast dtype
-    weight_itemsize = cast.itemsize if cast is not None else 4
+    weight_itemsize = _weight_itemsize(options)
     count = len(region)
     position = {name: index for index, name in enumerate(region)}
     outputs = [graph.node(name)["outputs"][0] for name in region]
     sizes = [math.prod(graph.tensors[t].shape) * graph.tensors[t].dtype.itemsize for t in outputs]
-    weights = [
-        sum(
-            math.prod(graph.tensors[t].shape) * weight_itemsize
-            for t in graph.node(name)["inputs"]
-            if t and graph.tensors[t].is_const
-        )
-        for name in region
-    ]
+    weights = [_weight_bytes(graph, name, weight_itemsize) for name in region]
     readers = [  # region positions reading each output; None for a reader outside the region
         [position.get(c) for c, _ in graph.consumers(t)] + ([None] if t in graph.outputs else [])
         for t in outputs
@@ -256,9 +263,29 @@ def _best_tiers(
     return list(best_tiers), baseline - best_cost
 
 
-def _clone_in_tiers(graph: Graph, tiers: list[Tier], batch: int, inputs: list[str]) -> None:
+def _weight_itemsize(options: CompileOptions) -> int:
+    cast = cast_dtype(options)  # weights are read in the autocast dtype
+    return cast.itemsize if cast is not None else 4
+
+
+def _weight_bytes(graph: Graph, node: str, itemsize: int) -> int:
+    return sum(
+        math.prod(graph.tensors[t].shape) * itemsize
+        for t in graph.node(node)["inputs"]
+        if t and graph.tensors[t].is_const
+    )
+
+
+def _clone_in_tiers(
+    graph: Graph,
+    tiers: list[Tier],
+    batch: int,
+    inputs: list[str],
+    lockstep: list[tuple[str, ...]],
+) -> None:
     """Replace the tiers' nodes by their clones, one per group of images, emitted so that each
-    group of a tier runs right after the smaller groups it is made of (module docstring)."""
+    group of a tier runs right after the smaller groups it is made of, the last tier's groups
+    in lockstep over the segments `lockstep` (module docstring)."""
     datas = {
         name: {**graph.node(name), "attrs": dict(graph.node(name)["attrs"])}
         for tier in tiers
@@ -313,12 +340,8 @@ def _clone_in_tiers(graph: Graph, tiers: list[Tier], batch: int, inputs: list[st
             graph.add_node(node, "Concat", parts, [name], {"axis": 0})
         return name
 
-    def run_group(level: int, first: int) -> None:
-        tier = tiers[level]
-        if level:
-            for sub in range(first, first + tier.group, tiers[level - 1].group):
-                run_group(level - 1, sub)
-        for name in tier.nodes:
+    def run_nodes(tier: Tier, nodes: tuple[str, ...], first: int) -> None:
+        for name in nodes:
             data = datas[name]
             graph.add_node(
                 image_clone_name(name, first, tier.group),
@@ -329,11 +352,66 @@ def _clone_in_tiers(graph: Graph, tiers: list[Tier], batch: int, inputs: list[st
                 domain=data["domain"],
             )
 
-    for first in range(0, batch, tiers[-1].group):
-        run_group(len(tiers) - 1, first)
+    def run_group(level: int, first: int, nodes: tuple[str, ...] | None = None) -> None:
+        tier = tiers[level]
+        if level:
+            for sub in range(first, first + tier.group, tiers[level - 1].group):
+                run_group(level - 1, sub)
+        run_nodes(tier, tier.nodes if nodes is None else nodes, first)
+
+    last = tiers[-1]
+    firsts = range(0, batch, last.group)
+    for first in firsts:
+        run_group(len(tiers) - 1, first, lockstep[0])
+    for segment in lockstep[1:]:
+        for first in firsts:
+            run_nodes(last, segment, first)
     for tensor in leaving:
         group = own_group[tensor]
         parts = [own_piece(tensor, first) for first in range(0, batch, group)]
         graph.add_node(f"{tensor}/batch_concat", "Concat", parts, [tensor], {"axis": 0})
     for tensor in set(produced) - set(leaving):
         del graph.tensors[tensor]
+
+
+def _lockstep_segments(
+    graph: Graph, tier: Tier, batch: int, weight_itemsize: int
+) -> list[tuple[str, ...]]:
+    """The last tier's nodes cut into segments that its groups run in lockstep: every group
+    runs a segment before any group runs the next, so the clones of a node run close together
+    and the memory plan can keep its weights in one SBUF home for all of them
+    (docs/memory_planner.md#shared-weights).
+
+    Only when the tier's weights take more than `SPILL_BYTES`: smaller weights stay on chip
+    from one group to the next as they are, and lockstep only holds more activations. A cut
+    after a node is taken when the activations crossing it (computed before it, or brought in
+    from before the tier, and read by the tier after it) take at most `SPILL_BYTES` for every
+    group but one: what the other groups hold while one group runs the next segment. One
+    segment, the whole tier, otherwise."""
+    nodes = tier.nodes
+    weights = sum(_weight_bytes(graph, name, weight_itemsize) for name in nodes)
+    if batch // tier.group < 2 or weights <= SPILL_BYTES:
+        return [nodes]
+    last_read: dict[str, int] = {}  # each activation the tier reads: its last reader
+    born: dict[str, int] = {}  # its writer's position; -1 for one from before the tier
+    for index, name in enumerate(nodes):
+        data = graph.node(name)
+        for tensor in data["inputs"]:
+            if tensor and not graph.tensors[tensor].is_const:
+                last_read[tensor] = index
+                born.setdefault(tensor, -1)
+        born[data["outputs"][0]] = index
+
+    def held(tensor: str) -> int:  # the other groups' pieces of `tensor`, in bytes
+        info = graph.tensors[tensor]
+        size = math.prod(info.shape) * info.dtype.itemsize
+        return size - size * tier.group // batch
+
+    segments, start = [], 0
+    for cut in range(len(nodes) - 1):
+        crossing = [t for t, end in last_read.items() if born[t] <= cut < end]
+        if sum(held(t) for t in crossing) <= SPILL_BYTES:
+            segments.append(nodes[start : cut + 1])
+            start = cut + 1
+    segments.append(nodes[start:])
+    return segments

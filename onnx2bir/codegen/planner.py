@@ -33,6 +33,7 @@ A second rule, for weights (docs/memory_planner.md#shared-weights):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from onnx2bir.bir.dtypes import on_chip
@@ -121,6 +122,7 @@ class MemoryPlan:
     weight_refusals: dict[tuple, str] = field(default_factory=dict)
     arena_need: dict[int, int] = field(default_factory=dict)
     reserved: int = 0
+    allocation_order: str = ""  # the ALLOCATION_ORDERS entry the homes were placed in
     sbuf_high_water: int = 0  # bytes per partition in use at the busiest node
     psum_high_water: int = 0  # set by the second pass
     lowered: dict[int, int] = field(default_factory=dict)  # item -> its arena's start, below
@@ -295,27 +297,45 @@ def _choose_home(
     return f"no row length serves every access; {first_reason or 'no access'}"
 
 
+# The orders `_allocate` places homes in, first fit each; the allocation that leaves the fewest
+# bytes in DRAM wins, the earlier order on a tie (docs/memory_planner.md#allocation).
+ALLOCATION_ORDERS: dict[str, Callable[[Home, tuple[int, int]], tuple]] = {
+    "first use": lambda home, span: (span[0], -home.bytes_per_partition),
+    "largest first": lambda home, span: (-home.bytes_per_partition, span[0]),
+    "largest bytes x nodes first": lambda home, span: (
+        -home.bytes_per_partition * (span[1] - span[0] + 1),
+        span[0],
+    ),
+}
+
+
 def _allocate(
     homes: dict[str, Home],
     intervals: dict[str, tuple[int, int]],
     arena_need: dict[int, int],
     reserved: int,
-) -> tuple[dict[str, Home], dict[str, str]]:
-    """First fit in order of first use, larger first among equals (`_first_fit`)."""
-    placed: list[tuple[int, int, int, int]] = []  # (first, last, address, end)
-    result: dict[str, Home] = {}
-    refused: dict[str, str] = {}
-    order = sorted(homes, key=lambda name: (intervals[name][0], -homes[name].bytes_per_partition))
-    for name in order:
-        home = homes[name]
-        size, (first, last) = home.bytes_per_partition, intervals[name]
-        address = _first_fit(size, first, last, placed, arena_need, reserved)
-        if isinstance(address, str):
-            refused[name] = address
-        else:
-            placed.append((first, last, address, address + size))
-            result[name] = replace(home, address=address)
-    return result, refused
+) -> tuple[dict[str, Home], dict[str, str], str]:
+    """First fit (`_first_fit`) in each of `ALLOCATION_ORDERS`: the homes placed and the
+    refusals of the order that refuses the fewest bytes, and its name."""
+    best = None
+    for label, key in ALLOCATION_ORDERS.items():
+        order = sorted(homes, key=lambda name: key(homes[name], intervals[name]))
+        placed: list[tuple[int, int, int, int]] = []  # (first, last, address, end)
+        result: dict[str, Home] = {}
+        refused: dict[str, str] = {}
+        for name in order:
+            home = homes[name]
+            size, (first, last) = home.bytes_per_partition, intervals[name]
+            address = _first_fit(size, first, last, placed, arena_need, reserved)
+            if isinstance(address, str):
+                refused[name] = address
+            else:
+                placed.append((first, last, address, address + size))
+                result[name] = replace(home, address=address)
+        left = sum(homes[name].bytes_per_partition for name in refused)
+        if best is None or left < best[0]:
+            best = (left, result, refused, label)
+    return best[1], best[2], best[3]
 
 
 def _first_fit(
@@ -394,11 +414,11 @@ def plan_memory(
         for name in homes
     }
     homes = _settle(homes, accesses, fn, graph, refused)
-    homes, too_big = _allocate(homes, intervals, arena_need, reserved)
+    homes, too_big, plan_order = _allocate(homes, intervals, arena_need, reserved)
     refused.update(too_big)
     homes = _settle(homes, accesses, fn, graph, refused)
 
-    plan = MemoryPlan(arena_need=dict(arena_need), reserved=reserved)
+    plan = MemoryPlan(arena_need=dict(arena_need), reserved=reserved, allocation_order=plan_order)
     plan.homes = homes
     for name in candidates:
         if name in homes:

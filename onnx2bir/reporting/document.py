@@ -37,9 +37,10 @@ DESIGN.md's contract:
         on the exact integer path, or left on the float path and why; docs/quantization.md),
      "quantized_summary": {"integer", "float", "integer_weight_bytes", "dma_bytes_weights"}
         | null (null for a model with no quantized conv or matmul),
-     "batch_split": {"images", "tiers": [{"group", "nodes", "first", "last"}]} | null (the
-        per-sample front run a group of images at a time, tier by tier; docs/memory_planner.md
-        #batch-split),
+     "batch_split": {"images", "tiers": [{"group", "nodes", "first", "last",
+        "lockstep_segments"?}]} | null (the per-sample front run a group of images at a time,
+        tier by tier, the last tier's groups in lockstep when it has the key;
+        docs/memory_planner.md#batch-split),
      "notes": [{"flag", "message"}] (added by onnx2bir.report(): flags that changed nothing)}
 
 `model_stride` is the stride as the model wrote it: for a ConvTranspose the canonical (backward)
@@ -178,6 +179,8 @@ def _batch_split(split: list[dict]) -> dict | None:
             tiers.append({"group": finding["group"], "nodes": 0, "first": finding["node"]})
         tiers[-1]["nodes"] += 1
         tiers[-1]["last"] = finding["node"]
+        if "lockstep_segment" in finding:
+            tiers[-1]["lockstep_segments"] = finding["lockstep_segment"] + 1
     return {"images": split[0]["images"], "tiers": tiers}
 
 
@@ -187,6 +190,11 @@ def batch_split_text(split: dict | None) -> list[str]:
     parts = [
         f"{t['nodes']} nodes ({t['first']} .. {t['last']}) "
         + ("an image at a time" if t["group"] == 1 else f"{t['group']} images at a time")
+        + (
+            f", the groups in lockstep over {t['lockstep_segments']} segments"
+            if "lockstep_segments" in t
+            else ""
+        )
         for t in split["tiers"]
     ]
     return [f"batch split ({split['images']} images): " + "; ".join(parts)]

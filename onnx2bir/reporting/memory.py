@@ -4,6 +4,8 @@ JSON, under "memory" (null when code generation failed):
 
     {"planned": bool, "resident": n, "dram": n,
      "sbuf_high_water_bytes", "psum_high_water_bytes",   (per partition; null when not planned)
+     "allocation_order",         (the order the homes were placed in; docs/memory_planner.md
+                                  #allocation; null when not planned)
      "dram_reasons": [{"reason", "count"}],              (most common first)
      "tensors": [{"tensor", "resident", "reason", "bytes_per_partition",
                   "first_item", "last_item"}],
@@ -42,6 +44,7 @@ def memory_json(compilation: Compilation) -> dict | None:
             "dram": None,
             "sbuf_high_water_bytes": None,
             "psum_high_water_bytes": None,
+            "allocation_order": None,
             "dram_reasons": [],
             "tensors": [],
             "shared_weights": [],
@@ -55,6 +58,7 @@ def memory_json(compilation: Compilation) -> dict | None:
         "dram": sum(not d.resident for d in decisions),
         "sbuf_high_water_bytes": plan.sbuf_high_water,
         "psum_high_water_bytes": plan.psum_high_water,
+        "allocation_order": plan.allocation_order,
         "dram_reasons": [{"reason": k, "count": n} for k, n in kinds.most_common()],
         "tensors": [
             {

@@ -35,7 +35,13 @@ if TYPE_CHECKING:
 
 
 def lower_to_conv_kernel(graph: Graph, op: ConvOp, info: KernelInfo) -> dict:
-    """Bridge layouts, marshal attributes, replace the conv by a NativeKernel node."""
+    """Bridge layouts, marshal attributes, replace the conv by a NativeKernel node, which with
+    its bridges takes the conv's place in the node order."""
+    with graph.in_place_of(op.node):
+        return _lower(graph, op, info)
+
+
+def _lower(graph: Graph, op: ConvOp, info: KernelInfo) -> dict:
     target_in, target_kern, target_out = info.in_perm(op), info.kern_perm(op), info.out_perm(op)
     x, w = op.inputs[:2]
     bias = op.inputs[2] if len(op.inputs) > 2 else ""

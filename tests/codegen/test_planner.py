@@ -233,6 +233,7 @@ def test_report_json_lists_the_decisions():
     # 8 rows of 16 fp32 = 64 bytes in each of 8 partitions.
     assert record["bytes_per_partition"] == 64
     assert memory["sbuf_high_water_bytes"] >= 64
+    assert memory["allocation_order"] == "first use"  # nothing refused: the first order kept
 
 
 def test_a_rotated_edge_tile_loop_next_to_another_home_runs_clean():
@@ -337,6 +338,35 @@ def test_a_refusal_for_room_says_what_holds_the_bytes():
         "does not fit: needs 40 B per partition from entry item 3 to 7; 100 B lie under the "
         "node arenas, 55 B of them held by 3 other homes live then, largest gap 30 B"
     )
+
+
+def test_the_allocation_order_that_leaves_the_fewest_bytes_in_dram_wins(monkeypatch):
+    from onnx2bir.bir.opcodes import SBUF_BYTES_PER_PARTITION
+    from onnx2bir.codegen import planner
+
+    # Ten 64-byte units a partition under the arenas. Placed in order of first use, the two
+    # 3-unit homes live from item 0 split the room and the 7-unit home of items 1-2 finds no
+    # gap; placed largest first, it takes the bottom and both small homes fit beside it.
+    def home(name: str, units: int) -> Home:
+        return Home(name, units, units * 128, 64)
+
+    homes = {"short": home("short", 3), "long": home("long", 3), "big": home("big", 7)}
+    spans = {"short": (0, 0), "long": (0, 2), "big": (1, 2)}
+    arenas = dict.fromkeys(range(3), SBUF_BYTES_PER_PARTITION - 10 * 64)
+    first_use = {"first use": planner.ALLOCATION_ORDERS["first use"]}
+    monkeypatch.setattr(planner, "ALLOCATION_ORDERS", first_use)
+    _, refused, _ = planner._allocate(homes, spans, arenas, 0)
+    assert list(refused) == ["big"]
+    monkeypatch.undo()
+    placed, refused, order = planner._allocate(homes, spans, arenas, 0)
+    assert not refused and order == "largest first"
+    # and no two homes live at the same time share a byte
+    for a in placed:
+        for b in placed:
+            overlap_in_time = spans[a][0] <= spans[b][1] and spans[b][0] <= spans[a][1]
+            ends = [(h.address, h.address + h.bytes_per_partition) for h in (placed[a], placed[b])]
+            apart = ends[0][1] <= ends[1][0] or ends[1][1] <= ends[0][0]
+            assert a == b or not overlap_in_time or apart
 
 
 def test_a_channel_concat_of_two_images_stays_on_chip():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnx
 import pytest
@@ -9,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.errors import UserError
 from onnx2bir.frontend.importer import import_model
+from onnx2bir.graph import TensorInfo
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17):
@@ -131,6 +134,31 @@ def test_node_names_are_unique_and_order_is_topological():
     graph = import_model(model)
     assert [name for name, _ in graph.nodes()] == ["n", "n_1", "Relu_2"]
     assert graph.topological_order() == ["n", "n_1", "Relu_2"]
+
+
+def test_a_node_replaced_in_place_keeps_its_place_in_the_order():
+    # a and b are independent; a rewrite replaces a (remove, add a helper and the new a).
+    # Inside in_place_of they keep a's place; added plainly they would run after b.
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="a"),
+            helper.make_node("Neg", ["x"], ["b"], name="b"),
+            helper.make_node("Add", ["a", "b"], ["y"], name="add"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+
+    def replaced(graph, in_place: bool) -> list[str]:
+        graph.tensors["x2"] = TensorInfo("x2", (3,), graph.tensors["x"].dtype)
+        with graph.in_place_of("a") if in_place else contextlib.nullcontext():
+            graph.remove_node("a")
+            graph.add_node("a/pre", "Abs", ["x"], ["x2"])
+            graph.add_node("a", "Relu", ["x2"], ["a"])
+        return graph.topological_order()
+
+    assert replaced(import_model(model), True) == ["a/pre", "a", "b", "add"]
+    assert replaced(import_model(model), False) == ["b", "a/pre", "a", "add"]
 
 
 def test_attributes_are_plain_python_values():

@@ -225,7 +225,39 @@ def test_later_stages_take_larger_groups(small_spill):
     assert order.index("b0/image1") < order.index("b1/images0-1") < order.index("a0/image2")
 
 
+def test_a_last_tier_with_large_weights_runs_its_groups_in_lockstep(small_spill):
+    # Stage B's weights (55 KiB in bf16) exceed SPILL_BYTES (20 KiB here): groups run one
+    # after another would each load them. Its groups go in lockstep instead, cut where what
+    # the other group holds fits SPILL_BYTES: after b1 the other group would hold b1 and the
+    # residual b0 (32 KiB), after b3 only b3 (16 KiB).
+    graph = import_graph(_two_stage_net())
+    tiers, _ = batch_split._best_tiers(
+        graph, batch_split._per_sample_nodes(graph, 4, {"x"}), 4, CompileOptions()
+    )
+    segments = batch_split._lockstep_segments(graph, tiers[-1], 4, weight_itemsize=2)
+    assert segments == [("b1", "bn", "b2", "b3"), ("b4",), ("b5",), ("gap",)]
+    # a tier without weights keeps its groups one after another
+    unweighted = batch_split.Tier(("b1", "bn"), 2)
+    assert batch_split._lockstep_segments(graph, unweighted, 4, 2) == [("b1", "bn")]
+
+    SplitBatch().run(graph, CompileOptions())
+    order = graph.topological_order()
+    # the first segment runs per group right after that group's images of stage A ...
+    assert order.index("b3/images0-1") < order.index("a0/image2")
+    # ... and then each node's two clones one after the other
+    clones = [f"{node}/images{g}" for node in ("b3", "b4", "b5") for g in ("0-1", "2-3")]
+    assert sorted(clones, key=order.index) == [
+        "b3/images0-1",
+        "b3/images2-3",
+        "b4/images0-1",
+        "b4/images2-3",
+        "b5/images0-1",
+        "b5/images2-3",
+    ]
+
+
 def test_the_tiered_program_matches_onnxruntime(small_spill):
+    # its last tier in lockstep (the test above)
     compiled = compile_graph(import_graph(_two_stage_net()), CompileOptions(auto_cast="none"))
     stats = {s.name: s.value for s in compiled.passes.result_of("SplitBatch").statistics}
     assert stats["tiers"] == 2
@@ -278,12 +310,12 @@ def test_the_report_names_the_tiers(small_spill):
         "images": 4,
         "tiers": [
             {"group": 1, "nodes": 3, "first": "a0", "last": "b0"},
-            {"group": 2, "nodes": 7, "first": "b1", "last": "gap"},
+            {"group": 2, "nodes": 7, "first": "b1", "last": "gap", "lockstep_segments": 4},
         ],
     }
     assert batch_split_text(split) == [
         "batch split (4 images): 3 nodes (a0 .. b0) an image at a time; "
-        "7 nodes (b1 .. gap) 2 images at a time"
+        "7 nodes (b1 .. gap) 2 images at a time, the groups in lockstep over 4 segments"
     ]
     unsplit = compile_graph(import_graph(_two_stage_net(batch=1)), CompileOptions())
     assert build_report("one", unsplit)["batch_split"] is None
