@@ -236,36 +236,49 @@ def _source(dma):
 
 def test_w2_blocks_over_the_limit_come_in_row_groups():
     """H = 2560: a 512-column block of w2 is 20 row tiles of 2 KiB per partition in fp32, over
-    WEIGHT_BLOCK_BYTES, so it comes in groups of 16 row tiles (and a last group of 4), one DMA
-    each, for the three N chunks (512, 512 and 176 columns); the accumulation runs across the
-    groups. (The weights, 94 KiB per partition for w2 alone, are too large to hold whole.)"""
+    WEIGHT_BLOCK_BYTES, so it comes in groups of at most 16 row tiles, evened out to two of 10
+    (not 16 and 4: `balanced`), one DMA each, for the three N chunks (512, 512 and 176 columns);
+    the accumulation runs across the groups. (The weights, 94 KiB per partition for w2 alone,
+    are too large to hold whole.)"""
     module = run(*Mlp((4, 256), 2560, 1200, "relu").fused())
     loads = _weight_loads(module, "w2")
-    assert sorted({_row_tiles(i) for i in loads}) == [4, 16]
+    assert sorted({_row_tiles(i) for i in loads}) == [10]
+
+
+def test_row_groups_are_evened_out():
+    from onnx2bir.kernels.mlp.kernel import balanced
+
+    # as few groups as the largest size needs, all of one size but a last one at most one
+    # smaller: 196 tiles in groups of at most 64 need four, so 49 each
+    for largest, tiles, even in [(64, 196, 49), (64, 128, 64), (16, 20, 10), (64, 132, 44)]:
+        assert balanced(largest, tiles) == even
+        groups = -(-tiles // even)
+        assert groups == -(-tiles // largest) and tiles - (groups - 1) * even >= even - groups
 
 
 def test_w1_and_w_up_blocks_over_the_limit_come_in_row_groups():
     """K = 8448 (66 row tiles): a 128-column block of w1 or w_up is 33 KiB per partition in
     fp32, over WEIGHT_BLOCK_BYTES, so it comes in groups of at most 64 row tiles, the gated
     pair together. Three copies of 64-tile groups of both weights (192 KiB) cannot fit beside
-    x (33 KiB), so the groups halve to 32 tiles (96 KiB): groups of 32, 32 and 2."""
+    x (33 KiB), so the groups halve to 32 tiles (96 KiB), evened out to three groups of 22."""
     module = run(*Mlp((3, 8448), 130, 20, "swiglu").fused())
     for weight in ("w1", "w_up"):
-        assert sorted({_row_tiles(i) for i in _weight_loads(module, weight)}) == [2, 32]
+        assert sorted({_row_tiles(i) for i in _weight_loads(module, weight)}) == [22]
 
 
 def test_row_group_loads_do_not_wait_for_the_peeled_group():
-    """K = 16,896 (132 row tiles) at batch 1: w1's 128-column blocks come in groups of 64, 64
-    and 4 row tiles. The first group of each block opens the accumulation, so it is peeled out
-    of the group loop; it has a copy of its own, and the other groups rotate over two more. So
-    within a block no load of w1 waits for a matmul: its only waits are for the previous
-    block's matmuls (edges carried by the hidden loop). With the peeled group in one of the
-    rotating copies, the last group's load would wait for the peeled group's matmuls and the
-    stream of weights would stall behind the PE array (docs/mlp.md#weights)."""
+    """K = 16,896 (132 row tiles) at batch 1: w1's 128-column blocks come in groups of at most 64
+    row tiles, evened out to three of 44. The first group of each block opens the accumulation,
+    so it is peeled out of the group loop; it has a copy of its own, and the other groups rotate
+    over two more. So within a block no load of w1 waits for a matmul: its only waits are for
+    the previous block's matmuls (edges carried by the hidden loop). With the peeled group in
+    one of the rotating copies, the last group's load would wait for the peeled group's matmuls
+    and the stream of weights would stall behind the PE array (docs/mlp.md#weights)."""
     module = run(*Mlp((1, 16896), 256, 20, "relu").fused())
     by_id = {i.id: i for i in module.functions[0].instructions()}
     loads = _weight_loads(module, "w1")
-    assert sorted(_row_tiles(i) for i in loads) == [4, 64, 64]
+    # the peeled group's load and the group loop's (one instruction for the other two)
+    assert sorted(_row_tiles(i) for i in loads) == [44, 44]
     for load in loads:
         for dep in load.deps:
             if by_id[dep.source].opcode is Opcode.MATMULT:
@@ -286,7 +299,7 @@ def test_transposed_classifier_weights_stored_transposed_in_bf16():
     stored = {n: loc.dtype for n, loc in fn.memory_locations.items() if n.endswith(".T")}
     assert sorted(n.split("/")[-1] for n in stored) == ["w1.T", "w2.T"]
     assert set(stored.values()) == {Dtype.BF16}
-    assert {_row_tiles(i) for i in _weight_loads(module, "w1")} == {128, 1}
+    assert {_row_tiles(i) for i in _weight_loads(module, "w1")} == {65, 64}
     flips = [
         i
         for i in fn.instructions()
