@@ -153,6 +153,14 @@ def check_block(graph: Graph, region: Region) -> tuple[MlpBlock | None, str | No
 
 
 def raise_block(graph: Graph, block: MlpBlock) -> None:
+    """Replace the block's nodes by the kernel, which takes the place of the block's first
+    node in the node order (`Graph.in_place_of`)."""
+    order = {name: index for index, name in enumerate(graph.topological_order())}
+    with graph.in_place_of(min(block.nodes, key=order.__getitem__)):
+        _replace(graph, block)
+
+
+def _replace(graph: Graph, block: MlpBlock) -> None:
     anchor = block.region.dot2
     for node in block.nodes:
         graph.remove_node(node)

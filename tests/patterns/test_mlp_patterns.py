@@ -156,6 +156,18 @@ def test_activation_forms_match_and_run(kind, bias):
     assert result.passed, result.to_json()
 
 
+def test_the_kernel_takes_the_place_of_the_blocks_first_node():
+    # x -> MatMul -> Relu -> MatMul (the block) and Neg(x), a node the block does not read,
+    # written after the block's first MatMul: the kernel keeps that MatMul's place, before
+    # the Neg, as the rewrite found them (added plainly, it would run after the Neg).
+    m = Mlp()
+    h = m.op("MatMul", ["x", m.weight(K, H)])
+    other = m.op("Neg", ["x"])
+    y = m.op("MatMul", [m.op("Relu", [h]), m.weight(H, N)])
+    graph, _ = raised(m.model(y, extra_outputs=(other,)))
+    assert [graph.node(n)["op_type"] for n in graph.topological_order()] == ["CustomCall", "Neg"]
+
+
 def test_gpt2_gemm_reshape_form():
     model = fix_int_consts(mlp_model("gelu_new_pow", gemm=True))
     graph, findings = raised(model)
