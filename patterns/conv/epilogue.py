@@ -30,12 +30,16 @@ from onnx2bir.kernels.conv.column_packing import (
     COLUMN_PACKING_1,
     COLUMN_PACKING_IO10,
 )
+from onnx2bir.kernels.conv.depthwise import CONV2D_DEPTHWISE
 from onnx2bir.kernels.conv.rep_nhwc import REP_NHWC
 from onnx2bir.options import CompileOptions
 from onnx2bir.patterns.passes import PassResult, Statistic
 
-# The conv kernels that evict through one ScalarE activation (the depthwise kernels do not).
-EVICTING_KERNELS = frozenset({COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10, REP_NHWC})
+# The conv kernels that evict through one ScalarE activation (the 1-D depthwise kernel does
+# not).
+EVICTING_KERNELS = frozenset(
+    {COLUMN_PACKING, COLUMN_PACKING_1, COLUMN_PACKING_IO10, REP_NHWC, CONV2D_DEPTHWISE}
+)
 FUSABLE = {"Relu": "relu"}  # ONNX op → ScalarE function (bir.enums.ActFunc)
 
 

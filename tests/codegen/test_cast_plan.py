@@ -67,7 +67,12 @@ def test_the_cast_type_is_the_plans_dtype():
     assert {p.dtype for p in plan.points} == {"float8_e4m3"}
 
 
-def test_a_depthwise_conv_on_vector_e_is_not_rounded():
+def test_a_depthwise_conv_on_the_pe_array_rounds_its_operands_and_validates():
+    # The 2-D depthwise kernel multiplies on the PE array (diag(w_tap) x the input window),
+    # so under the autocast its input and weights are bf16 like any conv's, the oracle
+    # rounds them there, and the program validates.
+    from onnx2bir.api import validate
+
     rng = np.random.default_rng(0)
     model = make_model(
         helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=8, pads=[1, 1, 1, 1]),
@@ -78,7 +83,12 @@ def test_a_depthwise_conv_on_vector_e_is_not_rounded():
     compilation = compile_model(model)
     (finding,) = compilation.passes.result_of("TransformConvOp").findings
     assert "depthwise" in finding["kernel"]
-    assert compilation.cast_plan.points == ()
+    assert {(p.node, p.input, p.dtype) for p in compilation.cast_plan.points} == {
+        ("dw", "x", "bfloat16"),
+        ("dw", "w", "bfloat16"),
+    }
+    result = validate(model)
+    assert result.passed, result.text()
 
 
 def test_auto_cast_all_rounds_every_stored_intermediate_for_every_reader():

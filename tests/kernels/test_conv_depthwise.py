@@ -1,9 +1,10 @@
-"""The VectorE depthwise kernels (onnx2bir.kernels.conv.depthwise) against onnxruntime.
+"""The depthwise kernels (onnx2bir.kernels.conv.depthwise) against onnxruntime.
 
 Each case is a one-Conv model with group = C and seeded random weights (and bias) as
 initializers, compiled with the default passes. The test asserts that TransformConvOp chose
-the kernel (and which registry row), that the module holds the kernel's instructions and no
-matmul, that the BIR verifies, and that the machine's output matches onnxruntime.
+the kernel (and which registry row), that the module holds the kernel's instructions (the 2-D
+kernel's matmuls against its diagonal taps, none for the 1-D kernel), that the BIR verifies,
+and that the machine's output matches onnxruntime.
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ def check(model: onnx.ModelProto, kernel: str, entry: str, seed: int = 0) -> dic
     rule = f"kernel.{kernel}"
     emitted = [i for i in compilation.module.functions[0].instructions() if i.origin.rule == rule]
     assert emitted, f"no instruction with origin rule {rule}"
-    assert not [i for i in emitted if i.opcode is Opcode.MATMULT], "the kernel used the PE array"
+    matmuls = [i for i in emitted if i.opcode is Opcode.MATMULT]
+    if kernel == CONV2D_DEPTHWISE:  # one matmul per tap, diag(w[:, tap]) stationary
+        assert matmuls and {
+            i.srcs["stationary"].loc.split("/")[-1].split("#")[0] for i in matmuls
+        } == {"diag"}
+    else:
+        assert not matmuls, "the 1-D kernel used the PE array"
     problems = verify_module(compilation.module)
     assert not problems, "\n".join(problems[:10])
     feeds = synthesize_inputs(compilation.graph, seed)
@@ -136,10 +143,10 @@ def test_conv2d_depthwise_matches_onnxruntime(case: str) -> None:
 
 
 def test_conv2d_depthwise_small_tiles_loop_over_every_axis(monkeypatch) -> None:
-    """Tiny tiles: BIR loops over channel tiles (260 = 2 x 128 + 4), batch, output rows and
-    columns, each with a leftover tile after the loop."""
-    monkeypatch.setattr(conv_depthwise, "MAX_TILE_COLS", 4)
-    monkeypatch.setattr(conv_depthwise, "PRODUCT_BYTES", 3 * 4 * 9 * 4)  # 3 rows x 4 cols
+    """Tiny tiles (one row of 4 columns): BIR loops over channel tiles (260 = 2 x 128 + 4),
+    batch, output rows and columns (10 = 4 + 4 + 2), each with a leftover tile after the
+    loop."""
+    monkeypatch.setattr(conv_depthwise, "MATMUL_MAX_MOVING_FREE", 4)
     model = depthwise_model((2, 260, 11, 10), (3, 3), True, 7, pads=[1, 2, 1, 0])
     check(model, CONV2D_DEPTHWISE, "conv2d_depthwise", seed=7)
 
@@ -153,7 +160,7 @@ def test_stride3_depthwise_takes_row_5_never_the_shadowed_row() -> None:
 
 def test_filter_too_big_for_one_pixel_fails_with_reason() -> None:
     model = depthwise_model((1, 8, 130, 130), (130, 130), False, 0)
-    with pytest.raises(CodegenError, match="does not fit the 65536-byte product tile"):
+    with pytest.raises(CodegenError, match="does not fit the 49152-byte band for one output"):
         compile_model(model, FP32)
 
 

@@ -72,6 +72,7 @@ def _evictions(module) -> list[str]:
         (_chain(), KERNELS, "rep_nhwc kernels"),
         # 400 rows of 122 padded columns replicated per kernel row overflow SBUF: no rep_nhwc
         (_chain(c_in=3, height=400, width=120), KERNELS, "column packing, then a generic conv"),
+        (_chain(c_in=32, groups=32), KERNELS, "the 2-D depthwise kernel, then rep_nhwc"),
         (_chain(), GENERIC, "generic convs, weights stationary"),
         (_chain(groups=2), GENERIC, "generic convs, block by block"),
     ],

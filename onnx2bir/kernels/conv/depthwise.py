@@ -1,5 +1,5 @@
-"""The two depthwise conv kernels on VectorE: conv2d_depthwise_f01b_o01i_bf01 (priority 5) and
-Conv1d_depthwise_bf01_oi01_bf01 (priority 3). Neither uses the PE array.
+"""The two depthwise conv kernels: conv2d_depthwise_f01b_o01i_bf01 (priority 5) on the PE array
+and Conv1d_depthwise_bf01_oi01_bf01 (priority 3) on VectorE.
 
 In (2-D): x in f01b [C, H, W, N], w in o01i [C, kH, kW, 1], optional bias [C].
 In (1-D): x in bf01 [N, C, 1, L], w in oi01 [C, 1, 1, K], optional bias [C].
@@ -10,21 +10,23 @@ Both compute, per channel c and output pixel (r, q),
 
     y[n, c, r, q] = b[c] + Σ_(i, j) w[c, i, j] · x_pad[n, c, r·s_h + i·d_h, q·s_w + j·d_w]
 
-with channels on partitions (tiles of 128): a depthwise conv contracts over nothing, so the
-PE array would use one column of 128 (docs/neuroncore.md#convolution) while the vector engines are
-fully parallel over channels (the parallel axis goes on P, docs/neuroncore.md#partitions).
+with channels on partitions (tiles of 128).
 
-- 2-D (docs/neuroncore.md#convolution: the depthwise kernels and pooling's window AP): per
-  output tile of rows x cols, one DMA brings the band of input rows it reads, one
-  TensorTensor multiplies the band seen through a 4-D window pattern [rows, cols, kH, kW]
-  (strides s_h·band_cols, s_w, d_h·band_cols, d_w) by the channel tile's taps [c, kH·kW]
-  broadcast with stride 0 over rows and cols, and one TensorReduce(add) sums the last two
-  free dims. The neuron-team kernel sums the products on the PE array through an identity
-  matmul; here the reduce stays on VectorE (`tensor_reduce`, docs/neuroncore.md#vectore), which
-  keeps the kernel off PSUM. The bias rides on a ScalarE copy (`activation` with a [P, 1] bias,
-  docs/neuroncore.md#scalare), so VectorE does two instructions per tile and ScalarE one.
-  Band, products and out rotate over buffer copies along the innermost output-tile loop with
-  more than one tile (docs/buffers.md#lowerings), which makes that loop `parallel`.
+- 2-D (docs/neuroncore.md#convolution: depthwise on the PE array): tap (i, j) is a matmul
+  whose stationary operand is diag(w[:, i, j]), the channel tile's identity scaled row by row
+  by the tap's weights (one VectorE `TensorScalar` per tap, once per channel tile), and whose
+  moving operand is the band of input rows seen through the tap's window [rows, cols] (strides
+  s_h·band_cols and s_w, offset i·d_h·band_cols + j·d_w). The kH·kW matmuls of an output tile
+  (at most 512 positions, one PSUM bank) accumulate y's tile in PSUM; one ScalarE activation
+  adds the bias column and evicts it (applying a fused Relu, patterns/conv/epilogue.py). A
+  matmul costs its moving free size whatever the channel count, so a tap costs one PE cycle
+  per output position for up to 128 channels, where the vector engines took three (a multiply
+  of two SBUF operands and a reduce) at less than half the clock. The PE operands are in the
+  autocast dtype (`pe_operand_dtype`: the band's read and the diagonal's TensorScalar are the
+  casts). A diagonal's zeros multiply the other channels' inputs, so an infinite or NaN input
+  value makes the channel tile's outputs NaN. Band and out rotate over buffer copies, each
+  with a PSUM bank, along the innermost output-tile loop with more than one tile
+  (docs/buffers.md#lowerings), which makes that loop `parallel`.
 - 1-D (`tensor_scalar`, docs/neuroncore.md#vectore): per output tile of L_t ≤ 2048 positions, tap k
   multiplies the strided window band[k·d :: s] by the per-partition weight column w[c, k] (a [P, 1]
   operand). Tap 0 writes the accumulator, adding the bias in the same instruction (op1); later taps
@@ -36,9 +38,10 @@ The 2-D kernel reads each band straight from x through its strides (f01b puts th
 innermost, so a row's columns are N apart) and sets the band's positions in the padding to zero
 in SBUF (docs/memory_planner.md#framed-bands). The 1-D kernel frames x with zeros in a DRAM
 scratch buffer laid out [C, N, 1, L_pad] instead; unpadded inputs are read in place.
-The compute tiles are fp32 whatever x's float dtype (the DMA converts, docs/neuroncore.md#dma);
-VectorE computes in fp32 anyway (docs/neuroncore.md#engines). Only the 1-D kernel's scratch and
-its zero-fill tile keep x's dtype.
+The 2-D kernel's band and diagonals are in the PE operand dtype, its taps, bias and output
+fp32; the 1-D kernel's compute tiles are fp32 whatever x's float dtype (the DMA converts,
+docs/neuroncore.md#dma; VectorE computes in fp32 anyway, docs/neuroncore.md#engines), and only
+its scratch and zero-fill tile keep x's dtype.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine
+from onnx2bir.bir.enums import AluOp, Dtype, Engine
 from onnx2bir.bir.ir import MemoryLocation
-from onnx2bir.bir.opcodes import NUM_PARTITIONS
+from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_BANK_BYTES
+from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.spatial import (
     clip,
@@ -71,21 +75,17 @@ from onnx2bir.graph import Node
 from onnx2bir.kernels.conv.common import ConvKernelArgs, conv_kernel_args, kernel_geometry
 
 FP32_BYTES = 4
-# The 2-D product tile [rows, cols, kH, kW] per partition. 64 KiB is 16K fp32, a quarter of
-# VectorE's 64K-element free-size limit (docs/neuroncore.md#partitions) and a third of a partition's
-# 192 KiB.
 # The names the conv registry writes (docs/conv_selection.md#attributes).
 CONV2D_DEPTHWISE = "conv2d_depthwise_f01b_o01i_bf01"
 CONV1D_DEPTHWISE = "Conv1d_depthwise_bf01_oi01_bf01"
-PRODUCT_BYTES = 64 * 1024
-# Band + product + output tiles together, leaving room under the ~176 KiB a compiler may use
-# (docs/neuroncore.md#memory: ~16 KiB reserved) for the zero-fill tile, the taps, the bias and the
-# identity.
+# The 2-D kernel's input band per partition (a quarter of a partition's 192 KiB), and a PSUM
+# bank's fp32 elements (an output tile's accumulator).
+BAND_BYTES = 48 * 1024
+BANK_FP32 = PSUM_BANK_BYTES // FP32_BYTES
+# The 1-D kernel's band and its three output-length tiles together, leaving room under the ~176
+# KiB a compiler may use (docs/neuroncore.md#memory: ~16 KiB reserved) for the zero-fill tile,
+# the taps and the bias.
 WORK_BYTES = 128 * 1024
-# Output columns per 2-D tile: whole output rows up to this width, so the band and the y DMAs
-# move long contiguous runs; the 16-bit AP strides stay far from overflow
-# (docs/neuroncore.md#partitions).
-MAX_TILE_COLS = 512
 # Output positions per 1-D tile: each tap costs ~max(64, L_t) cycles
 # (docs/neuroncore.md#cost-model), so the fixed instruction cost is amortised well before this.
 # The band (≈ stride·L_t) and the three L_t-long tiles must also fit WORK_BYTES, which shortens
@@ -176,23 +176,6 @@ def largest(limit: int, fits: Callable[[int], bool]) -> int:
     return low
 
 
-def output_tile_2d(cg: BirCodeGen, args: ConvKernelArgs) -> tuple[int, int]:
-    """(rows, cols) of an output tile: as wide as allowed, then as many rows as fit."""
-
-    def fits(rows: int, cols: int) -> bool:
-        product = rows * cols * args.taps * FP32_BYTES
-        band = rows_needed(args, rows) * cols_needed(args, cols) * FP32_BYTES
-        return product <= PRODUCT_BYTES and product + band + rows * cols * FP32_BYTES <= WORK_BYTES
-
-    cols = largest(min(args.out_w, MAX_TILE_COLS), lambda c: fits(1, c))
-    if not cols:
-        raise cg.fail(
-            f"a {args.k_h}x{args.k_w} filter (dilation {list(args.rhs_dilation)}) "
-            f"does not fit the {PRODUCT_BYTES}-byte product tile for one pixel"
-        )
-    return largest(args.out_h, lambda r: fits(r, cols)), cols
-
-
 def load_channel_constants(
     cg: BirCodeGen,
     args: ConvKernelArgs,
@@ -212,31 +195,52 @@ def load_channel_constants(
         )
 
 
+def output_tile_pe(cg: BirCodeGen, args: ConvKernelArgs, itemsize: int) -> tuple[int, int]:
+    """(rows, cols) of an output tile: at most a PSUM bank of fp32 (MATMUL_MAX_MOVING_FREE
+    positions, the matmul's moving free size), whole rows when they fit, its band within
+    BAND_BYTES."""
+
+    def fits(rows: int, cols: int) -> bool:
+        band = rows_needed(args, rows) * cols_needed(args, cols) * itemsize
+        return rows * cols <= MATMUL_MAX_MOVING_FREE and band <= BAND_BYTES
+
+    cols = largest(min(args.out_w, MATMUL_MAX_MOVING_FREE), lambda c: fits(1, c))
+    if not cols:
+        raise cg.fail(
+            f"a {args.k_h}x{args.k_w} filter (dilation {list(args.rhs_dilation)}) "
+            f"does not fit the {BAND_BYTES}-byte band for one output pixel"
+        )
+    return largest(args.out_h, lambda r: fits(r, cols)), cols
+
+
 def trace_conv2d_depthwise(cg: BirCodeGen, node: Node) -> None:
     args = conv_kernel_args(cg, node)
     check_depthwise(cg, node, args)
-    rows, cols = output_tile_2d(cg, args)
+    operand = pe_operand_dtype(cg)
+    rows, cols = output_tile_pe(cg, args, operand.itemsize)
     geo = kernel_geometry(args)  # the padding is framed band by band in SBUF
     taps = args.taps
     c_tile = min(args.c_in, NUM_PARTITIONS)
     taps_sb = cg.sb_tile("taps", NUM_PARTITIONS, taps, Dtype.FP32)
     bias_sb = cg.sb_tile("bias", NUM_PARTITIONS, 1, Dtype.FP32) if args.bias else None
-    # band, product and out rotate over the innermost output-tile loop with more than one
-    # tile (docs/buffers.md#lowerings).
+    # diag(w[:, tap]) for every tap: the stationary operand of that tap's matmul
+    diag = cg.sb_tile("diag", NUM_PARTITIONS, taps * c_tile, operand)
+    # band and out rotate over the innermost output-tile loop with more than one tile, each
+    # copy with a PSUM bank of its own (docs/buffers.md#lowerings).
     strides = [
-        copy_stride(rows_needed(args, rows) * cols_needed(args, cols), Dtype.FP32),
-        copy_stride(rows * cols * taps, Dtype.FP32),
+        copy_stride(rows_needed(args, rows) * cols_needed(args, cols), operand),
         copy_stride(rows * cols, Dtype.FP32),
     ]
     counts = [args.batch, tile_count(args.out_h, rows), tile_count(args.out_w, cols)]
     level = rotating_level(counts)
     copies = 1
     if level is not None:
-        copies = buffer_count(cg, counts[level], sum(strides) * FP32_BYTES)
+        per_copy = strides[0] * operand.itemsize + strides[1] * FP32_BYTES
+        copies = buffer_count(cg, counts[level], per_copy, psum_banks=1)
     buffers = [copies if i == level else 1 for i in range(3)]
-    band = cg.sb_tile("band", NUM_PARTITIONS, copies * strides[0], Dtype.FP32)
-    product = cg.sb_tile("product", NUM_PARTITIONS, copies * strides[1], Dtype.FP32)
-    out = cg.sb_tile("out", NUM_PARTITIONS, copies * strides[2], Dtype.FP32)
+    band = cg.sb_tile("band", NUM_PARTITIONS, copies * strides[0], operand)
+    out = cg.sb_tile("out", NUM_PARTITIONS, copies * strides[1], Dtype.FP32)
+    acc = cg.psum_tile("acc", NUM_PARTITIONS, copies * BANK_FP32)
     (s_h, s_w), (d_h, d_w) = args.stride, args.rhs_dilation
     x_b, x_f, x_h, x_w = args.x_strides
     y_b, y_f, y_h, y_w = args.y_strides
@@ -251,11 +255,18 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: Node) -> None:
     for c in tiles(cg, args.c_in, c_tile, "c"):
         load_channel_constants(cg, args, c, taps_sb, bias_sb)
         p = c.size
+        for tap in range(taps):
+            cg.tensor_scalar(
+                cg.ap(diag, [(1, p)], tap * c_tile, partitions=p),
+                cg.identity(p),
+                AluOp.MULTIPLY,
+                cg.ap(taps_sb, [(1, 1)], tap, partitions=p),
+            )
         for n in tiles(cg, args.batch, 1, "n", buffers=buffers[0]):
             for row in window_tiles(cg, geo, "h", args.out_h, rows, "oh", buffers[1]):
                 for col in window_tiles(cg, geo, "w", args.out_w, cols, "ow", buffers[2]):
                     slot = n.slot + row.slot + col.slot  # at most one of them rotates
-                    band_at, product_at, out_at = (slot * stride for stride in strides)
+                    band_at, out_at = (slot * stride for stride in strides)
                     band_rows = rows_needed(args, row.size)
                     band_cols = cols_needed(args, col.size)
                     row_clip = clip(row.start * s_h, band_rows, geo.pad_top, geo.in_h)
@@ -279,40 +290,22 @@ def trace_conv2d_depthwise(cg: BirCodeGen, node: Node) -> None:
                         x_h,
                         col_step=x_w,
                     )
-                    window = cg.ap(
-                        band,
-                        [
-                            (s_h * band_cols, row.size),
-                            (s_w, col.size),
-                            (d_h * band_cols, args.k_h),
-                            (d_w, args.k_w),
-                        ],
-                        band_at,
-                        partitions=p,
-                    )
-                    weights = cg.ap(
-                        taps_sb,
-                        [(0, row.size), (0, col.size), (args.k_w, args.k_h), (1, args.k_w)],
-                        partitions=p,
-                    )
-                    products = cg.ap(
-                        product,
-                        [
-                            (col.size * taps, row.size),
-                            (taps, col.size),
-                            (args.k_w, args.k_h),
-                            (1, args.k_w),
-                        ],
-                        product_at,
-                        partitions=p,
-                    )
-                    cg.tensor_tensor(products, window, weights, AluOp.MULTIPLY)
-                    result = cg.ap(out, [(1, row.size * col.size)], out_at, partitions=p)
-                    cg.tensor_reduce(result, products, AluOp.ADD, axes=2)
-                    if bias_sb is not None:
-                        cg.activation(
-                            result, result, ActFunc.COPY, bias=cg.ap(bias_sb, partitions=p)
-                        )
+                    size = row.size * col.size
+                    total = cg.ap(acc, [(1, size)], slot * BANK_FP32, partitions=p)
+                    for i in range(args.k_h):
+                        for j in range(args.k_w):
+                            tap = i * args.k_w + j
+                            window = cg.ap(
+                                band,
+                                [(s_h * band_cols, row.size), (s_w, col.size)],
+                                band_at + (i * d_h * band_cols + j * d_w),
+                                partitions=p,
+                            )
+                            stationary = cg.ap(diag, [(1, p)], tap * c_tile, partitions=p)
+                            cg.matmul(total, stationary, window, accumulate=tap > 0)
+                    result = cg.ap(out, [(1, size)], out_at, partitions=p)
+                    bias = cg.ap(bias_sb, partitions=p) if bias_sb is not None else None
+                    cg.activation(result, total, args.activation, bias=bias)
                     cg.dma(
                         cg.dram_ap(
                             args.y,
