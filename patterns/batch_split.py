@@ -1,7 +1,8 @@
 """SplitBatch: run the batch-heavy front of a CNN a few images at a time.
 
 In: the Graph before conv selection. Out: the same computation, with a prefix of its
-per-sample nodes (convolutions, pools, elementwise activations and adds, channel concats)
+per-sample nodes (convolutions, pools, elementwise activations and adds, channel concats, means
+and maxima over each image)
 cloned per group of images, in tiers: tier t runs its nodes on groups of g_t images, the
 groups growing from one tier to the next (1, then 2, then 4, ...; each dividing the next and
 the batch N). The clones are `<node>/image<j>` for a single image and `<node>/images<j>-<k>` for
@@ -71,6 +72,8 @@ PER_SAMPLE = frozenset(
         "GlobalMaxPool",
         "BatchNormalization",
         "Concat",
+        "ReduceMean",
+        "ReduceMax",
     }
 )
 
@@ -80,7 +83,7 @@ PER_SAMPLE = frozenset(
 # group of g > 1 images stays on chip as a single image does. BatchNormalization is not among
 # them: its lowering packs several images' planes into one tile, an access that steps both
 # channels and images, which the planner cannot map to rows; a tier of groups takes none.
-GROUP_WALKED = PER_SAMPLE - {"BatchNormalization"}
+GROUP_WALKED = PER_SAMPLE - {"BatchNormalization", "ReduceMean", "ReduceMax"}
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,10 @@ def _per_sample_nodes(graph: Graph, batch: int, inputs: set[str]) -> list[str]:
             rank = len(graph.tensors[data["outputs"][0]].shape)
             if int(data["attrs"].get("axis", 0)) % rank == 0:
                 continue
+        if data["op_type"] in ("ReduceMean", "ReduceMax") and not _reduces_within_images(
+            graph, data
+        ):
+            continue
         out = graph.tensors[data["outputs"][0]]
         if len(out.shape) != 4 or out.shape[0] != batch or data["outputs"][0] in graph.outputs:
             continue
@@ -175,6 +182,20 @@ def _per_sample_nodes(graph: Graph, batch: int, inputs: set[str]) -> list[str]:
             region.append(name)
             produced.add(data["outputs"][0])
     return region
+
+
+def _reduces_within_images(graph: Graph, data: dict) -> bool:
+    """Whether a ReduceMean or ReduceMax of a [N, C, H, W] tensor keeps the batch axis: known
+    axes, none of them 0, and the reduced axes kept (a squeeze-and-excitation block's mean over
+    the image)."""
+    rank = len(graph.tensors[data["inputs"][0]].shape)
+    axes = data["attrs"].get("axes")
+    if axes is None and len(data["inputs"]) > 1 and data["inputs"][1]:
+        info = graph.tensors[data["inputs"][1]]
+        axes = info.const.tolist() if info.is_const else None
+    if axes is None or not data["attrs"].get("keepdims", 1):
+        return False
+    return all(int(axis) % rank != 0 for axis in axes)
 
 
 def _best_tiers(

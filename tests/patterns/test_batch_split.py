@@ -319,3 +319,51 @@ def test_the_report_names_the_tiers(small_spill):
     ]
     unsplit = compile_graph(import_graph(_two_stage_net(batch=1)), CompileOptions())
     assert build_report("one", unsplit)["batch_split"] is None
+
+
+def _se_net(axes=(2, 3), keepdims: int = 1):
+    """A squeeze-and-excitation block at batch 3, as EfficientNet exports it: Conv -> Relu ->
+    ReduceMean over the image (axes an input, opset 18) -> 1x1 Conv -> Sigmoid -> Mul with the
+    Relu's output -> global pool -> Gemm."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="c0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"], name="r0"),
+        helper.make_node("ReduceMean", ["r0", "axes"], ["m"], name="mean", keepdims=keepdims),
+        helper.make_node("Conv", ["m", "w1"], ["s"], name="squeeze"),
+        helper.make_node("Sigmoid", ["s"], ["g"], name="gate"),
+        helper.make_node("Mul", ["r0", "g"], ["e"], name="excite"),
+        helper.make_node("GlobalAveragePool", ["e"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wf"], ["y"], name="fc", transB=1),
+    ]
+    inits = {
+        "w0": _w(21, 16, 8, 3, 3),
+        "w1": _w(22, 16, 16, 1, 1),
+        "wf": _w(23, 10, 16),
+        "axes": np.array(axes, np.int64),
+    }
+    return make_model(nodes, {"x": (3, 8, 16, 16)}, {"y": None}, initializers=inits)
+
+
+def test_a_squeeze_and_excitation_block_runs_an_image_at_a_time(small_spill):
+    # The mean over each image keeps the images apart, so the block is per sample: its nodes
+    # are cloned per image with the rest of the front, and the program still matches.
+    graph = import_graph(_se_net())
+    result = SplitBatch().run(graph, CompileOptions())
+    split = {f["node"] for f in result.findings}
+    assert {"mean", "squeeze", "gate", "excite"} <= split
+    assert "mean/image2" in dict(graph.nodes())
+    assert_matches_onnxruntime(_se_net())
+
+
+def test_a_mean_across_images_or_dropping_axes_is_not_per_sample(small_spill):
+    graph = import_graph(_se_net())
+    mean = graph.node("mean")
+    assert batch_split._reduces_within_images(graph, mean)
+    assert not batch_split._reduces_within_images(graph, {**mean, "attrs": {"keepdims": 0}})
+    # a mean over the images as well: the front stops before it
+    across = import_graph(_se_net(axes=(0, 2, 3)))
+    assert not batch_split._reduces_within_images(across, across.node("mean"))
+    SplitBatch().run(across, CompileOptions())
+    nodes = dict(across.nodes())
+    assert "mean" in nodes and "mean/image0" not in nodes and "c0/image0" in nodes
