@@ -389,6 +389,32 @@ def test_a_channel_concat_of_two_images_stays_on_chip():
     assert all(decisions[t].resident for t in ("a", "b", "c"))
 
 
+def test_a_channel_concat_of_eight_images_stays_on_chip():
+    # Eight images of 96 and 32 channels (GoogLeNet's and DenseNet's concats at batch 8): one
+    # copy per image and input (CONCAT_IMAGES), each walking that image's planes, so inputs
+    # and output stay in SBUF; with the copies unrolled only up to four images, one copy of
+    # all eight stepped over the images inside a row and every concat went through DRAM.
+    rng = np.random.default_rng(11)
+    model = _model(
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="relu_a"),
+            helper.make_node("Neg", ["z"], ["b"], name="neg_b"),
+            helper.make_node("Concat", ["a", "b"], ["c"], name="cat", axis=1),
+            helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid"),
+        ],
+        [_vi("x", [8, 96, 7, 7]), _vi("z", [8, 32, 7, 7])],
+        [_vi("y", [8, 128, 7, 7])],
+    )
+    feeds = {
+        "x": rng.standard_normal((8, 96, 7, 7)).astype(np.float32),
+        "z": rng.standard_normal((8, 32, 7, 7)).astype(np.float32),
+    }
+    decisions = _run(model, feeds, auto_cast="none").memory_plan.decisions
+    assert all(decisions[t].resident for t in ("a", "b", "c")), {
+        t: decisions[t].reason for t in ("a", "b", "c")
+    }
+
+
 def _conv_chain_of_two_images(activation):
     """Conv(8 -> 96, 3 x 3) -> activation -> Conv(96 -> 96, 3 x 3) over two images: 96
     channels a image, not a whole number of 128-row partition chunks."""

@@ -67,8 +67,8 @@ def lower_concat(cg: BirCodeGen, node: Node) -> None:
     A run of whole channel planes (axis 0 or 1 of a tensor of rank 3 or more: a batch or a
     channel concat) is walked a plane at a time, [planes, plane], the rows the memory planner
     keeps such tensors in (docs/memory_planner.md#layout), one DMA per image of a channel
-    concat (up to `UNROLL_TRIPS` images; the planner maps one row-stepping dim of an access to
-    partitions), so that inputs and output can stay on chip."""
+    concat (up to `CONCAT_IMAGES` images; the planner maps one row-stepping dim of an access
+    to partitions), so that inputs and output can stay on chip."""
     out = node.outputs[0]
     out_shape = cg.graph.tensors[out].shape
     axis = node.attrs["axis"] % len(out_shape)
@@ -83,7 +83,7 @@ def lower_concat(cg: BirCodeGen, node: Node) -> None:
             continue
         length = cg.graph.tensors[tensor].shape[axis] * inner
         src = cg.dram(tensor).name
-        if length and outer and plane and outer <= UNROLL_TRIPS:
+        if length and outer and plane and outer <= CONCAT_IMAGES:
             run = [(plane, length // plane), (1, plane)]
             for image in range(outer):
                 cg.dma(
@@ -197,6 +197,9 @@ def lower_transpose(cg: BirCodeGen, node: Node) -> None:
     )
 
 
+# A channel concat's copies, one per image and input, are unrolled up to this batch (a batch
+# of 8 images of 4 inputs: 32 copies), so that each copy walks one image's planes.
+CONCAT_IMAGES = 16
 UNROLL_TRIPS = 4  # copy_strided emits this many leading-dim copies one by one, not as a loop
 ROW_BLOCK = 512  # elements per [rows, last dim] block worth a DMA of its own
 
