@@ -240,6 +240,29 @@ def merge_broadcast_dims(
     return tuple(out_shape), [tuple(s) for s in out_strides]
 
 
+def rotating_nested_loops(
+    cg: BirCodeGen,
+    sizes: tuple[int, ...],
+    strides: list[tuple[int, ...]],
+    name: str,
+    buffers: int,
+) -> Iterator[tuple[tuple[Affine, ...], Affine]]:
+    """`nested_loops` whose innermost loop rotates over `buffers` copies: yields the operands'
+    offsets and the copy (`Tile.slot`) the body's per-iteration tiles use
+    (docs/buffers.md#rotation)."""
+    if not sizes:
+        yield (Affine(),) * len(strides), Affine()
+        return
+    if len(sizes) == 1:
+        for index in tiles(cg, sizes[0], 1, name, buffers=buffers):
+            yield tuple(index.start * s[0] for s in strides), index.slot
+        return
+    for index in tiles(cg, sizes[0], 1, name):
+        inner = [s[1:] for s in strides]
+        for rest, slot in rotating_nested_loops(cg, sizes[1:], inner, name, buffers):
+            yield tuple(index.start * s[0] + r for s, r in zip(strides, rest, strict=True)), slot
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     running = 1

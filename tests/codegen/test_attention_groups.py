@@ -100,6 +100,25 @@ def test_the_key_transpose_flips_on_the_pe_array():
     assert any(inst.opcode is Opcode.MATMULT for inst in flips)
 
 
+def test_one_block_key_transposes_rotate_over_the_heads():
+    # 64 tokens: each head's key [64, 8] is one block, so the flips rotate over the heads'
+    # loop, a PSUM bank and a staging tile per copy (TRANSPOSE_COPIES), so that a head's
+    # flip need not wait for the previous head's store; the random schedule in _run finds no
+    # race between a head's copy-out and the next flips, and the result matches onnxruntime.
+    from onnx2bir.codegen.lower.data import TRANSPOSE_COPIES
+    from onnx2bir.codegen.matmul_tiles import BANK_FP32
+
+    model, _ = _vit_attention(64)
+    compilation = _run(model, 64)
+    flips = [
+        i
+        for i in compilation.module.functions[0].instructions()
+        if i.origin.node == "k_transpose" and i.opcode is Opcode.MATMULT
+    ]
+    banks = {i.dst.offset // BANK_FP32 for i in flips if not i.dst.offset_terms}
+    assert TRANSPOSE_COPIES == 4 and banks == {0, 1, 2, 3}
+
+
 def test_without_the_plan_the_grouped_walks_match_onnxruntime():
     model, _ = _vit_attention(197)
     _run(model, 197, memory_plan=False)

@@ -17,7 +17,7 @@ from onnx2bir.codegen.tiling import (
     Affine,
     contiguous_strides,
     merge_broadcast_dims,
-    nested_loops,
+    rotating_nested_loops,
     tile_count,
     tiles,
 )
@@ -197,6 +197,8 @@ def lower_transpose(cg: BirCodeGen, node: Node) -> None:
     )
 
 
+# Copies a PE transpose of one-block matrices rotates over (each a PSUM bank).
+TRANSPOSE_COPIES = 4
 # A channel concat's copies, one per image and input, are unrolled up to this batch (a batch
 # of 8 images of 4 inputs: 32 copies), so that each copy walks one image's planes.
 CONCAT_IMAGES = 16
@@ -220,20 +222,27 @@ def _transpose_on_pe(
         out_shape[:-2], [out_strides[:-2], tuple(in_strides[axis] for axis in perm[:-2])]
     )
     p = NUM_PARTITIONS
-    # Two copies of the PSUM and result tiles when a matrix takes several blocks: the PE
-    # flips the next block while ScalarE or VectorE copies this one out.
-    copies = 2 if tile_count(rows, p) * tile_count(cols, p) > 1 else 1
-    block = cg.sb_tile("block", p, p, Dtype.FP32)
+    # Copies of the PSUM and result tiles when there are several blocks: the PE flips the
+    # next block while ScalarE or VectorE copies this one out and DMAs store the ones before
+    # (a store waits ~1.3 us for the copy's semaphore, so several stores are in flight). They
+    # rotate over a matrix's blocks (two copies), or, when a matrix is one block (ConvNeXt's
+    # NCHW -> NHWC permutes: a [96, 56] matrix per row), over the matrices (up to
+    # TRANSPOSE_COPIES).
+    blocks = tile_count(rows, p) * tile_count(cols, p)
+    across = blocks == 1 and math.prod(lead) > 1  # the copies rotate with the matrices' loop
+    copies = min(TRANSPOSE_COPIES, math.prod(lead)) if across else (2 if blocks > 1 else 1)
+    block = cg.sb_tile("block", p, copies * p, Dtype.FP32)
     flipped = cg.psum_tile("flipped", p, (copies - 1) * BANK_FP32 + p)
     result = cg.sb_tile("flipped", p, copies * p, Dtype.FP32)
     src_loc, out_loc = cg.dram(src).name, cg.dram(out).name
-    for out_base, in_base in nested_loops(cg, lead, [out_lead, in_lead], "b"):
+    matrices = rotating_nested_loops(cg, lead, [out_lead, in_lead], "b", copies if across else 1)
+    for (out_base, in_base), matrix_slot in matrices:
         count = 0
         for r in tiles(cg, rows, p, "tr"):
             for c in tiles(cg, cols, p, "tc"):
-                slot, count = count % copies, count + 1
+                slot, count = (matrix_slot, count) if across else (count % copies, count + 1)
                 loaded = cg.read_operand(
-                    cg.ap(block, [(1, c.size)], partitions=r.size),
+                    cg.ap(block, [(1, c.size)], slot * p, partitions=r.size),
                     cg.dram_ap(
                         src_loc,
                         in_base + r.start * row_stride + c.start,
