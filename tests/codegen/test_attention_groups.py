@@ -119,6 +119,31 @@ def test_one_block_key_transposes_rotate_over_the_heads():
     assert TRANSPOSE_COPIES == 4 and banks == {0, 1, 2, 3}
 
 
+@pytest.mark.parametrize("tokens", [197, 300])
+def test_head_split_and_merge_are_one_copy_per_partition_chunk(tokens):
+    # [1, T, H, D] <-> [1, H, T, D], both sides in SBUF: one copy [rows, H, D] per 128 rows
+    # (every head at once), not one per head and 128 rows; _run checks the numbers against
+    # onnxruntime and the schedule for races.
+    model, _ = _vit_attention(tokens)
+    compilation = _run(model, tokens)
+    chunks = -(-tokens // 128)
+    for node in ("q_heads", "v_heads", "merge"):
+        copies = _instructions(compilation.module.functions[0].entry, node)
+        assert copies and all(i.opcode is not Opcode.DMA_COPY for i in copies), node
+        assert _executed(compilation.module.functions[0].entry, node) == chunks, node
+
+
+def _executed(block, node: str) -> int:
+    """How many instructions of `node` run, loop trips counted."""
+    count = 0
+    for item in block.items:
+        if isinstance(item, Loop):
+            count += item.trip_count * _executed(item.body, node)
+        elif item.origin.node == node:
+            count += 1
+    return count
+
+
 def test_without_the_plan_the_grouped_walks_match_onnxruntime():
     model, _ = _vit_attention(197)
     _run(model, 197, memory_plan=False)

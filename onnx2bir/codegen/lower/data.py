@@ -154,7 +154,10 @@ def lower_transpose(cg: BirCodeGen, node: Node) -> None:
 
     - the last dim stays last: one strided DMA per [rows, last dim] block, the rows being the
       longest other dim of the output (the remaining dims loop), each block reading whole
-      rows of the input and writing whole rows of the output;
+      rows of the input and writing whole rows of the output; when the other dims merge
+      into one (a head split [T, H, D] → [H, T, D] or merge), a single copy
+      [rows, H, D] instead, which is one on-chip copy per 128 rows when both sides are in
+      SBUF;
     - the input's last dim becomes the output's second last (fp32: the last two dims swap,
       or a [T, H, D] → [H, D, T] key transpose): per index of the other dims, each block of
       at most 128 x 128 of the matrix is read as rows, flipped on the PE array against the
@@ -177,13 +180,22 @@ def lower_transpose(cg: BirCodeGen, node: Node) -> None:
         _transpose_on_pe(cg, src, out, in_shape, perm)
         return
     order, max_dims = list(range(rank)), DMA_MAX_DIMS
+    out_strides = contiguous_strides(out_shape)
     if rank >= 3 and perm[-1] == rank - 1 and perm != list(range(rank)):
-        # The longest other dim becomes the rows of each block; the rest loop.
+        # The longest other dim becomes the rows of each block; the rest loop, unless one
+        # copy [rows, other dim, last dim] takes them all (a head split or merge: one copy per
+        # 128 rows instead of one per head and 128 rows).
         rows = max(range(rank - 1), key=lambda d: (out_shape[d], d))
         if out_shape[rows] * out_shape[-1] >= ROW_BLOCK:
             order = [d for d in range(rank - 1) if d != rows] + [rows, rank - 1]
             max_dims = 2
-    out_strides = contiguous_strides(out_shape)
+            whole = [rows] + [d for d in range(rank - 1) if d != rows] + [rank - 1]
+            merged, _ = merge_broadcast_dims(
+                tuple(out_shape[d] for d in whole),
+                [tuple(out_strides[d] for d in whole), tuple(permuted[d] for d in whole)],
+            )
+            if len(merged) <= HEAD_COPY_DIMS:
+                order, max_dims = whole, HEAD_COPY_DIMS
     copy_strided(
         cg,
         cg.dram(out).name,
@@ -204,6 +216,7 @@ TRANSPOSE_COPIES = 4
 CONCAT_IMAGES = 16
 UNROLL_TRIPS = 4  # copy_strided emits this many leading-dim copies one by one, not as a loop
 ROW_BLOCK = 512  # elements per [rows, last dim] block worth a DMA of its own
+HEAD_COPY_DIMS = 3  # a last-dim-keeping Transpose of at most this many dims is one copy
 
 
 def _transpose_on_pe(
