@@ -1,5 +1,5 @@
-"""Exports for the Inf2 table rows: ResNet-18/34/50/101/152, VGG-11/16, ViT-base, BERT-base,
-RoBERTa-base.
+"""Exports for the Inf2 table rows: ResNet-18/34/50/101/152, VGG-11/16, ViT-base, and the
+encoders BERT-base/large, RoBERTa-base/large, DistilBERT-base, ALBERT-base and ELECTRA-base.
 
 The rows of the Neuron "Inf2 Inference Performance" table (Inf2.xlarge, FP32 models compiled
 with matmult -> bf16 autocast, P50 latency per call on one NeuronCore-v2; vision at 224 x 224,
@@ -97,6 +97,12 @@ ROWS = {
     "resnet152_b1": Row("resnet152", 1, 1.185, 837.784),
     "vgg11_b1": Row("vgg11", 1, 1.59, 629.189),
     "resnet18_b8": Row("resnet18", 8, 4.587, 6949.174),
+    # The encoder table's other rows (Neuron 2.25-2.26, PyTorch 2.7-2.8), added the same way.
+    "distilbert_base_b1": Row("distilbert_base", 1, 0.579, 3401.966, depth=6, vocab=30522),
+    "albert_base_b1": Row("albert_base", 1, 0.937, 2119.785, depth=12, vocab=30000),
+    "electra_base_b1": Row("electra_base", 1, 0.996, 2020.455, depth=12, vocab=30522),
+    "bert_large_b1": Row("bert_large", 1, 2.694, 738.645, depth=24, vocab=30522),
+    "roberta_large_b1": Row("roberta_large", 1, 2.693, 738.884, depth=24, vocab=50265),
 }
 
 
@@ -140,31 +146,79 @@ def _cnn(row: Row):
     return Built(model, {"input": pixels}, ["logits"], 0, 0, {"name": row.model, **vars(row)})
 
 
-def _encoder(row: Row, layers: int):
-    import torch
+def _token_model(row: Row, layers: int):
+    """The transformers encoder of a token row, at the released model's sizes, cut to `layers`
+    layers; returns (model, lowest token id used)."""
     from transformers import (
+        AlbertConfig,
+        AlbertModel,
         BertConfig,
         BertModel,
+        DistilBertConfig,
+        DistilBertModel,
+        ElectraConfig,
+        ElectraModel,
         RobertaConfig,
         RobertaModel,
-        ViTConfig,
-        ViTForImageClassification,
     )
+
+    large = row.model.endswith("_large")
+    sizes = dict(
+        hidden_size=1024 if large else 768,
+        num_hidden_layers=layers,
+        num_attention_heads=16 if large else 12,
+        intermediate_size=4096 if large else 3072,
+        vocab_size=row.vocab,
+        attn_implementation="eager",
+    )
+    if row.model in ("bert_base", "bert_large"):  # bert-{base,large}-uncased
+        config = BertConfig(**sizes, max_position_embeddings=512)
+        return BertModel(config, add_pooling_layer=False), 0
+    if row.model in ("roberta_base", "roberta_large"):
+        config = RobertaConfig(
+            **sizes,
+            max_position_embeddings=514,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            pad_token_id=1,
+        )
+        # no padding (1) or special tokens: every position counts
+        return RobertaModel(config, add_pooling_layer=False), 3
+    if row.model == "electra_base":  # google/electra-base-discriminator
+        config = ElectraConfig(**sizes, embedding_size=768, max_position_embeddings=512)
+        return ElectraModel(config), 0
+    if row.model == "albert_base":  # albert-base-v2: 128-wide embeddings, one shared layer
+        config = AlbertConfig(**sizes, embedding_size=128, hidden_act="gelu_new")
+        return AlbertModel(config, add_pooling_layer=False), 0
+    if row.model == "distilbert_base":  # distilbert-base-uncased
+        config = DistilBertConfig(
+            vocab_size=row.vocab, n_layers=layers, attn_implementation="eager"
+        )
+        return DistilBertModel(config), 0
+    raise ValueError(f"no encoder for {row.model!r}")
+
+
+def _encoder(row: Row, layers: int):
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
 
     from models.zoo import Built, PixelWrapper, TokenWrapper, trained_biases
 
     torch.manual_seed(0)
     config = {"name": row.model, "layers": layers, "batch": row.batch}
-    common = dict(
-        hidden_size=768,
-        num_hidden_layers=layers,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        attn_implementation="eager",
-    )
     if row.model == "vit_base":  # google/vit-base-patch16-224: 1,000 ImageNet classes
         model = ViTForImageClassification(
-            ViTConfig(**common, image_size=IMAGE, patch_size=16, num_channels=3, num_labels=1000)
+            ViTConfig(
+                hidden_size=768,
+                num_hidden_layers=layers,
+                num_attention_heads=12,
+                intermediate_size=3072,
+                attn_implementation="eager",
+                image_size=IMAGE,
+                patch_size=16,
+                num_channels=3,
+                num_labels=1000,
+            )
         )
         trained_biases(model)
         model.eval()
@@ -177,25 +231,7 @@ def _encoder(row: Row, layers: int):
             layers,
             config,
         )
-    if row.model == "bert_base":  # bert-base-uncased
-        model = BertModel(
-            BertConfig(**common, vocab_size=row.vocab, max_position_embeddings=512),
-            add_pooling_layer=False,
-        )
-        low = 0
-    else:  # roberta-base
-        model = RobertaModel(
-            RobertaConfig(
-                **common,
-                vocab_size=row.vocab,
-                max_position_embeddings=514,
-                type_vocab_size=1,
-                layer_norm_eps=1e-5,
-                pad_token_id=1,
-            ),
-            add_pooling_layer=False,
-        )
-        low = 3  # no padding (1) or special tokens: every position counts
+    model, low = _token_model(row, layers)
     trained_biases(model)
     model.eval()
     generator = torch.Generator().manual_seed(0)

@@ -237,10 +237,10 @@ def _source(dma):
 def test_w2_blocks_over_the_limit_come_in_row_groups():
     """H = 2560: a 512-column block of w2 is 20 row tiles of 2 KiB per partition in fp32, over
     WEIGHT_BLOCK_BYTES, so it comes in groups of at most 16 row tiles, evened out to two of 10
-    (not 16 and 4: `balanced`), one DMA each, for the three N chunks (512, 512 and 176 columns);
-    the accumulation runs across the groups. (The weights, 94 KiB per partition for w2 alone,
-    are too large to hold whole.)"""
-    module = run(*Mlp((4, 256), 2560, 1200, "relu").fused())
+    (not 16 and 4: `balanced`), one DMA each, for the five N chunks (four of 512 columns and
+    one of 152); the accumulation runs across the groups. (The weights, 172 KiB per partition
+    for w2 alone, are too large to hold whole.)"""
+    module = run(*Mlp((4, 256), 2560, 2200, "relu").fused())
     loads = _weight_loads(module, "w2")
     assert sorted({_row_tiles(i) for i in loads}) == [10]
 
@@ -400,3 +400,17 @@ def test_weights_held_whole_serve_every_token_block():
     assert len(_weight_loads(module, "w1")) == 1
     assert len(_weight_loads(module, "w2")) == 1
     assert not _loads_in_loops(module, "w2")
+
+
+@pytest.mark.parametrize("tokens, whole", [(128, True), (512, False)])
+def test_weights_held_whole_leave_room_for_the_activations(tokens, whole):
+    """K = 1024, H = 2048, N = 1024 in fp32 (BERT-large's MLP in bf16 has the same 128 KiB per
+    partition): at 128 tokens (one tile) the weights are held whole, loaded once and outside
+    any loop; at 512 tokens (four tiles) the kernel's larger tiles and the room kept for
+    three 1024-wide activations of four row tiles (`activation_room`, 48 KiB) leave too little,
+    so the weights stream per block, their loads in loops. Both match onnxruntime."""
+    module = run(*Mlp((tokens, 1024), 2048, 1024, "gelu").fused())
+    for weight in ("w1", "w2"):
+        assert bool(_loads_in_loops(module, weight)) is not whole, weight
+        if whole:
+            assert all(not load.deps for load in _weight_loads(module, weight)), weight

@@ -52,9 +52,10 @@ and the working tiles do not fit, the block shrinks (512 → 256 → 128 tokens)
 even for 128 tokens fails with `cg.fail`.
 
 Weights held whole (docs/mlp.md#weights). When every weight comes in whole 128-row tiles and
-together they take at most WHOLE_WEIGHT_BYTES of each partition (a base-size encoder's w1
-and w2, 36 KiB each in bf16), each is loaded once, before any compute and for every token
-block, by unrolled DMAs of about CHUNK_BYTES per partition that take the DMA queues in turn:
+together they fit in what the kernel's tiles leave of each partition, less room for the
+activations live around the block (`activation_room`: a base-size encoder's w1 and w2, 36 KiB
+each in bf16, at any batch up to 4; a large one's, 64 KiB each, at batch 1), each is loaded
+once, before any compute and for every token block, by unrolled DMAs of about CHUNK_BYTES per partition that take the DMA queues in turn:
 w1 (and w_up) by runs of hidden tiles, w2 by runs of row tiles, in the order the matmuls use
 them. The hidden loop and w2's row loop run once per chunk, so each run waits only for its
 own chunk's DMA, and no load waits for a matmul to free a buffer: a weight load depends on
@@ -327,8 +328,20 @@ def weight_columns(view: MatrixView, width: int, itemsize: int) -> int:
     return max(1, row_group(view, width, itemsize)) * width
 
 
-WHOLE_WEIGHT_BYTES = 96 * 1024  # SBUF per partition the kernel's weights, held whole, may take
+# Held whole, the weights must leave room beside the kernel's own tiles for the activations
+# live around the block (docs/mlp.md#weights): its input and output with the tokens on
+# partitions, and one more of the input's size, the residual stream an encoder keeps beside.
+LIVE_ACTIVATIONS = 3
 CHUNK_BYTES = 4 * 1024  # SBUF per partition one DMA of a weight held whole brings, at least
+
+
+def activation_room(a: MlpArgs) -> int:
+    """SBUF bytes per partition that weights held whole leave for the activations around the
+    block: LIVE_ACTIVATIONS of the input's size (fp32, the tokens on partitions; the output
+    counted as one of them), so that the memory plan can still keep them on chip. An encoder
+    at batch 1 (one tile of tokens) leaves little; at batch 4 (four tiles) BERT-large's MLP
+    weights then stream instead of pushing the layer's hidden states out to DRAM."""
+    return LIVE_ACTIVATIONS * tile_count(a.tokens, P) * max(a.k, a.n) * Dtype.FP32.itemsize
 
 
 def chunkable(view: MatrixView) -> bool:
@@ -517,18 +530,17 @@ class MlpTiles:
         return balanced(largest, tile_count(extent, P)), 1
 
     def held_whole(self, cg: BirCodeGen, a: MlpArgs, first: list[MatrixView], pe: Dtype) -> bool:
-        """Every weight in SBUF whole, when all come in whole row tiles and together take at
-        most WHOLE_WEIGHT_BYTES of what is left of each partition: w1 (and w_up) as K/128
-        row tiles of H columns, w2 as H/128 row tiles of N columns, loaded once, before any
-        compute, in chunks (`chunks`: w1's by hidden tiles, w2's by row tiles), one DMA each.
-        No load then waits for a matmul to free a buffer, the chunks take different DMA
-        queues, and a weight with no input of the node to wait for is loaded while earlier
+        """Every weight in SBUF whole, when all come in whole row tiles and together fit in
+        what the kernel's tiles leave of each partition less `activation_room`: w1 (and w_up)
+        as K/128 row tiles of H columns, w2 as H/128 row tiles of N columns, loaded once,
+        before any compute, in chunks (`chunks`: w1's by hidden tiles, w2's by row tiles), one
+        DMA each. No load then waits for a matmul to free a buffer, the chunks take different
+        DMA queues, and a weight with no input of the node to wait for is loaded while earlier
         nodes compute. The weights of every token block are the same tiles."""
         views = [*first, a.w2]
         whole = sum(copy_stride(v.rows // P * v.cols, pe) * pe.itemsize for v in views)
-        self.whole = all(chunkable(v) for v in views) and whole <= min(
-            WHOLE_WEIGHT_BYTES, cg.sb_free_bytes()
-        )
+        room = cg.sb_free_bytes() - activation_room(a)
+        self.whole = all(chunkable(v) for v in views) and whole <= room
         if not self.whole:
             return False
         k_tiles = a.k // P
