@@ -262,14 +262,14 @@ def _top(counter: Counter, total: float, count: int = 3) -> str:
 def inf2_markdown(table: list[dict]) -> str:
     lines = [
         "| row | batch | depth | published (ms) | estimate (ms) | estimate / published "
-        "| published (inf/s) | calls in flight | core time per call (ms) "
-        "| estimate / core time "
+        "| published − estimate (ms) | published (inf/s) | calls in flight "
+        "| core time per call (ms) | estimate / core time "
         "| extrapolated from 1, 2 layers (ms) | `report` (ms) "
         "| PE busy (ms) | ACT busy (ms) | DVE busy (ms) | POOL busy (ms) "
         "| DMA busy, 16 queues summed (ms) | busiest DMA queue (ms) "
         "| matmul GFLOP simulated (model) | PE share of peak, simulated (model) "
         "| DMA MB | compulsory MB | DMA / compulsory | intermediates through DRAM MB |",
-        "|---|" + "---|" * 23,
+        "|---|" + "---|" * 24,
     ]
     peak = TABLE.pe_peak_flops
     for r in table:
@@ -279,6 +279,7 @@ def inf2_markdown(table: list[dict]) -> str:
         lines.append(
             f"| {r['name']} | {row.batch} | {r['depth_note']} | {row.published_ms:.3f} "
             f"| {_ms(t)} | {t * 1e3 / row.published_ms:.2f}x "
+            f"| {row.published_ms - t * 1e3:.3f} "
             f"| {row.throughput:,.0f} | {row.calls_in_flight:.2f} | {row.core_ms_per_call:.3f} "
             f"| {t * 1e3 / row.core_ms_per_call:.2f}x "
             f"| {_ms(extra['seconds']) if extra else '-'} | {_ms(f['report_seconds'])} "

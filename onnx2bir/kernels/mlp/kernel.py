@@ -55,11 +55,12 @@ Weights held whole (docs/mlp.md#weights). When every weight comes in whole 128-r
 together they fit in what the kernel's tiles leave of each partition, less room for the
 activations live around the block (`activation_room`: a base-size encoder's w1 and w2, 36 KiB
 each in bf16, at any batch up to 4; a large one's, 64 KiB each, at batch 1), each is loaded
-once, before any compute and for every token block, by unrolled DMAs of about CHUNK_BYTES per partition that take the DMA queues in turn:
-w1 (and w_up) by runs of hidden tiles, w2 by runs of row tiles, in the order the matmuls use
-them. The hidden loop and w2's row loop run once per chunk, so each run waits only for its
-own chunk's DMA, and no load waits for a matmul to free a buffer: a weight load depends on
-nothing of the node, so it runs while earlier nodes compute.
+once, before any compute and for every token block, by unrolled DMAs of about CHUNK_BYTES per
+partition that take the DMA queues in turn: w1 (and w_up) by runs of hidden tiles, w2 by runs
+of row tiles, in the order the matmuls use them. The hidden loop and w2's row loop run once
+per chunk, so each run waits only for its own chunk's DMA, and no load waits for a matmul to
+free a buffer: a weight load depends on nothing of the node, so it runs while earlier nodes
+compute.
 
 Otherwise weights stream per block: for each 128-column
 block of w1/w_up (the stationaries) and each ≤512-column block of w2 (the movings), one DMA
