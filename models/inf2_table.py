@@ -146,6 +146,17 @@ def _cnn(row: Row):
     return Built(model, {"input": pixels}, ["logits"], 0, 0, {"name": row.model, **vars(row)})
 
 
+def _sizes(layers: int, large: bool = False) -> dict:
+    """A base-size (or large) encoder's transformers config sizes, cut to `layers` layers."""
+    return dict(
+        hidden_size=1024 if large else 768,
+        num_hidden_layers=layers,
+        num_attention_heads=16 if large else 12,
+        intermediate_size=4096 if large else 3072,
+        attn_implementation="eager",
+    )
+
+
 def _token_model(row: Row, layers: int):
     """The transformers encoder of a token row, at the released model's sizes, cut to `layers`
     layers; returns (model, lowest token id used)."""
@@ -162,15 +173,7 @@ def _token_model(row: Row, layers: int):
         RobertaModel,
     )
 
-    large = row.model.endswith("_large")
-    sizes = dict(
-        hidden_size=1024 if large else 768,
-        num_hidden_layers=layers,
-        num_attention_heads=16 if large else 12,
-        intermediate_size=4096 if large else 3072,
-        vocab_size=row.vocab,
-        attn_implementation="eager",
-    )
+    sizes = dict(_sizes(layers, large=row.model.endswith("_large")), vocab_size=row.vocab)
     if row.model in ("bert_base", "bert_large"):  # bert-{base,large}-uncased
         config = BertConfig(**sizes, max_position_embeddings=512)
         return BertModel(config, add_pooling_layer=False), 0
@@ -209,15 +212,7 @@ def _encoder(row: Row, layers: int):
     if row.model == "vit_base":  # google/vit-base-patch16-224: 1,000 ImageNet classes
         model = ViTForImageClassification(
             ViTConfig(
-                hidden_size=768,
-                num_hidden_layers=layers,
-                num_attention_heads=12,
-                intermediate_size=3072,
-                attn_implementation="eager",
-                image_size=IMAGE,
-                patch_size=16,
-                num_channels=3,
-                num_labels=1000,
+                **_sizes(layers), image_size=IMAGE, patch_size=16, num_channels=3, num_labels=1000
             )
         )
         trained_biases(model)

@@ -329,17 +329,15 @@ def weight_columns(view: MatrixView, width: int, itemsize: int) -> int:
     return max(1, row_group(view, width, itemsize)) * width
 
 
-# Held whole, the weights must leave room beside the kernel's own tiles for the activations
-# live around the block (docs/mlp.md#weights): its input and output with the tokens on
-# partitions, and one more of the input's size, the residual stream an encoder keeps beside.
-LIVE_ACTIVATIONS = 3
+LIVE_ACTIVATIONS = 3  # activations live around the block: input, output, residual stream
 CHUNK_BYTES = 4 * 1024  # SBUF per partition one DMA of a weight held whole brings, at least
 
 
 def activation_room(a: MlpArgs) -> int:
     """SBUF bytes per partition that weights held whole leave for the activations around the
-    block: LIVE_ACTIVATIONS of the input's size (fp32, the tokens on partitions; the output
-    counted as one of them), so that the memory plan can still keep them on chip. An encoder
+    block (docs/mlp.md#weights): its input, its output and the residual stream an encoder keeps
+    beside them, each counted at the wider of the input and output (fp32, the tokens on
+    partitions), so that the memory plan can still keep them on chip. An encoder
     at batch 1 (one tile of tokens) leaves little; at batch 4 (four tiles) BERT-large's MLP
     weights then stream instead of pushing the layer's hidden states out to DRAM."""
     return LIVE_ACTIVATIONS * tile_count(a.tokens, P) * max(a.k, a.n) * Dtype.FP32.itemsize
