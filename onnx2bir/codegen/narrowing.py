@@ -11,6 +11,11 @@ narrowing is safe where the values provably fit int32:
 - a constant whose values fit;
 - a tensor that is only ever an index (Gather, GatherElements, GatherND, ScatterND,
   ScatterElements, OneHot): every valid index lies in (-2^31, 2^31), since no axis is that long;
+- a tensor that is only ever an input the op clamps to an axis's length (Slice's starts and
+  ends, which the ONNX spec clamps to [0, dim], or [-1, dim - 1] for a negative step): the
+  "slice to the end" idiom's INT64_MAX (or INT64_MIN going backwards) is the clamped value, a
+  position of the axis, and the lowering reads the constant whole at compile time
+  (`codegen/lower/layout.py slice_params`); its range is reported clamped, within [-1, dim];
 - a tensor whose range an interval analysis bounds within int32: from constants, shapes,
   element counts, ArgMax/TopK/NonZero positions, Range bounds and small integer dtypes,
   through the arithmetic (Add, Sub, Mul, Neg, Abs, Min, Max, Clip, Where, Div, Mod, CumSum,
@@ -48,6 +53,14 @@ INDEX_INPUTS = frozenset(
         ("OneHot", 0),
     }
 )
+
+# (op_type, input index) -> the op's input whose axes bound it: a value the op clamps to an
+# axis's length (ONNX Slice: starts and ends to [0, dim], [-1, dim - 1] for a negative step),
+# so whatever it holds (INT64_MAX for "to the end") acts as a value in [-1, dim].
+CLAMPED_INPUTS = {
+    ("Slice", 1): 0,
+    ("Slice", 2): 0,
+}
 
 # Ops whose outputs hold only values of their data inputs (these input indices).
 _MOVES = {
@@ -245,17 +258,54 @@ class _Ranges:
 
 
 def _index_only(graph: Graph, tensor: str) -> str | None:
-    """'index into <op> <node>' when every use of `tensor` is an index input, else None."""
+    """Why `tensor` fits int32 whatever it holds, when every use of it is an index input
+    (`INDEX_INPUTS`) or an input its op clamps to an axis's length (`CLAMPED_INPUTS`); else
+    None."""
     uses = graph.consumers(tensor)
     if not uses or tensor in graph.outputs:
         return None
-    ops = []
+    index_ops, clamped_ops = [], []
     for node_name, index in uses:
         op_type = graph.node(node_name)["op_type"]
-        if (op_type, index) not in INDEX_INPUTS:
+        if (op_type, index) in INDEX_INPUTS:
+            index_ops.append(op_type)
+        elif (op_type, index) in CLAMPED_INPUTS:
+            clamped_ops.append(op_type)
+        else:
             return None
-        ops.append(op_type)
-    return "only an index (" + ", ".join(sorted(set(ops))) + "): a valid index fits int32"
+    parts = []
+    if index_ops:
+        parts.append("only an index (" + ", ".join(sorted(set(index_ops))) + "): a valid index")
+    if clamped_ops:
+        parts.append(
+            ("or " if parts else "only ")
+            + "a start or end of "
+            + ", ".join(sorted(set(clamped_ops)))
+            + ", clamped to the axis's length (ONNX spec): the clamped value"
+        )
+    return ", ".join(parts) + " fits int32"
+
+
+def _clamped_bounds(graph: Graph, tensor: str, span: Interval) -> Interval:
+    """`span` clamped as the op clamps `tensor` (to [-1, dim] of the largest axis its readers
+    slice), when every use of it is a `CLAMPED_INPUTS` one; else `span` unchanged."""
+    uses = graph.consumers(tensor)
+    if not uses or tensor in graph.outputs:
+        return span
+    dims = []
+    for node_name, index in uses:
+        data = graph.node(node_name)
+        key = (data["op_type"], index)
+        if key not in CLAMPED_INPUTS:
+            return span
+        source = data["inputs"][CLAMPED_INPUTS[key]]
+        info = graph.tensors.get(source) if source else None
+        if info is None or not all(isinstance(d, int) for d in info.shape):
+            return span
+        dims.append(max(info.shape, default=1))
+    high = max(dims)
+    low_span, high_span = span if span is not None else (-1, high)
+    return (min(max(low_span, -1), high), min(max(high_span, -1), high))
 
 
 def narrowings(graph: Graph) -> list[Narrowing]:
@@ -281,15 +331,15 @@ def narrowings(graph: Graph) -> list[Narrowing]:
         kind = "constant" if info.is_const else "input" if tensor in graph.inputs else "computed"
         index = _index_only(graph, tensor)
         span = bounds.get(tensor) if not info.is_const else ranges.of(tensor)
-        if _fits(span):
+        if index is not None and not _fits(span):  # its proof is the index's, not the span's
+            result.append(Narrowing(tensor, kind, _clamped_bounds(graph, tensor, span), index))
+        elif _fits(span):
             proof = {
                 "constant": "a constant that fits int32",
                 "input": "an input of a dtype that fits int32",
                 "computed": "bounded by the interval analysis",
             }[kind]
             result.append(Narrowing(tensor, kind, span, proof))
-        elif index is not None:
-            result.append(Narrowing(tensor, kind, span, index))
         elif kind == "constant":
             result.append(
                 Narrowing(

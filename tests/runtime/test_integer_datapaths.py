@@ -227,3 +227,66 @@ def test_a_constant_outside_int32_is_reported(tmp_path, capsys):
     floor = next(n for n in doc["int64"] if n["tensor"] == "floor")
     assert not floor["proven"] and "outside int32" in floor["reason"]
     assert any("'floor'" in note["message"] for note in doc["notes"] if note["flag"] == "int64")
+
+
+INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
+
+
+def _slice_model(tmp_path: Path, starts, ends, steps, also_max: bool = False) -> str:
+    """y = x[:, starts:ends:steps] with constant bounds; `also_max` reads `ends` in a Max as
+    well (an int64 output e = max(n, ends) of an int64 input n), so it is no longer only a
+    Slice bound."""
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])]
+    width = len(range(8)[starts:ends:steps])  # Python's slice clamps as ONNX's does
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, width])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])]
+    if also_max:
+        nodes.append(helper.make_node("Max", ["n", "ends"], ["e"]))
+        inputs.append(helper.make_tensor_value_info("n", TensorProto.INT64, [1]))
+        outputs.append(helper.make_tensor_value_info("e", TensorProto.INT64, [1]))
+    return _save(
+        tmp_path,
+        nodes,
+        inputs,
+        outputs,
+        [
+            _const("starts", [starts]),
+            _const("ends", [ends]),
+            _const("axes", [1]),
+            _const("steps", [steps]),
+        ],
+    )
+
+
+def test_slice_bounds_past_int32_are_clamped_not_overflows(tmp_path, capsys):
+    """The "slice to the end" idiom (ends INT64_MAX, or INT64_MIN going backwards, or any value
+    past the axis): Slice clamps it to the axis (ONNX spec), so it fits int32 and no note is
+    printed; the slices validate."""
+    for starts, ends, steps in ((1, INT64_MAX, 1), (-1, INT64_MIN, -1), (2**40, -(2**40), -2)):
+        path = _slice_model(tmp_path, starts, ends, steps)
+        assert main(["report", path, "--json"]) == 0
+        doc = _json(capsys)
+        assert not [note for note in doc["notes"] if note["flag"] == "int64"], doc["notes"]
+        records = {n["tensor"]: n for n in doc["int64"]}
+        for name, value in (("starts", starts), ("ends", ends)):
+            if abs(value) < 2**31:
+                continue
+            record = records[name]
+            assert record["proven"] and "clamped" in record["reason"], record
+            assert -1 <= record["range"][0] <= record["range"][1] <= 8
+        assert main(["validate", path]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith("PASS") and "may overflow int32" not in text
+
+
+def test_a_slice_bound_read_by_arithmetic_too_is_still_reported(tmp_path, capsys):
+    path = _slice_model(tmp_path, 0, INT64_MAX, 1, also_max=True)
+    assert main(["report", path, "--json"]) == 0
+    doc = _json(capsys)
+    ends = next(n for n in doc["int64"] if n["tensor"] == "ends")
+    assert not ends["proven"] and "outside int32" in ends["reason"]
+    assert any(
+        "'ends' may overflow int32" in note["message"]
+        for note in doc["notes"]
+        if note["flag"] == "int64"
+    )
