@@ -8,6 +8,7 @@ text. `to_json_text` writes the same document as strict JSON (non-finite floats 
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 
 import numpy as np
@@ -15,6 +16,11 @@ import numpy as np
 from onnx2bir.runtime.oracle.compare import json_safe
 
 MAX_NODE_ROWS = 60
+
+# A passing output whose drift from fp32 is beyond either of these gets a note
+# (docs/validation.md#drift): the verdict judges the compiler, not what the autocast costs.
+DRIFT_NOTE_COSINE = 0.999
+DRIFT_NOTE_SNR_DB = 30.0
 
 
 def to_json_text(doc: dict) -> str:
@@ -47,7 +53,8 @@ def _nonfinite_text(nonfinite: dict) -> str:
     return "; ".join(parts) or "none"
 
 
-def format_output(entry: dict) -> list[str]:
+def format_output(entry: dict, model: str | None = None) -> list[str]:
+    """One output's block; `model` (the path validated) goes into the commands it suggests."""
     verdict = "ok" if entry["passed"] else f"FAIL ({entry['mismatches']} of {entry['size']})"
     if entry.get("verifiable") is False:
         verdict = "UNVERIFIABLE"
@@ -59,12 +66,13 @@ def format_output(entry: dict) -> list[str]:
         f"  {entry['name']}  {_shape(entry)}  {verdict}   atol {_g(entry['atol'], 'g')} + "
         f"rtol {_g(entry['rtol'], 'g')}·|ref|  ({entry['tolerance_source']})"
     ]
-    if entry.get("unverifiable_reason"):
-        lines.append(
-            f"    its bound cannot tell a right answer from zeros: {entry['unverifiable_reason']}"
-            " (tighten it with --tolerance/--atol/--rtol)"
-        )
+    unverifiable = entry.get("verifiable") is False
+    if unverifiable:
+        lines += _unverifiable_text(entry)
     lines += _drift_text(entry)
+    note = drift_note(entry.get("drift"), model) if entry["passed"] else None
+    if note:
+        lines.append(f"    note: {note}")
     if entry.get("shape_error"):
         return lines + [f"    {entry['shape_error']}"]
     abs_err, rel_err = entry["abs_err"], entry["rel_err"]
@@ -73,11 +81,16 @@ def format_output(entry: dict) -> list[str]:
         if entry["finite_pairs"] == entry["size"]
         else f"   (over the {entry['finite_pairs']} elements finite on both sides)"
     )
+    zeros = entry.get("zero_references", 0)
+    nonzero = entry["finite_pairs"] - zeros
+    if zeros:
+        note += f"   (/ |o| over the {nonzero} nonzero references: {zeros} exact zeros left out)"
     lines.append(
         f"    {'error':<8} {'|m - o|':>11} {'/ |o|':>11}{note}   (m machine, o the oracle)"
     )
     for key in ("max", "mean", "median", "p99"):
-        lines.append(f"    {key:<8} {_g(abs_err.get(key)):>11} {_g(rel_err.get(key)):>11}")
+        relative = _g(rel_err.get(key)) if nonzero or not zeros else "-"
+        lines.append(f"    {key:<8} {_g(abs_err.get(key)):>11} {relative:>11}")
     worst = entry.get("worst")
     if worst:
         allowance = entry["atol"] + entry["rtol"] * abs(worst["onnxruntime"])
@@ -87,7 +100,8 @@ def format_output(entry: dict) -> list[str]:
             else ""
         )
         lines.append(
-            f"    {'closest to' if entry['passed'] else 'furthest over'} its tolerance: element "
+            f"    {'furthest over' if entry['mismatches'] else 'closest to'} its tolerance: "
+            "element "
             f"{worst['index']}, machine "
             f"{_g(worst['machine'], '.9g')}  oracle {_g(worst['onnxruntime'], '.9g')}"
             f"  (abs err {_g(worst['abs_err'])}{share}; the largest abs err is in the table)"
@@ -103,25 +117,70 @@ def format_output(entry: dict) -> list[str]:
             f"    no tolerance passes it: {entry['nonfinite_mismatches']} NaN/inf values "
             "differ from onnxruntime"
         )
-    else:
-        rtol_text = (
-            "no rtol (onnxruntime is 0 where the error exceeds atol)"
-            if not np.isfinite(entry["min_rtol"])
-            else f"rtol >= {_g(entry['min_rtol'], '.3g')}"
+    elif unverifiable:
+        pass  # its bound already accepts zeros: a smaller bound is what it needs, not a margin
+    elif entry["passed"]:
+        lines.append(
+            f"    margin: it would still pass down to atol {_g(entry['min_atol'], '.3g')} "
+            f"(at rtol {_g(entry['rtol'], 'g')}) or rtol "
+            f"{_g(entry['min_rtol'], '.3g')} (at atol {_g(entry['atol'], 'g')}); "
+            "0 means that term is not needed"
         )
-        if entry["passed"]:
-            lines.append(
-                f"    margin: it would still pass down to atol {_g(entry['min_atol'], '.3g')} "
-                f"(at rtol {_g(entry['rtol'], 'g')}) or rtol "
-                f"{_g(entry['min_rtol'], '.3g')} (at atol {_g(entry['atol'], 'g')}); "
-                "0 means that term is not needed"
-            )
-        else:
-            lines.append(
-                f"    would pass with atol >= {_g(entry['min_atol'], '.3g')} (at rtol "
-                f"{_g(entry['rtol'], 'g')}) or {rtol_text} (at atol {_g(entry['atol'], 'g')})"
-            )
+    elif entry["mismatches"]:
+        rtol_text = (
+            "no rtol (the oracle is 0 where the error exceeds atol)"
+            if not np.isfinite(entry["min_rtol"])
+            else f"rtol {_g(entry['min_rtol'], '.3g')} (at atol {_g(entry['atol'], 'g')})"
+        )
+        lines.append(
+            f"    smallest bound holding this error: atol {_g(entry['min_atol'], '.3g')} (at "
+            f"rtol {_g(entry['rtol'], 'g')}) or {rtol_text}; a wider bound would hide the "
+            "error, not fix it"
+        )
     return lines
+
+
+def _unverifiable_text(entry: dict) -> list[str]:
+    """Why an output's bound cannot judge it (runtime/oracle/verdict.py `unverifiable_reason`:
+    rtol >= 1, or atol >= the RMS of a reference that is not all zeros), and what to do."""
+    name = entry["name"]
+    if entry["rtol"] >= 1.0 or "reference_rms" not in entry:
+        return [
+            f"    its bound cannot tell a right answer from zeros: {entry['unverifiable_reason']}"
+            f"; lower it (--tolerance {name}=ATOL,RTOL, --atol, --rtol)"
+        ]
+    return [
+        f"    the output is near zero for its bound: the oracle's RMS "
+        f"{_g(entry['reference_rms'], '.3g')} is not above atol {_g(entry['atol'], 'g')}, so "
+        "the bound cannot tell a right answer from zeros (docs/validation.md#verdict)",
+        "    give it real inputs with --inputs FILE.npz|DIR (random inputs can leave a trained "
+        "model's output near zero: a detector that finds nothing), or judge it at a smaller "
+        f"atol with --tolerance {name}=ATOL,",
+    ]
+
+
+def drift_note(record: dict | None, model: str | None = None) -> str | None:
+    """The note for an output whose drift from fp32 is beyond cosine `DRIFT_NOTE_COSINE` or
+    SNR `DRIFT_NOTE_SNR_DB` (docs/validation.md#drift), or None. Only where the program's casts
+    reach the output (R is not null): elsewhere drift is not the autocast's to fix."""
+    if record is None or record.get("r") is None:
+        return None
+    cosine, snr = record.get("cosine"), record.get("snr_db")  # None: not finite, from JSON
+    beyond = []
+    if cosine is not None and not cosine >= DRIFT_NOTE_COSINE:
+        beyond.append(f"cosine {_g(cosine, '.4f')} < {DRIFT_NOTE_COSINE:g}")
+    if snr is not None and not snr >= DRIFT_NOTE_SNR_DB:
+        beyond.append(f"SNR {_g(snr, '.1f')} dB < {DRIFT_NOTE_SNR_DB:g} dB")
+    if not beyond:
+        return None
+    named = shlex.quote(model) if model and not model.startswith("<") else "MODEL"
+    return (
+        f"large autocast drift ({', '.join(beyond)}; docs/validation.md#drift), which the "
+        "verdict does not judge: find the nodes to keep in fp32 with onnx2bir debug precision "
+        f"{named} -o exclude.txt --max-drift cosine={DRIFT_NOTE_COSINE:g},"
+        f"snr={DRIFT_NOTE_SNR_DB:g} and compile with --auto-cast-exclude-file exclude.txt (or "
+        "--auto-cast-exclude NODE|OP_TYPE); --max-drift makes drift fail the verdict"
+    )
 
 
 def format_text(doc: dict, stats: bool = False) -> str:
@@ -158,7 +217,7 @@ def format_text(doc: dict, stats: bool = False) -> str:
         lines.append(f"  schedule {doc['schedule']} changed an output: {difference}")
     lines += _checkpoint_text(doc.get("checkpoints") or [])
     for entry in outputs:
-        lines += [""] + format_output(entry)
+        lines += [""] + format_output(entry, doc.get("model"))
     if "localize" in doc:
         lines += [""] + format_localize(doc["localize"])
     if stats:
@@ -202,7 +261,7 @@ def format_segments_text(doc: dict) -> str:
             if not entry["passed"]:
                 lines += ["    " + line for line in format_output(entry)[:1]]
     for entry in doc["outputs"]:
-        block = format_output(entry)
+        block = format_output(entry, doc.get("model"))
         block[0] += f"  (segment {entry['segment']})"
         lines += ["", *block]
     lines += [
@@ -379,7 +438,8 @@ def format_localize(loc: dict) -> list[str]:
         width = max(len(n["node"]) for n in rows)
         lines += [
             "",
-            "  max abs/rel err: this node's output vs onnxruntime; inputs' err: the largest "
+            "  max abs/rel err: this node's output vs onnxruntime (rel over the nonzero "
+            "references); inputs' err: the largest "
             "abs error already in its inputs (carried in from earlier nodes); PE dtype: the "
             "matmul operand dtype under the autocast",
             f"  {'node':<{width}}  {'op type':<12} {'max abs err':>11} {'max rel err':>11} "

@@ -8,14 +8,19 @@ Rule (numpy allclose, docs/validation.md#comparison-rule): an element passes whe
 against the same infinity (onnxruntime's op-test rule); any other non-finite pair fails.
 
 Statistics over the elements where both sides are finite:
-- absolute error |a − r| and relative error |a − r| / |r| (inf where r = 0 and a ≠ r): max,
-  mean, median and p99 (quantiles are nearest-rank, so an inf never turns into a NaN);
+- absolute error |a − r| and relative error |a − r| / |r|: max, mean, median and p99
+  (quantiles are nearest-rank, so an inf never turns into a NaN). The relative error is over
+  the elements whose reference is not exactly 0 (|a − r| / 0 says nothing but "inf": a ReLU's
+  zeros, a mask, padding); `zero_references` counts those left out, and the absolute error and
+  the verdict still cover them. The worst element's "rel_err" is None when its reference is 0.
 - the worst element: the one that uses the largest share of its allowance
   |a − r| / (atol + rtol·|r|), with its index and both values;
 - cosine similarity (NaN when a non-finite value mismatches) and SNR in dB (secondary metrics
   only: cosine ≥ 0.997 still passes a bf16-accumulation bug, docs/validation.md#secondary-metrics),
   the largest distance in ULPs of the reference dtype;
 - NaN / ±inf counts and the first few indices, on each side;
+- the RMS of the reference's finite values (`reference_rms`: what the verdict's verifiability
+  rule compares the atol with, docs/validation.md#verdict);
 - the smallest tolerance that would have passed: min_atol (at the given rtol) =
   max(|a − r| − rtol·|r|), min_rtol (at the given atol) = max((|a − r| − atol) / |r|), both
   clipped at 0 and nudged up by an ULP when rounding would make them fail; inf when no value
@@ -74,6 +79,8 @@ class OutputComparison:
     snr_db: float = float("inf")
     shape_error: str | None = None
     finite_pairs: int = 0  # elements where both sides are finite (the statistics' domain)
+    zero_references: int = 0  # of those, the reference exactly 0: left out of the rel. error
+    reference_rms: float = 0.0  # over the reference's finite values
 
     @property
     def has_nonfinite(self) -> bool:
@@ -107,6 +114,8 @@ class OutputComparison:
             "snr_db": self.snr_db,
             "shape_error": self.shape_error,
             "finite_pairs": self.finite_pairs,
+            "zero_references": self.zero_references,
+            "reference_rms": self.reference_rms,
         }
 
 
@@ -167,10 +176,14 @@ def compare_output(
             abs_r = np.where(finite, np.abs(r), 0.0)
         allowance = atol + rtol * abs_r
         bad = (diff > allowance) | nonfinite_bad
-        rel = np.where(diff == 0, 0.0, diff / abs_r)
+        # Relative to a reference of exactly 0 there is no relative error: left out (docstring).
+        nonzero = abs_r > 0
+        rel = np.divide(diff, abs_r, out=np.zeros(diff.shape), where=nonzero)
     pick = (lambda v: v.reshape(-1)) if all_finite else (lambda v: v[finite])
-    d, rr = pick(diff), pick(rel)
+    d = pick(diff)
     af, rf = pick(a), pick(r)
+    zero_references = int(np.count_nonzero(rf == 0))
+    rr = rel[finite & nonzero] if zero_references or not all_finite else rel.reshape(-1)
     worst = None
     if d.size:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -184,7 +197,7 @@ def compare_output(
             "machine": float(a.reshape(-1)[flat]),
             "onnxruntime": float(r.reshape(-1)[flat]),
             "abs_err": float(diff.reshape(-1)[flat]),
-            "rel_err": float(rel.reshape(-1)[flat]),
+            "rel_err": float(rel.reshape(-1)[flat]) if nonzero.reshape(-1)[flat] else None,
         }
     nonfinite_count = int(nonfinite_bad.sum())
     max_abs = float("inf") if nonfinite_count else (float(d.max()) if d.size else 0.0)
@@ -212,6 +225,8 @@ def compare_output(
         max_ulp=_max_ulp(actual, reference, None if all_finite else finite),
         snr_db=float("nan") if nonfinite_count else _snr_db(af, rf),
         finite_pairs=int(finite.sum()),
+        zero_references=zero_references,
+        reference_rms=_rms(r if all_finite else r[np.isfinite(r)]),
     )
 
 
@@ -324,6 +339,11 @@ def _max_ulp(actual: np.ndarray, reference: np.ndarray, finite: np.ndarray | Non
 
     distance = np.subtract(ordered(actual), ordered(reference), dtype=np.int64)
     return int(np.max(np.abs(distance))) if distance.size else None
+
+
+def _rms(values: np.ndarray) -> float:
+    flat = values.reshape(-1)
+    return float(np.sqrt(np.dot(flat, flat) / flat.size)) if flat.size else 0.0
 
 
 def _snr_db(a: np.ndarray, r: np.ndarray) -> float:

@@ -7,7 +7,10 @@ import io
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
+from conftest import make_model
+from onnx import helper
 from validation_helpers import SMALL_CNN, run, run_json
 
 from onnx2bir.compiler import compile_model
@@ -15,6 +18,7 @@ from onnx2bir.runtime.machine.interpreter import run_function
 from onnx2bir.runtime.machine.progress import ProgressBar, dynamic_instruction_count, progress_for
 from onnx2bir.runtime.oracle.compare import compare_output
 from onnx2bir.runtime.oracle.ort import synthesize_inputs
+from onnx2bir.validation.text import format_output
 
 
 def test_terminal_summary_puts_the_verdict_first(capsys):
@@ -100,6 +104,71 @@ def test_ulp_distance_counts_representable_values_between():
     nan = np.float32(np.nan)
     masked = compare_output("t", np.array([nan, up]), np.array([nan, 1.0], np.float32))
     assert masked.max_ulp == 3
+
+
+def test_relative_error_leaves_out_exact_zero_references():
+    """|m - o| / 0 is inf whatever m is: the relative figures are over the nonzero references
+    (counted apart), while the absolute error and the verdict still see every element."""
+    reference = np.array([0.0, 0.0, 2.0, 4.0, 0.0], np.float32)
+    actual = np.array([1e-6, 0.0, 2.002, 4.0, 9.9e-5], np.float32)
+    result = compare_output("t", actual, reference, 1e-4, 1e-3)
+    assert result.passed and result.zero_references == 3 and result.finite_pairs == 5
+    assert np.isfinite(result.max_rel_err) and result.max_rel_err == pytest.approx(1e-3, rel=1e-3)
+    assert all(np.isfinite(v) for v in result.rel_err.values())
+    assert result.rel_err["mean"] == pytest.approx(5e-4, rel=1e-3)  # over the 2 nonzero
+    assert result.abs_err["max"] == pytest.approx(2e-3, rel=1e-3)
+    # The element nearest its bound has a zero reference (9.9e-5 of an atol of 1e-4).
+    assert result.worst["index"] == [4] and result.worst["rel_err"] is None
+    assert not compare_output("t", actual * 10, reference, 1e-4, 1e-3).passed
+    # With NaN pairs too, and with no nonzero reference at all.
+    with_nan = compare_output("t", np.append(actual, np.nan), np.append(reference, np.nan))
+    assert with_nan.zero_references == 3 and np.isfinite(with_nan.max_rel_err)
+    zeros = compare_output("t", np.full(3, 1e-6, np.float32), np.zeros(3, np.float32))
+    assert zeros.zero_references == 3 and zeros.max_rel_err == 0.0 and zeros.passed
+    assert compare_output("t", actual, reference).to_json()["zero_references"] == 3
+
+
+def _entry(actual, reference, atol=1e-4, rtol=1e-3, **extra) -> dict:
+    return {**compare_output("t", actual, reference, atol, rtol, "given").to_json(), **extra}
+
+
+def test_the_error_table_says_how_many_zero_references_it_left_out():
+    reference = np.array([0.0, 0.0, 2.0, 4.0], np.float32)
+    lines = format_output(_entry(np.array([1e-6, 0, 2.002, 4], np.float32), reference))
+    text = "\n".join(lines)
+    assert "/ |o| over the 2 nonzero references: 2 exact zeros left out" in text
+    rows = {line.split()[0]: line.split() for line in lines[2:7] if line.split()}
+    assert all(np.isfinite(float(rows[key][2])) for key in ("max", "mean", "median", "p99"))
+    # All zeros: no relative figure at all.
+    zeros = format_output(_entry(np.full(2, 1e-6, np.float32), np.zeros(2, np.float32)))
+    (row,) = [line.split() for line in zeros if line.split()[:1] == ["max"]]
+    assert row[2] == "-"
+
+
+def test_relu_zeros_give_a_finite_relative_error_end_to_end(tmp_path, capsys):
+    proto = make_model(helper.make_node("Relu", ["x"], ["y"]), {"x": (4, 16)}, {"y": (4, 16)})
+    path = tmp_path / "relu.onnx"
+    onnx.save(proto, path)
+    code, doc = run_json(["validate", path], capsys)
+    (y,) = doc["outputs"]
+    assert code == 0 and y["zero_references"] > 0 and y["max_rel_err"] is not None
+    assert all(value is not None for value in y["rel_err"].values())
+    code, out, _ = run(["validate", path], capsys)
+    assert code == 0 and f"{y['zero_references']} exact zeros left out" in out
+
+
+def test_a_failure_never_offers_a_wider_bound_as_a_fix():
+    reference = np.array([1.0, 2.0, 3.0], np.float32)
+    failing = _entry(np.array([1.0, 2.5, 3.0], np.float32), reference)
+    text = "\n".join(format_output(failing))
+    assert "FAIL (1 of 3)" in text and "would pass" not in text and "margin:" not in text
+    assert "smallest bound holding this error: atol 0.498" in text
+    assert "a wider bound would hide the error, not fix it" in text
+    # Failed by something else than its own elements (--max-drift): no bound line at all.
+    gated = _entry(reference, reference, passed=False, drift_failures=["cosine 0.9 < 0.99"])
+    text = "\n".join(format_output(gated))
+    assert "FAIL (--max-drift)" in text and "would pass" not in text
+    assert "smallest bound" not in text
 
 
 def test_progress_counts_every_executed_instruction():

@@ -27,6 +27,7 @@ from onnx2bir.runtime.oracle.verdict import (
     taints,
     unverifiable_reason,
 )
+from onnx2bir.validation.text import DRIFT_NOTE_COSINE, DRIFT_NOTE_SNR_DB, drift_note
 
 RESNET18 = SMALL_CNN.parent / "resnet18.onnx"
 FP32 = Tolerance(1e-4, 1e-3)
@@ -97,6 +98,43 @@ def test_a_bound_that_accepts_zeros_is_unverifiable():
 def test_an_unverifiable_output_fails_validation(capsys, flags):
     code, out, _ = run(["validate", SMALL_CNN, *flags], capsys)
     assert code == 1 and "UNVERIFIABLE" in out and "cannot tell a right answer from zeros" in out
+    # Its bound already accepts zeros: no "would pass" beside it.
+    assert "would pass" not in out and "margin:" not in out
+    if flags[0] == "--atol":
+        assert "is not above atol 10" in out and "--inputs" in out
+
+
+def _scaled_model(tmp_path, scale: float) -> str:
+    """y = x · scale: with scale 3e-7 the output of random inputs has an RMS of about 3e-7, as
+    a trained detector's scores on noise do."""
+    proto = make_model(
+        helper.make_node("Mul", ["x", "s"], ["y"]),
+        {"x": (4, 32)},
+        {"y": (4, 32)},
+        initializers={"s": np.array(scale, np.float32)},
+    )
+    path = tmp_path / "scaled.onnx"
+    onnx.save(proto, path)
+    return str(path)
+
+
+def test_a_near_zero_output_is_unverifiable_and_asks_for_real_inputs(tmp_path, capsys):
+    path = _scaled_model(tmp_path, 3e-7)
+    code, out, _ = run(["validate", path], capsys)
+    assert code == 1 and "UNVERIFIABLE" in out
+    assert "the output is near zero for its bound" in out and "is not above atol 0.0001" in out
+    assert "cannot tell a right answer from zeros" in out
+    assert "real inputs with --inputs" in out and "--tolerance y=ATOL," in out
+    assert "would pass" not in out and "rtol >= 0" not in out and "margin:" not in out
+    code, doc = run_json(["validate", path], capsys)
+    (y,) = doc["outputs"]
+    assert code == 1 and y["verifiable"] is False
+    assert 1e-7 < y["reference_rms"] < 1e-6 and y["reference_rms"] <= y["atol"]
+    # Real inputs (here: large ones) bring the output above the bound: judged, and it passes.
+    feeds = tmp_path / "real.npz"
+    np.savez(feeds, x=np.full((4, 32), 1e3, np.float32))
+    code, out, _ = run(["validate", path, "--inputs", feeds], capsys)
+    assert code == 0 and "UNVERIFIABLE" not in out
 
 
 # --- drift ------------------------------------------------------------------------------------
@@ -124,6 +162,65 @@ def test_max_drift_parses_and_judges():
     for text in ("cos=1", "cosine=2", "r=0", "snr=abc", "cosine"):
         with pytest.raises(UserError):
             parse_max_drift(text)
+
+
+def test_the_drift_note_sits_at_cosine_0_999_and_snr_30_db():
+    clean = {"cosine": 0.9995, "snr_db": 35.0, "r": 1.0}
+    assert drift_note(clean) is None
+    assert drift_note({**clean, "cosine": DRIFT_NOTE_COSINE}) is None  # at the threshold
+    assert drift_note({**clean, "snr_db": DRIFT_NOTE_SNR_DB}) is None
+    low_cosine = drift_note({**clean, "cosine": 0.95}, "m.onnx")
+    assert "cosine 0.9500 < 0.999" in low_cosine and "SNR" not in low_cosine
+    assert "onnx2bir debug precision m.onnx" in low_cosine and "--auto-cast-exclude" in low_cosine
+    low_snr = drift_note({**clean, "snr_db": 10.0})
+    assert "SNR 10.0 dB < 30 dB" in low_snr and "debug precision MODEL" in low_snr
+    # No cast reaches the output (R null): its drift is not the autocast's to fix.
+    assert drift_note({"cosine": 0.5, "snr_db": 3.0, "r": None}) is None
+    assert drift_note(None) is None
+
+
+def _cancelling_matmuls(tmp_path, eps: float) -> str:
+    """y = x·W + x·W' with W' = -W + eps·R: the two products cancel to eps·x·R, so the bf16
+    rounding of their operands (errors of 2^-9 of each product) is large beside y when eps is
+    small, and small when it is 1."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    proto = make_model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"]),
+            helper.make_node("MatMul", ["x", "w2"], ["b"]),
+            helper.make_node("Add", ["a", "b"], ["y"]),
+        ],
+        {"x": (4, 32)},
+        {"y": (4, 16)},
+        initializers={
+            "w": w,
+            "w2": (-w + eps * rng.standard_normal((32, 16))).astype(np.float32),
+        },
+    )
+    path = tmp_path / f"cancelling_{eps}.onnx"
+    onnx.save(proto, path)
+    return str(path)
+
+
+def test_a_pass_with_large_autocast_drift_gets_a_note(tmp_path, capsys):
+    drifting = _cancelling_matmuls(tmp_path, 0.01)
+    code, doc = run_json(["validate", drifting], capsys)
+    (y,) = doc["outputs"]
+    assert code == 0 and y["drift"]["cosine"] < 0.999 and y["drift"]["snr_db"] < 30
+    code, out, _ = run(["validate", drifting], capsys)
+    notes = [line for line in out.splitlines() if line.strip().startswith("note: large autocast")]
+    assert code == 0 and len(notes) == 1
+    assert f"onnx2bir debug precision {drifting}" in notes[0]
+    assert "--auto-cast-exclude" in notes[0] and "--max-drift cosine=0.999,snr=30" in notes[0]
+    # The same model in fp32, and a model whose products do not cancel: no note.
+    code, out, _ = run(["validate", drifting, "--auto-cast", "none"], capsys)
+    assert code == 0 and "large autocast drift" not in out
+    code, out, _ = run(["validate", _cancelling_matmuls(tmp_path, 1.0)], capsys)
+    assert code == 0 and "drift vs" in out and "large autocast drift" not in out
+    # A drift gate that fails says so itself; the note is for passes.
+    code, out, _ = run(["validate", drifting, "--max-drift", "cosine=0.999"], capsys)
+    assert code == 1 and "FAIL --max-drift" in out and "large autocast drift" not in out
 
 
 def test_the_json_carries_drift_and_the_default_is_within_the_fp32_bound(capsys):
