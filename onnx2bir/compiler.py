@@ -26,7 +26,8 @@ from onnx2bir.codegen.registry import lowering_key
 from onnx2bir.codegen.views import drop_identity_views
 from onnx2bir.codegen.weight_cast import store_in_cast_dtype
 from onnx2bir.errors import CompileError, UserError
-from onnx2bir.frontend.importer import import_model
+from onnx2bir.frontend.contracts import check_ops
+from onnx2bir.frontend.importer import Imported, import_parts, read_model
 from onnx2bir.gc_pause import no_cyclic_gc
 from onnx2bir.graph import Graph
 from onnx2bir.kernels import KERNELS
@@ -112,7 +113,34 @@ def check_supported(graph: Graph) -> None:
     missing = unsupported_ops(graph)
     if missing:
         listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
-        raise CompileError(f"unsupported ops in {graph.name}: {listing}")
+        hints = "".join(f"; {hint}" for hint in _runtime_if_hints(graph))
+        raise CompileError(f"unsupported ops in {graph.name}: {listing}{hints}")
+
+
+def _runtime_if_hints(graph: Graph) -> list[str]:
+    """For each If left in the graph: its condition is computed at run time, and from which
+    graph inputs, which `--input-value` can fix so the If folds to one branch."""
+    hints = []
+    for name, data in graph.nodes():
+        if data["op_type"] != "If" or data["domain"] not in ("", "ai.onnx"):
+            continue
+        sources, seen, stack = set(), set(), [data["inputs"][0]]
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            if tensor in graph.inputs:
+                sources.add(tensor)
+            elif (producer := graph.producer(tensor)) is not None:
+                stack.extend(t for t in graph.node(producer)["inputs"] if t)
+        fix = " ".join(f"--input-value {s}=V" for s in sorted(sources))
+        hints.append(
+            f"If {name!r} picks its branch at run time (its condition comes from "
+            + (f"input {', '.join(map(repr, sorted(sources)))}; {fix} fixes it, and the If "
+               "folds to the branch taken)" if sources else "values computed at run time)")
+        )  # fmt: skip
+    return hints
 
 
 def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryPlan | None]:
@@ -155,16 +183,64 @@ def record_provenance(
 ) -> None:
     """Write into the module's metadata what it was compiled from and with, so a saved
     program can be checked against its model later (`onnx2bir run --model`): the compile
-    options, the input shapes, and the cast plan."""
+    options, the input shapes, the inputs fixed to values, and the cast plan."""
     module.metadata["compile_options"] = options.to_json()
     module.metadata["input_shapes"] = {
         name: list(source.tensors[name].shape) for name in source.inputs
     }
+    if source.pinned_inputs:
+        module.metadata["input_values"] = {
+            name: value.tolist() for name, value in source.pinned_inputs.items()
+        }
     module.metadata["cast_plan"] = plan.to_json()
 
 
-def import_graph(source: str | Path | onnx.ModelProto, input_shapes=None, dims=None) -> Graph:
-    return import_model(source, input_shapes, dims)
+def import_graph(
+    source: str | Path | onnx.ModelProto, input_shapes=None, dims=None, input_values=None
+) -> Graph:
+    return import_or_refuse(source, input_shapes, dims, input_values).graph
+
+
+def import_or_refuse(
+    source: str | Path | onnx.ModelProto, input_shapes=None, dims=None, input_values=None
+) -> Imported:
+    """`importer.import_parts`, except that a model with ops no lowering handles, in domains
+    whose ops never fold (ai.onnx.ml, com.microsoft, ...), is refused as not compiling, with
+    every such op and its count, when the import stops at a shape it cannot infer past them:
+    the model is fine, onnx2bir lacks the ops."""
+    try:
+        return import_parts(source, input_shapes, dims, input_values)
+    except CompileError:
+        raise
+    except UserError as exc:
+        model = read_model(source)
+        check_ops(model)  # an op its domain does not define: a broken model, said so
+        declared = {entry.domain for entry in model.opset_import}
+        missing = _foreign_unsupported(model.graph, declared)
+        if not missing:
+            raise
+        listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
+        name = Path(source).name.removesuffix(".onnx") if isinstance(source, (str, Path)) else (
+            source.graph.name or "model"
+        )  # fmt: skip
+        raise CompileError(
+            f"unsupported ops in {name}: {listing} (no lowering; the import stopped at them: {exc})"
+        ) from exc
+
+
+def _foreign_unsupported(graph: onnx.GraphProto, declared: set[str]) -> Counter:
+    """Ops outside the ai.onnx domain, at any depth, that no generic lowering handles, in
+    domains the model imports (a node of a domain it does not import is a broken model)."""
+    missing: Counter = Counter()
+    for node in graph.node:
+        key = lowering_key(node.op_type, node.domain)
+        foreign = node.domain not in ("", "ai.onnx") and node.domain in declared
+        if foreign and key not in GENERIC_LOWERINGS:
+            missing[key] += 1
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                missing.update(_foreign_unsupported(body, declared))
+    return missing
 
 
 def compile_graph(
@@ -230,10 +306,12 @@ def compile_model(
     input_shapes=None,
     dims=None,
     keep_going: bool = False,
+    input_values=None,
 ) -> Compilation:
     """Import `source` (a path or a ModelProto), run the passes and generate BIR.
 
-    `input_shapes` ({input: shape}) and `dims` ({symbol: size}) fix symbolic dimensions.
+    `input_shapes` ({input: shape}) and `dims` ({symbol: size}) fix symbolic dimensions;
+    `input_values` ({input: values}) makes inputs constants (`--input-value`).
     Raises `UserError` when the model cannot be read or its shapes are not fixed, and
     `CompileError` when it reads but does not compile (with `keep_going`, that failure is
     recorded in `codegen_error` instead). The public entry point is `onnx2bir.compile`.
@@ -241,7 +319,7 @@ def compile_model(
     timings: dict[str, float] = {}
     with no_cyclic_gc():
         start = time.perf_counter()
-        graph = import_model(source, input_shapes, dims)
+        graph = import_graph(source, input_shapes, dims, input_values)
         timings["import"] = time.perf_counter() - start
         return compile_graph(
             graph, options or CompileOptions(), timings=timings, keep_going=keep_going

@@ -132,6 +132,12 @@ class Graph:
     # Convs and matmuls that multiply integers (patterns/quant/integer.py): their PE operands
     # are bf16, exactly, whatever the autocast (docs/quantization.md#exactness).
     integer_operands: frozenset[str] = frozenset()
+    # Inputs the user fixed to a value (`--input-value`), constants of the graph now: the
+    # program is for these values, onnxruntime is fed them (frontend/input_values.py).
+    pinned_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # What the importer changed in the model as declared, one sentence each (a graph output's
+    # declared shape that contradicts its inferred one); printed as notes.
+    import_notes: tuple[str, ...] = ()
     # topological_order's last answer and the graph's state it answered for.
     _order: tuple[tuple[int, int, int], list[str]] | None = field(
         default=None, repr=False, compare=False
@@ -329,6 +335,8 @@ class Graph:
             self.imported,
         )
         graph._place, graph._added = dict(self._place), self._added
+        graph.pinned_inputs = self.pinned_inputs
+        graph.import_notes = self.import_notes
         return graph
 
 

@@ -118,13 +118,16 @@ def compile(  # noqa: A001 (the API's name for it)
     *,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     dims: Mapping[str, int] | None = None,
+    input_values: Mapping[str, object] | None = None,
     options: CompileOptions | None = None,
     **compile_option_values,
 ) -> Compilation:
     """Compile `model` to BIR. Raises `CompileError` when it does not compile."""
     opts = compile_options(options, **compile_option_values)
     shapes = dict(input_shapes or {})
-    details = compiler.compile_model(model, opts, shapes, dict(dims or {}))
+    details = compiler.compile_model(
+        model, opts, shapes, dict(dims or {}), input_values=dict(input_values or {})
+    )
     notes = shape_notes(model, shapes) + flag_notes(opts, details)
     return Compilation(_model_label(model), opts, details, notes=tuple(notes))
 
@@ -186,6 +189,7 @@ def report(
     *,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     dims: Mapping[str, int] | None = None,
+    input_values: Mapping[str, object] | None = None,
     annotate: str | os.PathLike | None = None,
     options: CompileOptions | None = None,
     **compile_option_values,
@@ -197,14 +201,17 @@ def report(
 
     opts = compile_options(options, **compile_option_values)
     shapes, symbols = dict(input_shapes or {}), dict(dims or {})
+    values = dict(input_values or {})
     prepared = None
     if annotate is not None:  # the annotation needs the folded model to name unnamed nodes
         from onnx2bir.validation.prepared import prepare
 
-        prepared = prepare(model, opts, shapes, symbols, keep_going=True)
+        prepared = prepare(model, opts, shapes, symbols, keep_going=True, input_values=values)
         details = prepared.compilation
     else:
-        details = compiler.compile_model(model, opts, shapes, symbols, keep_going=True)
+        details = compiler.compile_model(
+            model, opts, shapes, symbols, keep_going=True, input_values=values
+        )
     doc = build_report(_model_label(model), details)
     doc["compile_options"] = opts.to_json()
     doc["notes"] = shape_notes(model, shapes) + flag_notes(opts, details)

@@ -83,6 +83,7 @@ def validate(
     *,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     dims: Mapping[str, int] | None = None,
+    input_values: Mapping[str, object] | None = None,
     seed: int = 0,
     atol: float | None = None,
     rtol: float | None = None,
@@ -143,9 +144,10 @@ def validate(
         if inputs is None and Path(reference).is_dir():
             inputs = reference  # a test_data_set folder holds the inputs of its outputs
     shapes = dict(input_shapes or {})
+    values = dict(input_values or {})
     arrays = None
     if inputs is not None:
-        arrays = read_input_arrays(inputs, model)
+        arrays = _without_pinned(read_input_arrays(inputs, model), values)
         for name, shape in _symbolic_shapes(model, arrays).items():
             shapes.setdefault(name, shape)
     if segments is not None:
@@ -156,6 +158,7 @@ def validate(
             segments,
             input_shapes=shapes,
             dims=dict(dims or {}),
+            input_values=values,
             inputs=arrays,
             inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
             seed=seed,
@@ -174,6 +177,7 @@ def validate(
         policy,
         input_shapes=shapes,
         dims=dict(dims or {}),
+        input_values=values,
         inputs=arrays,
         inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
         seed=seed,
@@ -219,9 +223,28 @@ def _validate_segmented(model, opts, policy, segments, *, refused, progress, **h
     shapes = {name: tuple(value.shape) for name, value in feeds.items()}
 
     def compile_whole() -> compiler.Compilation:
-        return compiler.compile_model(model, opts, shapes, how["dims"], keep_going=True)
+        return compiler.compile_model(
+            model, opts, shapes, how["dims"], keep_going=True, input_values=how["input_values"]
+        )
 
     return ValidationResult(doc, feeds, outputs, None, compile_whole)
+
+
+def _without_pinned(
+    arrays: dict[str, np.ndarray], values: Mapping[str, object]
+) -> dict[str, np.ndarray]:
+    """The arrays but those of inputs fixed by --input-value; an array there must hold the
+    fixed value (the program computes the model for that value only)."""
+    for name in set(arrays) & set(values):
+        given = np.asarray(arrays[name]).reshape(-1).astype(np.float64)
+        fixed = np.asarray(values[name], dtype=np.float64).reshape(-1)
+        if given.shape != fixed.shape or not np.array_equal(given, fixed):
+            raise UserError(
+                f"--input-value {name}: the inputs given hold another value for it "
+                f"({np.array2string(given.reshape(-1)[:8], separator=',')}); the program is "
+                "compiled for the fixed value only"
+            )
+    return {name: array for name, array in arrays.items() if name not in values}
 
 
 def read_input_arrays(

@@ -67,6 +67,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="SYMBOL=N",
         help="give symbolic dimension SYMBOL the size N (repeatable)",
     )
+    parser.add_argument(
+        "--input-value",
+        action="append",
+        type=flag_values.input_value,
+        default=[],
+        metavar="NAME=V[,V...]",
+        help="fix input NAME to these values (its declared shape, row-major): it becomes a "
+        "constant before folding, so an If or a shape it steers (a sample rate, a flag) "
+        "folds away; validate feeds onnxruntime the same value (repeatable)",
+    )
     group = parser.add_argument_group("compile options (reference compiler spelling)")
     group.add_argument(
         "--auto-cast",
@@ -408,6 +418,7 @@ def _options(args: argparse.Namespace) -> dict:
     return {
         "input_shapes": dict(args.input_shape),
         "dims": dict(args.dim),
+        "input_values": dict(args.input_value),
         "native_kernel_cast_type": args.native_kernel_cast_type,
         "enable_native_kernel_attention": args.enable_native_kernel_attention,
         "enable_native_kernel_attention_bf16": args.enable_native_kernel_attention_bf16,

@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 
+from onnx2bir.errors import UserError
 from onnx2bir.runtime.oracle.compare import json_safe
 
 EXIT_OK = 0
@@ -165,6 +166,11 @@ def cmd_debug(args: argparse.Namespace, options: dict) -> int:
     from onnx2bir.options import CompileOptions
 
     shapes, dims = options.pop("input_shapes"), options.pop("dims")
+    if options.pop("input_values", None):
+        raise UserError(
+            f"debug {args.debug_command} does not take --input-value yet: it cuts and runs "
+            "the model as the file has it (validate takes --input-value)"
+        )
     progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.debug_command == "precision":
         return _precision(args, CompileOptions(**options), shapes, dims, progress)

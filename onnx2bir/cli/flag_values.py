@@ -49,6 +49,29 @@ def dim(text: str) -> tuple[str, int]:
     return name, _positive_int(value, "N", text)
 
 
+def input_value(text: str) -> tuple[str, tuple[int | float, ...]]:
+    """`NAME=V[,V...]` with every V a number (integer, decimal or true/false)."""
+    name, sep, values = text.rpartition("=")
+    if not sep or not name or not values.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=V[,V...] with numbers: {text!r}")
+    return name, tuple(_number(v, text) for v in values.split(","))
+
+
+def _number(text: str, original: str) -> int | float:
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return int(text.lower() == "true")
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in {original!r}") from None
+    return value
+
+
 def seed(text: str) -> int:
     """A non-negative integer below 2^128 (numpy's seed range)."""
     text = text.strip()

@@ -17,6 +17,7 @@ shape inference becomes a `UserError` with its first line.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
@@ -38,6 +39,7 @@ _NONDETERMINISTIC = {
     "Bernoulli",
 }
 _FOLD_MAX_ELEMENTS = 1 << 24
+_LOG = logging.getLogger(__name__)  # `--verbose` shows why a node with constant inputs stays
 # Initializers this large are held aside as numpy arrays while onnx checks and infers the rest
 # (importer.split_weights); a folded value this large joins them.
 WEIGHT_ELEMENTS = 4096
@@ -168,7 +170,7 @@ def _fold_once(
     constants.update(weights)
     kept = []
     fills: set[str] = set()
-    for node in graph.node:
+    for node in _inline_constant_ifs(graph, constants):
         fill = _large_fill(node, constants)
         if fill is not None:
             # Consumers fold against a zero-stride view; the node itself stays (a Memset on
@@ -185,11 +187,12 @@ def _fold_once(
             if name:
                 constants[name] = value
     outputs = {out.name for out in graph.output}
-    readers = {name for node in kept if node.output[0] not in fills for name in node.input}
+    readers = {name for node in kept if node.output[0] not in fills for name in _names_read(node)}
     kept = [n for n in kept if n.output[0] not in fills or n.output[0] in readers | outputs]
-    if len(kept) == len(graph.node):
+    if kept == list(graph.node):
         return model, False
-    used = {name for node in kept for name in node.input} | outputs
+    # An If or Loop body may read an initializer of the enclosing graph by name: keep it too.
+    used = {name for node in kept for name in _names_read(node)} | outputs
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
     # IR < 4 ignores initializers that are not also graph inputs; folded values are not inputs.
@@ -264,15 +267,89 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
     for name in node.output:
         if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
             return None
+    feeds = {name: constants[name] for name in node.input if name}
     try:
-        evaluator = ReferenceEvaluator(node, opsets=opsets)
-        feeds = {name: constants[name] for name in node.input if name}
+        evaluator = ReferenceEvaluator(_one_node_model(node, feeds, opsets))
         # log(0) = -inf and the like are values here, not problems worth a warning.
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return [np.asarray(value) for value in evaluator.run(None, feeds)]
-    except Exception:
-        return None  # leave the node to the code generator, which reports it if unsupported
+    except Exception as exc:
+        # Left to the code generator, which reports the node if nothing lowers it.
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _LOG.info("node %r (%s) not folded: %s", node.name, node.op_type, first[:300])
+        return None
+
+
+def _one_node_model(node: onnx.NodeProto, feeds: dict, opsets: dict[str, int]):
+    """`node` as a model at the model's own opsets, so the reference evaluator runs the
+    operator version the model means (a bare node would get the newest: Unsqueeze-13, whose
+    axes are an input, for an opset-12 Unsqueeze with an `axes` attribute)."""
+    inputs = [
+        onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), None
+        )
+        for name, value in feeds.items()
+    ]
+    outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in node.output if name]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
+    imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    return onnx.helper.make_model(graph, opset_imports=imports, ir_version=onnx.IR_VERSION)
+
+
+def _inline_constant_ifs(graph: onnx.GraphProto, constants: dict[str, np.ndarray]):
+    """The graph's nodes, lazily, with every If whose condition is a compile-time constant by
+    the time it is reached replaced by the nodes of the branch it takes (their initializers
+    join `constants`)."""
+    for node in graph.node:
+        cond = constants.get(node.input[0]) if node.op_type == "If" and node.input else None
+        if node.domain not in ("", "ai.onnx") or cond is None or np.asarray(cond).size != 1:
+            yield node
+            continue
+        branch_name = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
+        branch = next(a.g for a in node.attribute if a.name == branch_name)
+        yield from _inlined_branch(node, branch, constants)
+
+
+def _inlined_branch(node: onnx.NodeProto, branch: onnx.GraphProto, constants) -> list:
+    """The branch's nodes, writing the If's outputs instead of the branch's. Names inside a
+    branch are unique in the whole model (ONNX's SSA rule), so its nodes move out unchanged;
+    an output the branch takes straight from outside (or from its initializer) becomes an
+    Identity."""
+    for init in branch.initializer:
+        constants[init.name] = numpy_helper.to_array(init)
+    produced = {name for inner in branch.node for name in inner.output}
+    renames: dict[str, str] = {}
+    tail = []
+    for value, target in zip(branch.output, node.output, strict=True):
+        if not target:
+            continue
+        if value.name in produced and value.name not in renames:
+            renames[value.name] = target
+        else:
+            tail.append(onnx.helper.make_node("Identity", [renames.get(value.name, value.name)],
+                                              [target], name=f"{node.name}/{target}"))  # fmt: skip
+    moved = []
+    for inner in branch.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner)
+        for index, name in enumerate(copy.output):
+            copy.output[index] = renames.get(name, name)
+        _rename_reads(copy, renames)
+        moved.append(copy)
+    return moved + tail
+
+
+def _rename_reads(node: onnx.NodeProto, renames: dict[str, str]) -> None:
+    """Rename the node's inputs, and the reads of its subgraphs, by `renames` (in place)."""
+    for index, name in enumerate(node.input):
+        node.input[index] = renames.get(name, name)
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+            for inner in graph.node:
+                _rename_reads(inner, renames)
+            for value in graph.output:
+                value.name = renames.get(value.name, value.name)
 
 
 def drop_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:

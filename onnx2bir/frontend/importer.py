@@ -14,7 +14,7 @@ reference evaluator run on one node at a time for folding (`onnx2bir.frontend.fo
 from __future__ import annotations
 
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import networkx as nx
@@ -41,7 +41,8 @@ from onnx2bir.frontend.folding import (
     normalize_pool_ceil_mode,
     static_shapes,
 )
-from onnx2bir.frontend.symbols import propagate_symbols, unset_message
+from onnx2bir.frontend.input_values import pin_input_values
+from onnx2bir.frontend.symbols import is_unnamed, propagate_symbols, unset_message
 from onnx2bir.graph import Graph, TensorInfo
 
 
@@ -115,9 +116,29 @@ def check_model(model: onnx.ModelProto, full: bool = False) -> None:
     contracts.check_ops(model)
     _fill_output_shapes(model)
     try:
-        onnx.checker.check_model(model, full_check=full)
+        onnx.checker.check_model(_without_shapeless_outputs(model), full_check=full)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise UserError(f"the model fails the ONNX checker: {_inference_message(exc)}") from exc
+
+
+def _without_shapeless_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or a copy without the graph outputs declared with no shape that inference
+    cannot shape yet (a Reshape to a size computed from the input's shape, before the input
+    sizes are fixed and folded): onnx's checker requires an output's shape, onnxruntime does
+    not, and the folded model gives every output one."""
+    shapeless = {
+        out.name
+        for out in model.graph.output
+        if out.type.HasField("tensor_type") and not out.type.tensor_type.HasField("shape")
+    }
+    if not shapeless:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [out for out in copy.graph.output if out.name not in shapeless]
+    del copy.graph.output[:]
+    copy.graph.output.extend(kept)
+    return copy
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -156,6 +177,7 @@ def _fill_output_shapes(model: onnx.ModelProto) -> None:
             onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         except Exception as exc:
             raise UserError(f"shape inference failed: {_inference_message(exc)}") from None
+        # else its shape depends on values not known yet: left to the folded model
 
 
 def _inference_message(exc: Exception) -> str:
@@ -197,19 +219,30 @@ class Imported:
     folded: onnx.ModelProto
     weights: dict[str, np.ndarray]
     graph: Graph
+    # Inputs fixed by --input-value, by name: onnxruntime, running the original model, is fed
+    # them beside the program's inputs.
+    pinned: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def import_parts(
     source: str | Path | onnx.ModelProto,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     dims: dict[str, int] | None = None,
+    input_values: dict[str, object] | None = None,
 ) -> Imported:
-    """Load, check, fix symbolic dimensions, fold compile-time values, build the Graph; keep
-    the folded skeleton and the weights for tools that run onnxruntime on the same values."""
+    """Load, check, fix input values and symbolic dimensions, fold compile-time values, build
+    the Graph; keep the folded skeleton and the weights for tools that run onnxruntime on the
+    same values."""
     model = read_model(source)
+    name_nodes(model.graph)
+    accept_ir3_initializers(model)
     initializers = {init.name for init in model.graph.initializer}
     weights = split_weights(model)
+    notes = override_declared_outputs(model)
     check_model(model)
+    pinned = pin_input_values(
+        model, input_values or {}, runtime_inputs(model, weights), input_shapes
+    )
     model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
     model = normalize_pool_ceil_mode(model)
     check_model(model, full=True)
@@ -218,7 +251,78 @@ def import_parts(
     model = drop_dead_nodes(drop_zero_adds(model, weights))
     graph = build_graph(model, _model_name(source, model), weights)
     graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
-    return Imported(model, weights, graph)
+    graph.pinned_inputs = pinned
+    graph.import_notes = tuple(notes)
+    return Imported(model, weights, graph, pinned)
+
+
+def accept_ir3_initializers(model: onnx.ModelProto) -> None:
+    """An IR-3 model whose initializers are not all graph inputs: the checker refuses it (IR
+    3 reads an initializer only as an input's default), onnxruntime runs it as IR 4 would,
+    with the initializers as constants. Read the same way (in place)."""
+    listed = {value.name for value in model.graph.input}
+    if model.ir_version < 4 and any(i.name not in listed for i in model.graph.initializer):
+        model.ir_version = 4
+
+
+def override_declared_outputs(model: onnx.ModelProto) -> list[str]:
+    """Replace each graph output's declared shape that contradicts what onnx infers for it
+    (another rank, another fixed size) by the inferred one, as onnxruntime does after its
+    warning, and read sizes of -1 or 0 as unknown (paddle2onnx's way to write one); in place.
+    Returns a sentence per contradiction overridden."""
+    declared = {out.name: out for out in model.graph.output if out.type.HasField("tensor_type")}
+    if not any(out.type.tensor_type.HasField("shape") for out in declared.values()):
+        return []
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for out in probe.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
+    except Exception:
+        return []  # the checker and strict inference will say what is wrong
+    shapes = {out.name: out.type.tensor_type for out in inferred.graph.output}
+    notes = []
+    for name, out in declared.items():
+        tensor_type = out.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        mine = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        found = shapes.get(name)
+        theirs = None
+        if found is not None and found.HasField("shape"):
+            theirs = [d.dim_value if d.HasField("dim_value") else None for d in found.shape.dim]
+        unknown = any(size is not None and size <= 0 for size in mine)
+        contradicts = theirs is not None and (
+            len(theirs) != len(mine)
+            or any(a and b and a > 0 and a != b for a, b in zip(mine, theirs, strict=True))
+        )
+        if contradicts:
+            tensor_type.shape.CopyFrom(found.shape)
+            notes.append(
+                f"graph output {name!r} is declared {_dims_text(mine)} but computed as "
+                f"{_dims_text(theirs)}; the computed shape is used, as onnxruntime does"
+            )
+        elif unknown:  # exporters (paddle2onnx) write -1 for "unknown": no contradiction
+            for dim in tensor_type.shape.dim:
+                if dim.HasField("dim_value") and dim.dim_value <= 0:
+                    dim.ClearField("dim_value")
+    return notes
+
+
+def _dims_text(dims: list) -> str:
+    if not dims:
+        return "a scalar"
+    return "x".join("?" if d is None else str(d) for d in dims)
+
+
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Name every unnamed top-level node `<op type>_<index>`, its index in the file (in
+    place), so messages and reports point at the node as the user's file numbers it."""
+    used = {node.name for node in graph.node if node.name}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            node.name = _unique_name(node, index, used)
 
 
 def check_folded(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
@@ -235,9 +339,10 @@ def import_model(
     source: str | Path | onnx.ModelProto,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     dims: dict[str, int] | None = None,
+    input_values: dict[str, object] | None = None,
 ) -> Graph:
     """The Graph of a model (see `import_parts`)."""
-    return import_parts(source, input_shapes, dims).graph
+    return import_parts(source, input_shapes, dims, input_values).graph
 
 
 def _model_name(source, model: onnx.ModelProto) -> str:
@@ -281,7 +386,7 @@ def fix_input_shapes(
         dim.dim_param
         for value in inputs
         for dim in value.type.tensor_type.shape.dim
-        if dim.HasField("dim_param")
+        if dim.HasField("dim_param") and not is_unnamed(dim.dim_param)
     }
     strays = sorted(set(dims) - symbols)
     if strays:
@@ -314,6 +419,7 @@ def fix_input_shapes(
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
             symbol = dim.dim_param if dim.HasField("dim_param") else ""
+            symbol = "" if is_unnamed(symbol) else symbol
             if symbol and symbol in dims:
                 dim.dim_value = dims[symbol]
                 continue

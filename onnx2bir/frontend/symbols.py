@@ -12,6 +12,15 @@ import onnx
 
 from onnx2bir.errors import UserError
 
+# Exporters' spellings of "unknown, not tied to any other dim": paddle2onnx and PaddlePaddle
+# write "?" for every unknown dim, as an empty dim_param does. Each is a dim of its own.
+UNNAMED_SYMBOLS = frozenset({"", "?"})
+
+
+def is_unnamed(symbol: str) -> bool:
+    """Whether a dim_param names no symbol: the dim is unknown and shared with nothing."""
+    return symbol.strip() in UNNAMED_SYMBOLS
+
 
 def propagate_symbols(
     inputs: list[onnx.ValueInfoProto],
@@ -37,16 +46,17 @@ def propagate_symbols(
                 f"the given shape {','.join(map(str, wanted))} has rank {len(wanted)}"
             )
         for dim, size in zip(declared, wanted, strict=False):
-            if not dim.HasField("dim_param") or not dim.dim_param:
+            if not dim.HasField("dim_param") or is_unnamed(dim.dim_param):
                 continue
             symbol = dim.dim_param
             if symbol in result and result[symbol] != size:
                 raise UserError(
                     f"symbol {symbol!r} is {result[symbol]} by {source[symbol]} but {size} by "
-                    f"--input-shape {value.name}={','.join(map(str, wanted))}"
+                    f"the shape of input {value.name} ({','.join(map(str, wanted))}, from "
+                    "--input-shape or the arrays of --inputs)"
                 )
             result.setdefault(symbol, size)
-            source.setdefault(symbol, f"--input-shape {value.name}")
+            source.setdefault(symbol, f"the shape of input {value.name}")
     return result
 
 

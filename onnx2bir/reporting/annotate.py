@@ -49,9 +49,8 @@ def node_annotations(prepared: Prepared, doc: dict) -> dict[tuple[str, ...], dic
         counts.update(ins.origin.node for ins in compilation.module.functions[0].instructions())
     result = {}
     for proto, name in zip(prepared.folded.graph.node, graph.nx.nodes, strict=True):
-        meta = {"lowering": lowering_of(compilation, name)}
-        if name != proto.name:
-            meta["node"] = name
+        # The name onnx2bir uses; annotate_model keeps it only where the file has none.
+        meta = {"lowering": lowering_of(compilation, name), "node": name}
         finding = convs.get(name)
         if finding is not None:
             if finding.get("kernel"):
@@ -106,6 +105,8 @@ def annotate_model(
             meta = {"lowering": "folded"}
         if meta is None:
             continue
+        if node.name:
+            meta = {key: value for key, value in meta.items() if key != "node"}
         for key, value in meta.items():
             _set(node.metadata_props, key, value)
         annotated += 1

@@ -163,7 +163,8 @@ def flag_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:
     """Every note for these options on this compilation (module docstring), and the int64
     tensors whose narrowing to int32 is not proven (`narrowing_notes`)."""
     return (
-        attention_notes(options, compilation)
+        [{"flag": "model", "message": text} for text in compilation.graph.import_notes]
+        + attention_notes(options, compilation)
         + conv_notes(options, compilation)
         + narrowing_notes(compilation.int64)
     )

@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx2bir.compiler import Compilation, compile_graph
-from onnx2bir.frontend.importer import build_graph, import_parts
+from onnx2bir.compiler import Compilation, compile_graph, import_or_refuse
+from onnx2bir.frontend.importer import build_graph
 from onnx2bir.gc_pause import no_cyclic_gc
 from onnx2bir.graph import Graph
 from onnx2bir.options import CompileOptions
@@ -52,11 +52,12 @@ def prepare(
     input_shapes=None,
     dims=None,
     keep_going: bool = False,
+    input_values=None,
 ) -> Prepared:
     """Import, fold and compile, as `compile_model` does, keeping the folded skeleton."""
     with no_cyclic_gc():
         start = time.perf_counter()
-        imported = import_parts(source, input_shapes, dims)
+        imported = import_or_refuse(source, input_shapes, dims, input_values)
         timings = {"import": time.perf_counter() - start}
         folded, weights = imported.folded, imported.weights
         # The passes rewrite the graph they get: keep a second, untouched build of the skeleton.

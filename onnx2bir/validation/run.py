@@ -79,6 +79,7 @@ def run_validate(
     *,
     input_shapes=None,
     dims=None,
+    input_values=None,
     inputs: str | dict[str, np.ndarray] | None = None,
     inputs_label: str | None = None,
     seed: int = 0,
@@ -108,7 +109,7 @@ def run_validate(
     if localize_nodes:
         # Every intermediate must have a DRAM copy to compare (docs/memory_planner.md#localize).
         options = dataclasses.replace(options, memory_plan=False)
-    prepared = prepare(model, options, input_shapes, dims)
+    prepared = prepare(model, options, input_shapes, dims, input_values=input_values)
     # Before any input or machine array is made.
     check_validate_fits(prepared.pristine, prepared.compilation.cast_plan.probes)
     if on_compiled is not None:
@@ -171,7 +172,9 @@ def run_validate(
     if supplied is not None:
         expected, reference_kind = supplied
     else:
-        expected = oracle.run_onnxruntime(model, feeds, graph.outputs)
+        # onnxruntime runs the original model: the inputs fixed by --input-value are fed to it.
+        pinned = compilation.graph.pinned_inputs
+        expected = oracle.run_onnxruntime(model, {**feeds, **pinned}, graph.outputs)
         reference_kind = "onnxruntime fp32"
     timings["onnxruntime"] = time.perf_counter() - start  # session creation + one run
     start = time.perf_counter()
@@ -288,7 +291,8 @@ def check_program(
             "onnx2bir, or by hand): convert the model again to check it with --model"
         )
     shapes = {name: tuple(shape) for name, shape in meta["input_shapes"].items()}
-    imported = import_parts(model, shapes)
+    values = meta.get("input_values") or {}
+    imported = import_parts(model, shapes, input_values=values)
     graph = build_graph(imported.folded, imported.graph.name, imported.weights)
     function = module.functions[0]
     if sorted(function.inputs) != sorted(graph.inputs) or len(function.outputs) != len(
@@ -320,7 +324,7 @@ def check_program(
         actual,
         reader.values,
         reader.stored(),
-        oracle.run_onnxruntime(model, feeds, graph.outputs),
+        oracle.run_onnxruntime(model, {**feeds, **imported.pinned}, graph.outputs),
         "onnxruntime fp32",
     )
 

@@ -375,6 +375,7 @@ def run_segmented(
     *,
     input_shapes=None,
     dims=None,
+    input_values=None,
     inputs: dict[str, np.ndarray] | None = None,
     inputs_label: str | None = None,
     seed: int = 0,
@@ -383,11 +384,15 @@ def run_segmented(
     """`validate --segments`: (document, feeds, the machine's graph outputs), as `run_validate`
     returns them; `how` is `validate_segments`' keywords."""
     from onnx2bir.codegen.casting import check_exclusions
-    from onnx2bir.frontend.importer import import_model, load_model
+    from onnx2bir.frontend.importer import import_model, load_model, runtime_inputs
+    from onnx2bir.frontend.input_values import pin_input_values
     from onnx2bir.runtime.oracle import ort as oracle
     from onnx2bir.validation.inputs import check_policy_names, describe_inputs, model_feeds
 
     model = load_model(source)
+    # Fixed inputs become constants of the model itself: every segment and its onnxruntime
+    # session see them so.
+    pin_input_values(model, input_values or {}, runtime_inputs(model), input_shapes)
     graph = import_model(model, input_shapes, dims)
     check_policy_names(policy, graph)
     check_exclusions(graph, options.auto_cast_exclude)
