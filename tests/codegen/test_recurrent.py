@@ -1,6 +1,9 @@
 """LSTM, GRU and RNN against onnxruntime over a seeded sweep of sizes and attributes: forward,
 reverse and bidirectional, with and without bias and initial states, both layouts, both GRU
-reset forms; and the time steps are one BIR loop, not unrolled."""
+reset forms; the time steps are one BIR loop, not unrolled. Hidden sizes past 128 (the 512-wide
+bidirectional LSTM of an OCR recogniser, up to 1024) are tiled over partitions and PSUM banks;
+a batch past 128 runs in groups of 128 rows; the comparison rejects a program with one
+recurrent weight 5% off; a recurrent weight too big for SBUF is refused, naming the sizes."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ from conftest import assert_matches_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.ir import Loop
+from onnx2bir.codegen.driver import CodegenError
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
+from onnx2bir.runtime.oracle.compare import FP32_RTOL, compare_output
 from onnx2bir.runtime.oracle.ort import run_onnxruntime, synthesize_inputs
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -29,18 +34,21 @@ def _model(
     initial=False,
     layout=0,
     seed=0,
+    scale=0.5,
     **attrs,
 ):
+    """One recurrent node, its weights uniform in [-scale, scale]; the wide models use
+    torch's initialisation, scale 1/sqrt(hidden), which keeps the gates out of saturation."""
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
     g = GATES[op]
     inits = {
-        "W": rng.uniform(-0.5, 0.5, (dirs, g * hidden, inp)),
-        "R": rng.uniform(-0.5, 0.5, (dirs, g * hidden, hidden)),
+        "W": rng.uniform(-scale, scale, (dirs, g * hidden, inp)),
+        "R": rng.uniform(-scale, scale, (dirs, g * hidden, hidden)),
     }
     names = ["X", "W", "R"]
     if bias:
-        inits["B"] = rng.uniform(-0.5, 0.5, (dirs, 2 * g * hidden))
+        inits["B"] = rng.uniform(-scale, scale, (dirs, 2 * g * hidden))
     names.append("B" if bias else "")
     names.append("")  # sequence_lens
     x_shape = [seq, batch, inp] if layout == 0 else [batch, seq, inp]
@@ -77,16 +85,19 @@ CASES = [
 
 
 def _check(op, case, **attrs):
-    kwargs = {**CASES[case], **attrs}
-    model = _model(op, seed=case, **kwargs)
+    _compare(op, case, {**CASES[case], **attrs})
+
+
+def _compare(op, seed, kwargs):
+    model = _model(op, seed=seed, **kwargs)
     if kwargs.get("layout", 0) == 0:
         assert_matches_onnxruntime(model, passes=[], atol=2e-5)
         return
     # onnxruntime has no batch-major (layout 1) recurrence: the oracle is the same weights at
     # layout 0 on the transposed input, its outputs transposed back.
-    reference = _model(op, seed=case, **{**kwargs, "layout": 0})
+    reference = _model(op, seed=seed, **{**kwargs, "layout": 0})
     compiled = compile_graph(import_graph(model), CompileOptions(auto_cast="none"), [])
-    feeds = synthesize_inputs(compiled.graph, case)
+    feeds = synthesize_inputs(compiled.graph, seed)
     got = run_function(compiled.module, feeds)
     swapped = {k: np.swapaxes(v, 0, 1) for k, v in feeds.items()}
     expected = run_onnxruntime(reference, swapped)
@@ -131,3 +142,80 @@ def test_the_time_steps_are_a_bir_loop():
     assert any(loop.stop - loop.start == 50 for loop in loops)
     matmuls = sum(1 for i in compiled.module.functions[0].instructions() if i.opcode == "Matmult")
     assert matmuls < 50  # one recurrent matmul in the loop body, not one per step
+
+
+# Wider than one partition tile: H split into chunks of 128 for the recurrent contraction and
+# hᵀ, the gate columns in PSUM-bank blocks. Weights at torch's scale (1/sqrt(hidden)).
+WIDE = {
+    "lstm_512_bidirectional": (
+        "LSTM",
+        dict(seq=12, batch=1, inp=256, hidden=512, direction="bidirectional"),
+    ),
+    "gru_256_bidirectional": (
+        "GRU",
+        dict(seq=12, batch=1, inp=256, hidden=256, direction="bidirectional"),
+    ),
+    "gru_256_bidirectional_linear_before_reset": (
+        "GRU",
+        dict(
+            seq=12, batch=1, inp=256, hidden=256, direction="bidirectional", linear_before_reset=1
+        ),
+    ),
+    "lstm_1024_forward": ("LSTM", dict(seq=3, batch=1, inp=1024, hidden=1024)),
+    "gru_1024_reverse": ("GRU", dict(seq=3, batch=1, inp=512, hidden=1024, direction="reverse")),
+    "lstm_384_batch2_reverse_initial": (
+        "LSTM",
+        dict(seq=6, batch=2, inp=300, hidden=384, direction="reverse", initial=True),
+    ),
+    "gru_200_batch2_bidirectional_initial": (
+        "GRU",
+        dict(seq=5, batch=2, inp=130, hidden=200, direction="bidirectional", initial=True),
+    ),
+    "rnn_700_batch3_bidirectional": (
+        "RNN",
+        dict(seq=5, batch=3, inp=64, hidden=700, direction="bidirectional", initial=True),
+    ),
+    "lstm_320_batch2_layout1_bidirectional": (
+        "LSTM",
+        dict(seq=4, batch=2, inp=64, hidden=320, direction="bidirectional", layout=1, initial=True),
+    ),
+    "lstm_160_batch130": ("LSTM", dict(seq=3, batch=130, inp=20, hidden=160, initial=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WIDE))
+def test_wide_recurrent_matches_onnxruntime(name):
+    op, kwargs = WIDE[name]
+    _compare(op, 7, {**kwargs, "scale": kwargs["hidden"] ** -0.5})
+
+
+def test_a_wrong_recurrent_weight_fails_the_comparison():
+    """The bound can fail: the 512-wide bidirectional LSTM passes (its error is about 2e-7),
+    and the same program with the reverse direction's recurrent weights from the last H chunk
+    into the cell gate (the last column block, only the tiled matmuls read them) 0.5% larger
+    fails on every output."""
+    op, kwargs = WIDE["lstm_512_bidirectional"]
+    model = _model(op, seed=7, scale=512**-0.5, **kwargs)
+    compiled = compile_graph(import_graph(model), CompileOptions(auto_cast="none"), [])
+    feeds = synthesize_inputs(compiled.graph, 0)
+    expected = run_onnxruntime(model, feeds)
+
+    def verdicts():
+        got = run_function(compiled.module, feeds)
+        return {
+            name: compare_output(name, got[name], value, 2e-5, FP32_RTOL).passed
+            for name, value in expected.items()
+        }
+
+    assert all(verdicts().values())
+    weights = compiled.module.constants["R"].copy()  # [dirs, 4 gates · 512, 512]
+    weights[1, 3 * 512 :, 384:] *= 1.005
+    compiled.module.constants["R"] = weights
+    passed = verdicts()
+    assert not any(passed.values()), passed
+
+
+def test_a_recurrent_weight_too_big_for_sbuf_is_refused():
+    model = _model("LSTM", 2, 1, 8, 1200)
+    with pytest.raises(CodegenError, match=r"LSTM hidden size 1200: Rᵀ \(187 KiB per partition"):
+        compile_graph(import_graph(model), CompileOptions(auto_cast="none"), [])
