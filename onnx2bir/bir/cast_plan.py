@@ -18,7 +18,10 @@ class CastPoint:
     node: str
     input: str
     dtype: str
-    kind: str  # "operand" (a PE operand) or "storage" (the tensor is stored in `dtype`)
+    # "operand" (a PE operand), "storage" (the tensor is stored in `dtype`), or "recurrent"
+    # (`input` is a recurrent op's R: its recurrent products take R and the step's state
+    # h_{t-1} rounded; the oracle computes the op step by step to round the state)
+    kind: str
     exact: bool = True  # the oracle rounds at the same point
     reason: str | None = None  # why not exact
 

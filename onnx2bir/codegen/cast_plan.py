@@ -27,9 +27,17 @@ The plan is read off the compile's own decisions, never re-derived from the opti
 A conv or matmul that multiplies integers (`compiled.integer_operands`, patterns/quant) rounds
 nothing: its bf16 operands hold the integers exactly (docs/quantization.md#exactness).
 
-A node with narrow PE operands that is none of the above (an LSTM, whose recurrent state is
-rounded inside the op; a Loop whose body multiplies; a fused attention op decomposed by a
-pass) is `unemulated`, with the reason.
+- **recurrent ops** (LSTM, GRU, RNN, codegen/lower/recurrent.py): which of the node's PE
+  matmuls take narrow operands, and of which of its inputs, is read off the program's data flow
+  (`_recurrent_points`): the input projection X·Wᵀ rounds X and W (operand points: a cast
+  before the op repeats them); the recurrent product h_{t-1}·Rᵀ rounds R and the state at every
+  step (a point of kind "recurrent" on R), which the oracle repeats by computing the node step
+  by step (runtime/oracle/emulating.py `recurrent_nodes`). Under the default autocast the
+  lowering rounds only the projection: its recurrent matmuls and the gate math are fp32.
+
+A node with narrow PE operands that is none of the above (a Loop whose body multiplies; a fused
+attention op decomposed by a pass; a recurrent node whose narrow operands come from no single
+input) is `unemulated`, with the reason.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from onnx2bir.bir.ir import Module, node_of_origin
 from onnx2bir.graph import Graph, image_clone_of
 from onnx2bir.op_traits import traits
 
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 IDENTITY_PREFIX = "identity_"  # the PE transposes' identity tiles (docs/bir_codegen.md#prologue)
 ONLINE_SOFTMAX = (
     "the attention kernel's online softmax rounds probabilities before they are normalised; "
@@ -89,6 +98,12 @@ def plan_casts(
                     continue
                 for tensor in _pe_inputs(source, member):
                     add(member, tensor, dtype, "operand", reason)
+        elif node in source.nx and source.node(node)["op_type"] in RECURRENT_OPS:
+            found = _recurrent_points(function, node, source)
+            if found is None:
+                inside(node, dtype)
+            for tensor, narrow_dtype, kind in found or ():
+                add(node, tensor, narrow_dtype, kind)
         elif node in source.nx and _pe_inputs(source, node):
             for tensor in _pe_inputs(source, node):
                 add(node, tensor, dtype, "operand")
@@ -228,6 +243,52 @@ def _narrow_pe_nodes(module: Module, nodes: set[str]) -> dict[str, str]:
         if node is not None:
             found.setdefault(node, str(narrowest))
     return found
+
+
+def _recurrent_points(function, node: str, source: Graph) -> list[tuple[str, str, str]] | None:
+    """(input tensor, dtype, kind) for each narrow PE operand of recurrent node `node`, from
+    the program's data flow: walking the node's instructions in program order, each location
+    written holds what the instruction's reads hold (the model tensors it derives from; a tile
+    is reloaded whole for each use). A matmul whose operands derive from R (input 2) is the
+    recurrent product: R and the state are rounded (kind "recurrent" on R); any other is the
+    input projection, each narrow operand holding X or W alone (kind "operand"). None when a
+    narrow operand holds anything else, or the recurrent product's operands differ in dtype."""
+    inputs = source.node(node)["inputs"]
+    tensors = {t for t in inputs if t}
+    recurrent_weight = inputs[2]
+    locations = function.memory_locations
+    held: dict[str, frozenset[str]] = {t: frozenset([t]) for t in tensors}
+    found: dict[str, tuple[str, str]] = {}
+    for ins in function.instructions():
+        if node_of_origin(ins.origin.node, {node}) is None:
+            continue
+        reads, writes = [], []
+        for ap, is_write in ins.accesses():
+            (writes if is_write else reads).append(ap.loc)
+        if ins.opcode is Opcode.MATMULT and not ins.srcs["moving"].loc.startswith(IDENTITY_PREFIX):
+            operands = [ins.srcs[role].loc for role in ("stationary", "moving")]
+            dtypes = [locations[loc].dtype for loc in operands]
+            narrow = [
+                (held.get(loc, frozenset()), dtype)
+                for loc, dtype in zip(operands, dtypes, strict=True)
+                if dtype.mantissa_bits < Dtype.FP32.mantissa_bits
+            ]
+            recurrent = any(recurrent_weight in held.get(loc, ()) for loc in operands)
+            if narrow and recurrent:
+                if len(narrow) != 2 or dtypes[0] is not dtypes[1]:
+                    return None
+                found.setdefault(recurrent_weight, (str(dtypes[0]), "recurrent"))
+            elif narrow:  # the input projection
+                for origin, dtype in narrow:
+                    tensor = next(iter(origin)) if len(origin) == 1 else None
+                    if tensor is None or inputs.index(tensor) not in (0, 1):
+                        return None
+                    found.setdefault(tensor, (str(dtype), "operand"))
+        derived = frozenset().union(*(held.get(loc, frozenset()) for loc in reads))
+        for loc in writes:
+            if loc not in tensors:
+                held[loc] = derived
+    return [(tensor, dtype, kind) for tensor, (dtype, kind) in found.items()]
 
 
 def kernel_hosts(records: Iterable, compiled: Graph) -> tuple[dict[str, str], set[str]]:
