@@ -13,7 +13,7 @@ from conftest import assert_matches_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.ir import Loop
-from onnx2bir.codegen.driver import CodegenError
+from onnx2bir.codegen.driver import IDENTITY, CodegenError
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine.interpreter import run_function
@@ -180,6 +180,30 @@ WIDE = {
         dict(seq=4, batch=2, inp=64, hidden=320, direction="bidirectional", layout=1, initial=True),
     ),
     "lstm_160_batch130": ("LSTM", dict(seq=3, batch=130, inp=20, hidden=160, initial=True)),
+    # Too big for a set of buffers per direction: the directions share one, loop after loop.
+    "gru_1024_bidirectional_shared": (
+        "GRU",
+        dict(seq=3, batch=1, inp=64, hidden=1024, direction="bidirectional"),
+    ),
+    "gru_1000_batch3_bidirectional_linear_before_reset": (
+        "GRU",
+        dict(
+            seq=3,
+            batch=3,
+            inp=40,
+            hidden=1000,
+            direction="bidirectional",
+            linear_before_reset=1,
+            initial=True,
+        ),
+    ),
+    # XWᵀ too big to hold: each step's columns are loaded in the loop.
+    "lstm_1024_batch128_streamed": ("LSTM", dict(seq=4, batch=128, inp=32, hidden=1024)),
+    # 128 batch columns do not fit beside Rᵀ: passes of 64.
+    "lstm_1100_batch130_narrow": (
+        "LSTM",
+        dict(seq=2, batch=130, inp=16, hidden=1100, initial=True),
+    ),
 }
 
 
@@ -189,11 +213,55 @@ def test_wide_recurrent_matches_onnxruntime(name):
     _compare(op, 7, {**kwargs, "scale": kwargs["hidden"] ** -0.5})
 
 
+def test_the_wide_cases_cover_every_plan(monkeypatch):
+    """Between them the wide cases run both directions in one loop and one after the other,
+    with XWᵀ held in SBUF and streamed, and passes narrower than the batch."""
+    from onnx2bir.codegen.lower import recurrent
+
+    chosen = []
+    plan = recurrent._plan
+    monkeypatch.setattr(recurrent, "_plan", lambda *args: chosen.append(plan(*args)) or chosen[-1])
+    plans = {}
+    for name, (op, kwargs) in WIDE.items():
+        compile_graph(import_graph(_model(op, **kwargs)), CompileOptions(auto_cast="none"), [])
+        plans[name] = chosen[-1]
+    bidirectional = {n for n, (_, k) in WIDE.items() if k.get("direction") == "bidirectional"}
+    assert {plans[n].sets for n in bidirectional} == {1, 2}
+    assert {p.resident for p in plans.values()} == {True, False}
+    assert any(p.rows < min(WIDE[n][1]["batch"], 128) for n, p in plans.items())
+    assert plans["lstm_512_bidirectional"].sets == 2
+
+
+def test_both_directions_share_one_time_loop_without_transposes():
+    """The 512-wide bidirectional LSTM: one loop over the 12 steps runs both directions (one
+    direction's matmuls overlap the other's gate math) and nothing in it is transposed on the
+    PE array: the state stays hidden-major, the moving operand of the next step's matmuls."""
+    op, kwargs = WIDE["lstm_512_bidirectional"]
+    compiled = compile_graph(
+        import_graph(_model(op, **kwargs)), CompileOptions(auto_cast="none"), []
+    )
+    loops = []
+
+    def walk(block):
+        for item in block.items:
+            if isinstance(item, Loop):
+                loops.append(item)
+                walk(item.body)
+
+    walk(compiled.module.functions[0].entry)
+    steps = [loop for loop in loops if loop.stop - loop.start == 12]
+    assert len(steps) == 1
+    body = [i for i in steps[0].body.items if not isinstance(i, Loop)]
+    matmuls = [i for i in body if i.opcode == "Matmult"]
+    assert len(matmuls) == 2 * 16 * 4  # directions x gate chunks x H chunks
+    assert not any(i.srcs["moving"].loc == IDENTITY for i in matmuls)
+
+
 def test_a_wrong_recurrent_weight_fails_the_comparison():
     """The bound can fail: the 512-wide bidirectional LSTM passes (its error is about 2e-7),
     and the same program with the reverse direction's recurrent weights from the last H chunk
-    into the cell gate (the last column block, only the tiled matmuls read them) 0.5% larger
-    fails on every output."""
+    into the cell gate (read only by the last of each accumulation's four matmuls) 0.5%
+    larger fails on every output."""
     op, kwargs = WIDE["lstm_512_bidirectional"]
     model = _model(op, seed=7, scale=512**-0.5, **kwargs)
     compiled = compile_graph(import_graph(model), CompileOptions(auto_cast="none"), [])
