@@ -238,8 +238,8 @@ def import_parts(
     accept_ir3_initializers(model)
     initializers = {init.name for init in model.graph.initializer}
     weights = split_weights(model)
-    notes = override_declared_outputs(model)
     check_model(model)
+    declared = strip_declared_outputs(model)
     pinned = pin_input_values(
         model, input_values or {}, runtime_inputs(model, weights), input_shapes
     )
@@ -249,6 +249,9 @@ def import_parts(
     model = fold_constants(model, weights)  # large folded values join `weights`
     check_folded(model, weights)
     model = drop_dead_nodes(drop_zero_adds(model, weights))
+    shapes = static_shapes(model)
+    notes = declared_output_notes(declared, shapes)
+    restore_declared_outputs(model, declared, shapes)
     graph = build_graph(model, _model_name(source, model), weights)
     graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
     graph.pinned_inputs = pinned
@@ -265,49 +268,65 @@ def accept_ir3_initializers(model: onnx.ModelProto) -> None:
         model.ir_version = 4
 
 
-def override_declared_outputs(model: onnx.ModelProto) -> list[str]:
-    """Replace each graph output's declared shape that contradicts what onnx infers for it
-    (another rank, another fixed size) by the inferred one, as onnxruntime does after its
-    warning, and read sizes of -1 or 0 as unknown (paddle2onnx's way to write one); in place.
-    Returns a sentence per contradiction overridden."""
-    declared = {out.name: out for out in model.graph.output if out.type.HasField("tensor_type")}
-    if not any(out.type.tensor_type.HasField("shape") for out in declared.values()):
-        return []
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    for out in probe.graph.output:
-        out.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
-    except Exception:
-        return []  # the checker and strict inference will say what is wrong
-    shapes = {out.name: out.type.tensor_type for out in inferred.graph.output}
-    notes = []
-    for name, out in declared.items():
+def strip_declared_outputs(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Remove the graph outputs' declared shapes (in place), keeping their types; return them
+    by output name (None for an unknown dim: a symbol, or -1).
+
+    onnxruntime warns about a declared output shape that contradicts the computed one and
+    runs; onnx's strict inference refuses it. Exporters get these wrong (torch 1.9 declares a
+    rank-2 output that a Reshape makes rank 3; paddle2onnx writes -1 for unknown sizes), and
+    whether they contradict is often known only once the input sizes are fixed and folded:
+    `declared_output_notes` compares them then."""
+    declared = {}
+    produced = {name for node in model.graph.node for name in node.output}
+    for out in model.graph.output:
         tensor_type = out.type.tensor_type
-        if not tensor_type.HasField("shape"):
+        if out.name not in produced:  # a graph input or weight published as an output
             continue
-        mine = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
-        found = shapes.get(name)
-        theirs = None
-        if found is not None and found.HasField("shape"):
-            theirs = [d.dim_value if d.HasField("dim_value") else None for d in found.shape.dim]
-        unknown = any(size is not None and size <= 0 for size in mine)
-        contradicts = theirs is not None and (
-            len(theirs) != len(mine)
-            or any(a and b and a > 0 and a != b for a, b in zip(mine, theirs, strict=True))
-        )
-        if contradicts:
-            tensor_type.shape.CopyFrom(found.shape)
+        if out.type.HasField("tensor_type") and tensor_type.HasField("shape"):
+            declared[out.name] = [
+                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
+                for d in tensor_type.shape.dim
+            ]
+            tensor_type.ClearField("shape")
+    return declared
+
+
+def declared_output_notes(
+    declared: dict[str, list[int | None]], shapes: dict[str, tuple[int, ...]]
+) -> list[str]:
+    """A sentence per graph output whose declared shape contradicts its computed one (another
+    rank, another fixed size): the computed shape is the one used."""
+    notes = []
+    for name, mine in declared.items():
+        theirs = shapes.get(name)
+        if theirs is None:
+            continue
+        if len(theirs) != len(mine) or any(
+            a is not None and a != b for a, b in zip(mine, theirs, strict=True)
+        ):
             notes.append(
                 f"graph output {name!r} is declared {_dims_text(mine)} but computed as "
-                f"{_dims_text(theirs)}; the computed shape is used, as onnxruntime does"
+                f"{_dims_text(list(theirs))}; the computed shape is used, as onnxruntime does"
             )
-        elif unknown:  # exporters (paddle2onnx) write -1 for "unknown": no contradiction
-            for dim in tensor_type.shape.dim:
-                if dim.HasField("dim_value") and dim.dim_value <= 0:
-                    dim.ClearField("dim_value")
     return notes
+
+
+def restore_declared_outputs(
+    model: onnx.ModelProto,
+    declared: dict[str, list[int | None]],
+    shapes: dict[str, tuple[int, ...]],
+) -> None:
+    """Give back its declared shape (in place) to each graph output that inference leaves
+    without a static one (a Loop's scan outputs) and that the model declares fully static."""
+    for out in model.graph.output:
+        mine = declared.get(out.name)
+        if out.name in shapes or mine is None or None in mine:
+            continue
+        dims = out.type.tensor_type.shape.dim
+        del dims[:]
+        for size in mine:
+            dims.add().dim_value = size
 
 
 def _dims_text(dims: list) -> str:

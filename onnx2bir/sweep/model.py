@@ -40,6 +40,39 @@ def one_line(text: str, limit: int = 240) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+RUN_FILE_KEYS = ("dims", "input_shapes", "input_values", "inputs")
+
+
+def run_file(path: Path) -> dict:
+    """The sizes and fixed inputs a model is run with, from `<name>.run.json` beside it
+    (docs/sweep.md#run-files): `dims` {symbol: size}, `input_shapes` {input: [sizes]},
+    `input_values` {input: [values]}, `inputs` an .npz file or test_data_set folder (relative
+    to the run file's folder) that validate reads the inputs from; {} without the file."""
+    import json
+
+    side = path.with_name(f"{model_name(path)}.run.json")
+    if not side.is_file():
+        return {}
+    try:
+        doc = json.loads(side.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{side}: not a readable JSON run file ({exc})") from exc
+    if not isinstance(doc, dict) or set(doc) - set(RUN_FILE_KEYS):
+        raise UserError(f"{side}: a run file is an object with the keys {', '.join(RUN_FILE_KEYS)}")
+    if not all(isinstance(doc.get(key, {}), dict) for key in RUN_FILE_KEYS[:3]):
+        raise UserError(f"{side}: each of {', '.join(RUN_FILE_KEYS[:3])} maps names to values")
+    if not isinstance(doc.get("inputs", ""), str):
+        raise UserError(f"{side}: inputs names a file or folder beside the run file")
+    return {
+        "dims": {k: int(v) for k, v in doc.get("dims", {}).items()},
+        "input_shapes": {
+            k: tuple(int(d) for d in v) for k, v in doc.get("input_shapes", {}).items()
+        },
+        "input_values": dict(doc.get("input_values", {})),
+        "inputs": str(side.parent / doc["inputs"]) if doc.get("inputs") else None,
+    }
+
+
 def _metadata(path: Path) -> dict[str, str]:
     import onnx
 
@@ -124,8 +157,10 @@ def _run(path: Path, report_only: bool, record: dict) -> None:
     from onnx2bir.validation.run import run_validate
 
     options = CompileOptions()
+    how = run_file(path)
+    shapes, dims, values = how.get("input_shapes"), how.get("dims"), how.get("input_values")
     if report_only:
-        compilation = compile_model(path, options, keep_going=True)
+        compilation = compile_model(path, options, shapes, dims, True, values)
         record.update(_summary_of(report.build_report(str(path), compilation)))
         record["times"]["compile"] = round(sum(compilation.timings.values()), 3)
         if compilation.codegen_error:
@@ -142,13 +177,17 @@ def _run(path: Path, report_only: bool, record: dict) -> None:
             str(path),
             options,
             TolerancePolicy(),
+            input_shapes=shapes,
+            dims=dims,
+            input_values=values,
+            inputs=how.get("inputs"),
             on_compiled=on_compiled,
             progress=False,
             check_races=True,
         )
     except UserError:
         if "compilation" not in seen:  # refused before code generation: report what it found
-            compilation = compile_model(path, options, keep_going=True)
+            compilation = compile_model(path, options, shapes, dims, True, values)
             record.update(_summary_of(report.build_report(str(path), compilation)))
         raise
     timings = doc["timings"]

@@ -8,13 +8,18 @@ input gets the first rule that applies (`input_rules` says which, for the report
    Reshape, Flatten, Identity, Expand, Transpose) is drawn uniformly from [0, N), N the size
    of the gathered table along the gather axis (the smallest N when several gathers read it).
    Token ids, position ids and embedding lookups then stay in range.
-2. **attention mask**: an input whose name contains "mask" (not "masked", so
+2. **one-hot codes**: an integer input compared by Equal with a constant of more than two
+   distinct integers (the one-hot idiom `x[..., None] == arange(N)` that tf2onnx and jax2tf
+   write; magika's byte values against 0..256) is drawn uniformly from the constant's range,
+   so every code is hit as real data would (a {0, 1} draw makes one-hot rows constant and a
+   LayerNorm over them divides by the rounding noise of a zero variance).
+3. **attention mask**: an input whose name contains "mask" (not "masked", so
    masked_lm_positions is not one), or that reaches mask arithmetic through those same ops —
    the `1 − mask` Sub, the condition of a Where, Not, And/Or, Equal with a constant, or a Mul
    by a constant of magnitude ≥ 1e4 (mask·−10000) — is drawn from {0, 1} in its dtype, and
    the first position of every row (last axis) is 1, so no query row is masked out entirely
    (a fully masked row is NaN or uniform depending on the implementation, not a bug).
-3. otherwise by dtype: standard normal for floats (drawn in fp32, then rounded to the input's
+4. otherwise by dtype: standard normal for floats (drawn in fp32, then rounded to the input's
    dtype), integers in [0, 8) for integer inputs, fair coins for bool.
 
 Loading (`load_inputs`): an .npz file keyed by input name, or an ONNX test-data folder —
@@ -102,6 +107,24 @@ def _const_equals(
     return bool(np.all(np.abs(const) >= min_magnitude))
 
 
+def one_hot_range(graph: Graph, tensor: str) -> tuple[int, int, str] | None:
+    """(lowest, highest, the Equal node) when integer `tensor` is compared with a constant of
+    more than two distinct integers (module docstring, rule 2); else None."""
+    info = graph.tensors.get(tensor)
+    if info is None or info.dtype.is_float or info.dtype.numpy == np.bool_:
+        return None
+    for data, index in _reached_uses(graph, tensor):
+        if data["op_type"] != "Equal":
+            continue
+        other = graph.tensors.get(data["inputs"][1 - index]) if len(data["inputs"]) == 2 else None
+        if other is None or not other.is_const:
+            continue
+        codes = np.unique(np.asarray(other.const))
+        if codes.size > 2 and codes.dtype.kind in "iu":
+            return int(codes[0]), int(codes[-1]), data["name"]
+    return None
+
+
 def mask_reason(graph: Graph, tensor: str) -> str | None:
     """Why `tensor` is treated as an attention mask, or None."""
     if _MASK_NAME.search(tensor):
@@ -130,9 +153,12 @@ def input_rules(graph: Graph) -> dict[str, str]:
     for name in graph.inputs:
         info = graph.tensors[name]
         bound = gather_bound(graph, name)
-        mask = None if bound else mask_reason(graph, name)
+        codes = None if bound else one_hot_range(graph, name)
+        mask = None if bound or codes else mask_reason(graph, name)
         if bound:
             rules[name] = f"gather indices: integers in [0, {bound[0]}) (table of {bound[1]})"
+        elif codes:
+            rules[name] = f"one-hot codes: integers in [{codes[0]}, {codes[1]}] ({codes[2]})"
         elif mask:
             rules[name] = f"attention mask: {{0, 1}}, first of each row 1 ({mask})"
         elif info.dtype.is_float:
@@ -152,8 +178,11 @@ def synthesize_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
         info = graph.tensors[name]
         dtype = info.dtype.numpy
         bound = gather_bound(graph, name)
+        codes = None if bound else one_hot_range(graph, name)
         if bound:
             value = rng.integers(0, bound[0], info.shape).astype(dtype)
+        elif codes:
+            value = rng.integers(codes[0], codes[1] + 1, info.shape).astype(dtype)
         elif mask_reason(graph, name):
             value = rng.integers(0, 2, info.shape)
             if value.ndim:

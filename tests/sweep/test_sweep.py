@@ -192,3 +192,51 @@ def test_a_record_carries_the_source_and_family_the_exporter_wrote(tmp_path):
     onnx.save(model, path)
     record = sweep.run_guarded(str(path), timeout=600)
     assert (record["source"], record["family"]) == ("timm", "cnn")
+
+
+def _steered(path: Path) -> None:
+    """y = x * 2 when the int64 input `mode` is 1, else x + 100; x has a symbolic batch."""
+    branches = {
+        name: helper.make_graph(
+            [helper.make_node(op, ["x", const], [f"{name}_y"])],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)],
+        )
+        for name, op, const in (("then", "Mul", "two"), ("else", "Add", "hundred"))
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("Equal", ["mode", "one"], ["on"]),
+            helper.make_node(
+                "If", ["on"], ["y"], then_branch=branches["then"], else_branch=branches["else"]
+            ),
+        ],
+        "steered",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("mode", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+            numpy_helper.from_array(np.full((1,), 2.0, np.float32), "two"),
+            numpy_helper.from_array(np.full((1,), 100.0, np.float32), "hundred"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_run_file_gives_the_sizes_and_fixed_inputs(tmp_path):
+    model = tmp_path / "steered.onnx"
+    _steered(model)
+    # Without the run file: the batch has no size.
+    (bare,), _ = sweep.sweep([str(model)], jobs=1, progress=False)
+    assert bare["category"] == "codegen refusal" and "'batch'" in bare["reason"]
+    run_file = tmp_path / "steered.run.json"
+    run_file.write_text(json.dumps({"dims": {"batch": 2}, "input_values": {"mode": [1]}}))
+    (record,), _ = sweep.sweep([str(model)], jobs=1, progress=False)
+    assert record["passed"], record
+    run_file.write_text(json.dumps({"dims": {"batch": 2}, "sizes": {}}))
+    (bad,), _ = sweep.sweep([str(model)], jobs=1, progress=False)
+    assert bad["category"] == "codegen refusal" and "run file" in bad["reason"]

@@ -71,8 +71,9 @@ def test_unnamed_and_folded_nodes(tmp_path, capsys):
     assert code == 0
     add, mul, relu = (_meta(node) for node in onnx.load(str(out)).graph.node)
     assert add == {"onnx2bir.lowering": "folded"}
-    assert mul["onnx2bir.lowering"] == "generic.Mul" and mul["onnx2bir.node"] == "Mul_0"
-    assert relu["onnx2bir.node"] == "Relu_1"
+    # Named by their index in the file (the Add before them folds away): Mul_1, Relu_2.
+    assert mul["onnx2bir.lowering"] == "generic.Mul" and mul["onnx2bir.node"] == "Mul_1"
+    assert relu["onnx2bir.node"] == "Relu_2"
     feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 2}
     np.testing.assert_array_equal(
         run_onnxruntime(out, feeds)["y"], run_onnxruntime(source, feeds)["y"]

@@ -110,6 +110,35 @@ def test_attention_masks_are_zero_one_with_each_row_attending():
     assert len(np.unique(feeds["scores"])) == feeds["scores"].size
 
 
+def test_one_hot_codes_cover_the_compared_range():
+    # x[..., None] == arange(257), as tf2onnx writes a one-hot (magika's bytes); a second
+    # input compared with a two-valued constant is still a mask.
+    nodes = [
+        helper.make_node("Unsqueeze", ["codes", "last"], ["c3"]),
+        helper.make_node("Equal", ["c3", "alphabet"], ["hot"]),
+        helper.make_node("Cast", ["hot"], ["y"], to=TensorProto.FLOAT),
+        helper.make_node("Equal", ["flag", "zero_one"], ["z"]),
+    ]
+    proto = model(
+        nodes,
+        {"codes": (TensorProto.INT32, [1, 2048]), "flag": (I64, [1, 4])},
+        {"y": (F32, [1, 2048, 257]), "z": (TensorProto.BOOL, [2, 4])},
+        {
+            "last": np.array([-1], np.int64),
+            "alphabet": np.arange(257, dtype=np.int32),
+            "zero_one": np.array([[0], [1]], np.int64),
+        },
+    )
+    graph = import_graph(proto)
+    feeds = synthesize_inputs(graph, seed=0)
+    rules = input_rules(graph)
+    assert rules["codes"].startswith("one-hot codes: integers in [0, 256]")
+    assert feeds["codes"].dtype == np.int32
+    assert feeds["codes"].min() >= 0 and feeds["codes"].max() <= 256
+    assert len(np.unique(feeds["codes"])) > 200  # not the {0, 1} of a mask
+    assert rules["flag"].startswith("attention mask")
+
+
 def test_synthesis_is_seeded():
     graph = import_graph(_mask_model())
     first, again = synthesize_inputs(graph, 5), synthesize_inputs(graph, 5)
