@@ -61,32 +61,19 @@ def pin_input_values(
 
 def input_array(value_info: onnx.ValueInfoProto, value: object) -> np.ndarray:
     """`value` (numbers, or an array) as the input's dtype and shape, checked exactly: an
-    integer input takes integers in its range, a bool input 0/1 or true/false."""
+    integer input takes integers in its range, a bool input 0/1 (the command line reads
+    true/false as 1/0)."""
     name = value_info.name
     tensor_type = value_info.type.tensor_type
     if not value_info.type.HasField("tensor_type") or not tensor_type.elem_type:
         raise UserError(f"--input-value {name}: the input is not a typed tensor")
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
     given = np.asarray(value)
-    if given.dtype.kind in "US":  # strings from the command line
-        given = np.asarray([_number(str(text), name) for text in given.reshape(-1)])
+    if given.dtype.kind not in "biuf":  # the command line parses its numbers itself
+        raise UserError(f"--input-value {name}: give numbers (or an array), not {value!r}")
     array = _exact_cast(given, dtype, name)
     shape = _shape_for(value_info, array)
     return array.reshape(shape)
-
-
-def _number(text: str, name: str) -> float | int | bool:
-    text = text.strip()
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise UserError(f"--input-value {name}: {text!r} is not a number") from None
 
 
 def _exact_cast(given: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
