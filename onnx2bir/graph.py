@@ -138,6 +138,9 @@ class Graph:
     # What the importer changed in the model as declared, one sentence each (a graph output's
     # declared shape that contradicts its inferred one); printed as notes.
     import_notes: tuple[str, ...] = ()
+    # The opset the model declared when the import upgraded it (frontend/opset_upgrade.py):
+    # onnxruntime must then run the upgraded model too. None: not upgraded.
+    upgraded_from: int | None = None
     # topological_order's last answer and the graph's state it answered for.
     _order: tuple[tuple[int, int, int], list[str]] | None = field(
         default=None, repr=False, compare=False
@@ -337,6 +340,7 @@ class Graph:
         graph._place, graph._added = dict(self._place), self._added
         graph.pinned_inputs = self.pinned_inputs
         graph.import_notes = self.import_notes
+        graph.upgraded_from = self.upgraded_from
         return graph
 
 

@@ -42,6 +42,7 @@ from onnx2bir.frontend.folding import (
     static_shapes,
 )
 from onnx2bir.frontend.input_values import pin_input_values
+from onnx2bir.frontend.opset_upgrade import default_opset, upgrade_old_opset
 from onnx2bir.frontend.symbols import is_unnamed, propagate_symbols, unset_message
 from onnx2bir.graph import Graph, TensorInfo
 
@@ -236,6 +237,8 @@ def import_parts(
     model = read_model(source)
     name_nodes(model.graph)
     accept_ir3_initializers(model)
+    source_opset = default_opset(model)
+    model, upgrade_note = upgrade_old_opset(model)
     initializers = {init.name for init in model.graph.initializer}
     weights = split_weights(model)
     check_model(model)
@@ -250,12 +253,14 @@ def import_parts(
     check_folded(model, weights)
     model = drop_dead_nodes(drop_zero_adds(model, weights))
     shapes = static_shapes(model)
-    notes = declared_output_notes(declared, shapes)
+    notes = [upgrade_note] if upgrade_note else []
+    notes += declared_output_notes(declared, shapes)
     restore_declared_outputs(model, declared, shapes)
     graph = build_graph(model, _model_name(source, model), weights)
     graph.parameters = frozenset(name for name in initializers if name in graph.tensors)
     graph.pinned_inputs = pinned
     graph.import_notes = tuple(notes)
+    graph.upgraded_from = source_opset if upgrade_note else None
     return Imported(model, weights, graph, pinned)
 
 

@@ -58,6 +58,7 @@ from onnx2bir.runtime.oracle.tolerance import (
     LOW_PRECISION_RTOL,
     TolerancePolicy,
 )
+from onnx2bir.frontend.opset_upgrade import oracle_source
 from onnx2bir.runtime.oracle.verdict import Evidence, judge
 from onnx2bir.validation.inputs import (
     TIMINGS_EXPLAINED,
@@ -174,7 +175,8 @@ def run_validate(
     else:
         # onnxruntime runs the original model: the inputs fixed by --input-value are fed to it.
         pinned = compilation.graph.pinned_inputs
-        expected = oracle.run_onnxruntime(model, {**feeds, **pinned}, graph.outputs)
+        source = oracle_source(model, compilation.graph.upgraded_from)
+        expected = oracle.run_onnxruntime(source, {**feeds, **pinned}, graph.outputs)
         reference_kind = "onnxruntime fp32"
     timings["onnxruntime"] = time.perf_counter() - start  # session creation + one run
     start = time.perf_counter()
@@ -324,7 +326,11 @@ def check_program(
         actual,
         reader.values,
         reader.stored(),
-        oracle.run_onnxruntime(model, {**feeds, **imported.pinned}, graph.outputs),
+        oracle.run_onnxruntime(
+            oracle_source(model, imported.graph.upgraded_from),
+            {**feeds, **imported.pinned},
+            graph.outputs,
+        ),
         "onnxruntime fp32",
     )
 

@@ -83,14 +83,9 @@ def lower_leaky_relu(cg: BirCodeGen, node: Node) -> None:
         cg.tensor_scalar(dst, x, AluOp.MAX, 0.0)
         cg.tensor_tensor(dst, dst, neg, AluOp.ADD)
 
-    shapes = {}
-    if node.op_type == "PRelu" and cg.graph.opset < 7:
-        # Before opset 7 a [C] slope is per channel (axis 1), not numpy-broadcast.
-        x_shape = tuple(cg.graph.tensors[node.inputs[0]].shape)
-        slope = node.inputs[1]
-        if tuple(cg.graph.tensors[slope].shape) == x_shape[1:2] and len(x_shape) > 2:
-            shapes[slope] = (x_shape[1],) + (1,) * (len(x_shape) - 2)
-    emit_elementwise(cg, node, compute, shapes, direct=True)
+    # A PRelu older than opset 7 (per-channel slope) was upgraded by the import
+    # (frontend/opset_upgrade.py): the slope broadcasts as numpy does.
+    emit_elementwise(cg, node, compute, direct=True)
 
 
 def lower_elu(cg: BirCodeGen, node: Node) -> None:
