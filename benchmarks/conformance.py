@@ -17,7 +17,7 @@ Outcomes (docs/conformance.md):
 
     python benchmarks/conformance.py                       # all suites, 2 workers
     python benchmarks/conformance.py --suite node --match 'test_(abs|add)'
-    python benchmarks/conformance.py --json benchmarks/conformance.json --md benchmarks/conformance.md
+    python benchmarks/conformance.py --json /tmp/c.json --md benchmarks/conformance.md
 """
 
 from __future__ import annotations
@@ -181,8 +181,11 @@ def onnxruntime_result(folder: Path) -> str:
         session = ort.InferenceSession(
             model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        declared = [i for i in model.graph.input if i.name not in
-                    {init.name for init in model.graph.initializer}]
+        declared = [
+            i
+            for i in model.graph.input
+            if i.name not in {init.name for init in model.graph.initializer}
+        ]
         inputs = _read_values(data_set, "input", declared)
         names = [i.name for i in declared]
         got = session.run(None, dict(zip(names, inputs, strict=False)))
@@ -252,7 +255,8 @@ def refusal_cause(record: dict) -> str:
     found = re.search(r"unsupported ops?[^:]*: ([A-Za-z0-9_.]+)", message)
     if found:
         return f"unsupported op {found.group(1)}"
-    found = re.search(r"dtype[^:]*?\b(float64|float16|int16|uint\d+|int\d+|string|bool|\w*float8\w*)", message)
+    dtypes = r"float64|float16|int16|uint\d+|int\d+|string|bool|object|\w*float[48]\w*"
+    found = re.search(rf"dtype[^:]*?\b({dtypes})", message)
     if found:
         return f"dtype {found.group(1)}"
     return " ".join(message.split()[:6])
@@ -277,9 +281,11 @@ def tally(records: list[dict]) -> dict:
 
 
 def markdown(summary: dict, seconds: float) -> str:
-    lines = ["| suite | cases | pass | refused (exit 1) | bad input (exit 2) | mismatch | "
-             "crash | timeout | onnxruntime pass / differs / cannot run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| suite | cases | pass | refused (exit 1) | bad input (exit 2) | mismatch | "
+        "crash | timeout | onnxruntime pass / differs / cannot run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for suite, c in summary["suites"].items():
         o = summary["onnxruntime"][suite]
         lines.append(

@@ -37,6 +37,17 @@ def upgrade_old_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | No
         return model, None
     if opset < 7:
         model = _prelu_slopes_per_channel(model)
+    # The converter reads an initializer only when it is also a graph input (IR 3's rule):
+    # list the others for the conversion and unlist them after.
+    listed = {value.name for value in model.graph.input}
+    unlisted = [init for init in model.graph.initializer if init.name not in listed]
+    if unlisted:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        copy.graph.input.extend(
+            onnx.helper.make_tensor_value_info(i.name, i.data_type, i.dims) for i in unlisted
+        )
+        model = copy
     try:
         upgraded = onnx.version_converter.convert_version(model, OLDEST_OPSET)
     except Exception as exc:  # the converter raises RuntimeError/ValueError with the adapter
@@ -50,6 +61,11 @@ def upgrade_old_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | No
     # The converter keeps the IR version; an opset-9 model needs IR 4 at least (IR 3 reads
     # initializers only as inputs' defaults, which onnxruntime and the checker treat alike).
     upgraded.ir_version = max(upgraded.ir_version, 4)
+    if unlisted:
+        names = {init.name for init in unlisted}
+        kept = [value for value in upgraded.graph.input if value.name not in names]
+        del upgraded.graph.input[:]
+        upgraded.graph.input.extend(kept)
     note = (
         f"opset {opset} upgraded to opset {OLDEST_OPSET} with onnx.version_converter "
         "(onnxruntime has no kernels below opset 7; the oracle's roundings need opset 9): "
