@@ -6,14 +6,15 @@ each rounded to fp32) and ScalarE (exp, sin, sigmoid, sign, log through `act_ran
 the output tile once, at the end (any float dtype: the last step casts). With a = |x|:
 
 - Sinh: for a < 1 the odd Taylor series x + x·z·Q(z), z = x² (to x¹³, below fp32 resolution,
-  no cancellation near 0); else sign(x)·(p − q), E = exp(a/2), p = E·(E/2) = eᵃ/2 (finite up
-  to the largest fp32 sinh, where eᵃ itself would overflow), q = ¼/p.
+  no cancellation near 0); else sign(x)·(p − q), p = eᵃ/2 (exp(a)·½ below a = 88, past it
+  E·(E/2), E = exp(a/2): finite as far as sinh is), q = ¼/p.
 - Cosh: p + q.
-- Tan: n = round(x·2/π), r = x − n·π/2 by a four-piece Cody–Waite split of π/2 (three pieces
-  of 11 bits, exact products for |n| < 2¹³), sin r on ScalarE, cos r = 1 − 2·sin²(r/2)
-  (no cancellation for |r| ≤ π/4); tan = sin r / cos r for even n, −cos r / sin r for odd n.
-  Zeros and poles keep their relative accuracy up to |x| ≈ 1.3e4; past it the reduced
-  argument's absolute error grows with |x| (no Payne–Hanek reduction).
+- Tan: n = round(x·2/π), r = x − n·π/2 with π/2 split into six pieces of 12 bits and a rest
+  (Cody–Waite) and n = high + fmod(n, 2¹²), so every product is exact for |n| < 2²⁴; sin r
+  on ScalarE, cos r = 1 − 2·sin²(r/2) (no cancellation for |r| ≤ π/4); tan = sin r / cos r
+  for even n, −cos r / sin r for odd n. Zeros and poles keep their relative accuracy (a few
+  ulps) up to |x| ≈ 1e6; past 2²²·π/2 the rounding of n and the pieces lose it (no
+  Payne–Hanek reduction): the result stays finite or NaN, never outside ScalarE's range.
 - Atan: atan2 of two non-negative values (`_atan2_positive`): t = min/max ∈ [0, 1]; for
   t > tan(π/8), atan t = π/4 + atan((t − 1)/(t + 1)); atan u = u + u·z·Q(z) on
   |u| ≤ tan(π/8) (a relative minimax fit, 0.02 fp32 ulp); π/2 − θ when the numerator is the
@@ -55,7 +56,15 @@ _ATAN_Q = (
 # sinh(x) = x + x·z·Q(z), z = x², the Taylor series to x^13 (|x| < 1).
 _SINH_Q = tuple(1.0 / math.factorial(2 * k + 1) for k in range(1, 7))
 # π/2 as three pieces of 11 bits and a rest (Cody–Waite): n·piece is exact for |n| < 2^13.
-_HALF_PI_PIECES = (1.5703125, 0.0004837512969970703, 7.549533620476723e-08, 2.563344151594519e-12)
+_HALF_PI_PIECES = (
+    1.5703125,
+    0.0004837512969970703,
+    7.549533620476723e-08,
+    2.5632829192545614e-12,
+    6.123031769111886e-17,
+    2.0216294170795996e-21,
+    6.36831716351095e-25,
+)
 
 
 def _split(value: float) -> tuple[float, float]:
@@ -70,6 +79,7 @@ _QUARTER_PI = _split(math.pi / 4)
 _HALF_PI = _split(math.pi / 2)
 _PI = _split(math.pi)
 _LN2 = math.log(2.0)
+_N_SPLIT = 2.0**12
 _EXP_FINITE = 88.0  # eˣ is finite in fp32 below this
 _LOG_BRANCH = 2.0**12  # past this, asinh a = log a + ln 2 (and acosh), to fp32 resolution
 
@@ -197,14 +207,17 @@ def _sinh_cosh(cg, dst, x, f, m, cosh: bool) -> None:
 
 
 def _tan(cg, dst, x, f, m) -> None:
-    n, r, s, c, w = f[:5]
+    n, r, s, c, w, high, low = f[:7]
     cg.tensor_scalar(n, x, AluOp.MULTIPLY, 2.0 / math.pi, AluOp.ADD, _ROUNDING)
     cg.tensor_scalar(n, n, AluOp.SUBTRACT, _ROUNDING)
-    cg.tensor_scalar(r, n, AluOp.MULTIPLY, _HALF_PI_PIECES[0])
-    cg.tensor_tensor(r, x, r, AluOp.SUBTRACT)
-    for piece in _HALF_PI_PIECES[1:]:
-        cg.tensor_scalar(w, n, AluOp.MULTIPLY, piece)
-        cg.tensor_tensor(r, r, w, AluOp.SUBTRACT)
+    # n = high + low, low = fmod(n, 2^12): each times a 12-bit piece is exact for |n| < 2^24.
+    cg.tensor_scalar(low, n, AluOp.MOD, _N_SPLIT)
+    cg.tensor_tensor(high, n, low, AluOp.SUBTRACT)
+    cg.tensor_copy(r, x)
+    for piece in _HALF_PI_PIECES:
+        for part in (high, low):
+            cg.tensor_scalar(w, part, AluOp.MULTIPLY, piece)
+            cg.tensor_tensor(r, r, w, AluOp.SUBTRACT)
     # |r| ≤ π/4 for every finite |x| the reduction covers; the clamp keeps ScalarE's range
     # (rule ACT-RANGE) for any other input.
     cg.tensor_scalar(r, r, AluOp.MAX, -PI_FP32, AluOp.MIN, PI_FP32)
@@ -306,7 +319,7 @@ _COMPUTES: dict[str, tuple[Callable, int, int]] = {
     # op: (compute, fp32 scratch, masks)
     "Sinh": (lambda cg, d, x, f, m: _sinh_cosh(cg, d, x, f, m, cosh=False), 5, 1),
     "Cosh": (lambda cg, d, x, f, m: _sinh_cosh(cg, d, x, f, m, cosh=True), 4, 1),
-    "Tan": (_tan, 5, 1),
+    "Tan": (_tan, 7, 1),
     "Atan": (_atan, 7, 2),
     "Asin": (_asin, 7, 2),
     "Acos": (_acos, 7, 2),
