@@ -24,6 +24,7 @@ class ErrorKind(StrEnum):
     BAD_INPUT = "bad_input"  # a file or a value cannot be used
     DOES_NOT_COMPILE = "does_not_compile"  # the model reads, but cannot be compiled
     MACHINE_REJECTED = "machine_rejected"  # the program broke a hardware rule while it ran
+    UNVERIFIABLE = "unverifiable"  # the model is valid, but the oracle cannot run it
     INTERNAL = "internal"  # a bug in onnx2bir
 
     @property
@@ -52,6 +53,13 @@ class CompileError(UserError):
     lowering accepts). Exit status 1, not 2: the input is fine, the compiler is not there yet."""
 
     kind = ErrorKind.DOES_NOT_COMPILE
+
+
+class OracleError(UserError):
+    """onnxruntime cannot run a model that onnx reads and checks (no kernel for an op or a
+    type): the model cannot be validated, which is not the model's fault. Exit status 1."""
+
+    kind = ErrorKind.UNVERIFIABLE
 
 
 class MachineError(Exception):

@@ -14,7 +14,7 @@ from collections import Counter
 
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.codegen.driver import kernel_name_of
-from onnx2bir.errors import UserError
+from onnx2bir.errors import CompileError
 from onnx2bir.graph import Graph
 from onnx2bir.op_traits import STANDARD_DOMAINS, op_key
 from onnx2bir.patterns.quant import EXPANDED_VENDOR_OPS
@@ -41,4 +41,4 @@ def check_vendor_ops(graph: Graph, kernels) -> None:
     missing = unhandled_vendor_ops(graph, kernels)
     if missing:
         listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
-        raise UserError(f"unsupported ops in {graph.name}: {listing}")
+        raise CompileError(f"unsupported ops in {graph.name}: {listing}")

@@ -146,8 +146,15 @@ def validate(
     shapes = dict(input_shapes or {})
     values = dict(input_values or {})
     arrays = None
+    fixed_notes: list[str] = []
     if inputs is not None:
-        arrays = _without_pinned(read_input_arrays(inputs, model), values)
+        from onnx2bir.frontend.importer import read_model, refuse_unsupported_types
+
+        refuse_unsupported_types(read_model(model), inputs_only=True)  # before reading files
+        arrays = read_input_arrays(inputs, model)
+        fixed, fixed_notes = _compile_time_values(model, arrays, values)
+        values.update(fixed)
+        arrays = _without_pinned(arrays, values)
         for name, shape in _symbolic_shapes(model, arrays).items():
             shapes.setdefault(name, shape)
     if segments is not None:
@@ -192,6 +199,7 @@ def validate(
     )
     details = compiled[0]
     doc["notes"] = shape_notes(model, dict(input_shapes or {})) + flag_notes(opts, details)
+    doc["notes"] += [{"flag": "inputs", "message": text} for text in fixed_notes]
     doc["compile_options"] = {
         **doc.get("compile_options", {}),
         **opts.to_json(),
@@ -228,6 +236,15 @@ def _validate_segmented(model, opts, policy, segments, *, refused, progress, **h
         )
 
     return ValidationResult(doc, feeds, outputs, None, compile_whole)
+
+
+def _compile_time_values(model: ModelSource, arrays, values) -> tuple[dict, list[str]]:
+    """Inputs the program needs as constants, fixed from the arrays given
+    (frontend/compile_time_inputs.py), with their notes."""
+    from onnx2bir.frontend.compile_time_inputs import fixed_from_inputs
+    from onnx2bir.frontend.importer import read_model
+
+    return fixed_from_inputs(read_model(model), arrays, set(values))
 
 
 def _without_pinned(

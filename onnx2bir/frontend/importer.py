@@ -23,7 +23,7 @@ import onnx
 from onnx import external_data_helper, numpy_helper
 
 from onnx2bir.bir.enums import Dtype
-from onnx2bir.errors import UserError
+from onnx2bir.errors import CompileError, UserError
 from onnx2bir.frontend import (
     contracts,
 )
@@ -251,6 +251,7 @@ def import_parts(
     expansion = expansion_note(expand_functions(model))
     model = normalize_pool_ceil_mode(model)
     check_model(model, full=True)
+    refuse_unsupported_types(model)
     model = fold_constants(model, weights)  # large folded values join `weights`
     check_folded(model, weights)
     model = drop_dead_nodes(drop_zero_adds(model, weights))
@@ -499,9 +500,13 @@ def build_graph(
             if not tensor or tensor in tensors:
                 continue
             if tensor not in shapes:
-                raise UserError(
+                # Every input's shape is fixed by now: the size depends on values computed
+                # at run time (Unique, NonZero, a shape read from data), which a static
+                # program cannot hold. The model is valid: it does not compile (exit 1).
+                raise CompileError(
                     f"could not infer a static shape for tensor {tensor!r}, output of node "
-                    f"{node.name or index!r} ({node.op_type})"
+                    f"{node.name or index!r} ({node.op_type}): its size depends on values "
+                    f"computed at run time{_compile_time_hint(model)}"
                 )
             tensors[tensor] = TensorInfo(tensor, shapes[tensor], _dtype(tensor, dtypes[tensor]))
         graph.add_node(
@@ -533,6 +538,62 @@ def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
                 names.update(name for inner in body.node for name in inner.input)
                 names.update(_subgraph_reads(body))
     return names
+
+
+def _compile_time_hint(model: onnx.ModelProto) -> str:
+    from onnx2bir.frontend.compile_time_inputs import compile_time_inputs
+
+    needed = compile_time_inputs(model)
+    fixes = " ".join(f"--input-value {name}=V" for name in needed)
+    return f" (read at compile time from input {', '.join(map(repr, needed))}: {fixes})" if (
+        needed
+    ) else ""
+
+
+def refuse_unsupported_types(model: onnx.ModelProto, inputs_only: bool = False) -> None:
+    """Every tensor type the machine has no dtype for (float64, uint64, the 4-bit types,
+    strings) and every non-tensor value (a sequence, an optional, a map), listed at once as
+    a reason the model does not compile (exit 1): the model is valid, onnx2bir lacks them.
+    `inputs_only`: the graph inputs as declared (before input files are read)."""
+    if inputs_only:
+        graph = model.graph
+        values, initializers = list(graph.input), []
+    else:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+        values = [*graph.input, *graph.value_info, *graph.output]
+        initializers = list(graph.initializer)
+    found: dict[str, list[str]] = {}
+    for value in values:
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            label = kind.removesuffix("_type") + " values" if kind else "untyped values"
+            found.setdefault(label, []).append(value.name)
+            continue
+        elem = value.type.tensor_type.elem_type
+        if elem and _machine_dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)) is None:
+            found.setdefault(onnx.TensorProto.DataType.Name(elem).lower(), []).append(value.name)
+    for init in initializers:
+        if _machine_dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)) is None:
+            label = onnx.TensorProto.DataType.Name(init.data_type).lower()
+            found.setdefault(label, []).append(init.name)
+    if not found:
+        return
+    listing = "; ".join(
+        f"{label} ({', '.join(repr(n) for n in dict.fromkeys(names[:4]))}"
+        f"{', ...' if len(set(names)) > 4 else ''})"
+        for label, names in found.items()
+    )
+    raise CompileError(
+        f"the model uses types the machine has no dtype for: {listing} (machine dtypes: "
+        f"{', '.join(d.value for d in Dtype if not d.autocast_only)})"
+    )
+
+
+def _machine_dtype(dtype: np.dtype) -> Dtype | None:
+    try:
+        return Dtype.from_numpy(dtype)
+    except ValueError:
+        return None
 
 
 def _dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx2bir.frontend.memory_contracts import check_validate_fits
+from onnx2bir.frontend.opset_upgrade import oracle_source
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine import interpreter
 from onnx2bir.runtime.machine.probes import ProbeReader, probe_shapes
@@ -58,7 +59,6 @@ from onnx2bir.runtime.oracle.tolerance import (
     LOW_PRECISION_RTOL,
     TolerancePolicy,
 )
-from onnx2bir.frontend.opset_upgrade import oracle_source
 from onnx2bir.runtime.oracle.verdict import Evidence, judge
 from onnx2bir.validation.inputs import (
     TIMINGS_EXPLAINED,

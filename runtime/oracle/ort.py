@@ -42,7 +42,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from onnx2bir import output_paths
-from onnx2bir.errors import UserError
+from onnx2bir.errors import OracleError, UserError
 from onnx2bir.graph import Graph
 from onnx2bir.runtime.oracle import input_files
 
@@ -425,7 +425,7 @@ def run_onnxruntime(
         results = session.run(names, feeds)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise UserError(f"onnxruntime could not run the model: {first_line}") from exc
+        raise OracleError(f"onnxruntime could not run the model: {first_line}") from exc
     return dict(zip(names, results, strict=True))
 
 

@@ -116,21 +116,22 @@ def test_model_failing_the_checker(tmp_path, capsys):
 def test_every_unsupported_op_is_listed_with_its_count(tmp_path, capsys):
     nodes = [
         helper.make_node("Relu", ["x"], ["a"]),
-        helper.make_node("Hardmax", ["a"], ["b"]),
-        helper.make_node("Hardmax", ["b"], ["c"]),
-        helper.make_node("LpNormalization", ["c"], ["y"]),
+        helper.make_node("GridSample", ["a", "grid"], ["b"]),
+        helper.make_node("GridSample", ["b", "grid"], ["c"]),
+        helper.make_node("Det", ["c"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
-    )
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4]),
+         helper.make_tensor_value_info("grid", TensorProto.FLOAT, [1, 4, 4, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+    )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     path = _save(model, tmp_path / "exotic.onnx")
     code, _, err = run(["convert", path, "-o", tmp_path / "out"], capsys)
     # The model reads and checks: it does not compile, exit 1 (not bad input).
-    assert_one_line_error(code, err, "Hardmax x2", "LpNormalization x1", exit_code=1)
+    assert_one_line_error(code, err, "GridSample x2", "Det x1", exit_code=1)
     assert not (tmp_path / "out").exists()
 
 

@@ -23,14 +23,17 @@ FILL_TILE = 2048
 
 
 def lower_constant_of_shape(cg: BirCodeGen, node: Node) -> None:
-    out = node.outputs[0]
+    value = node.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    fill_tensor(cg, node.outputs[0], value[0].item() if value.size else 0)
+
+
+def fill_tensor(cg: BirCodeGen, out: str, fill_value: float | int) -> None:
+    """Every element of tensor `out` set to `fill_value` (a Memset tile stored by DMA)."""
     info = cg.graph.tensors[out]
     count = math.prod(info.shape)
     if count == 0:
         return
-    value = node.attr("value")
-    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    fill_value = value[0].item() if value.size else 0
     cols = min(FILL_TILE, count)
     tile = cg.sb_tile("fill", NUM_PARTITIONS, cols, info.dtype)
     fill_exact(cg, cg.ap(tile), fill_value, not info.dtype.is_float)

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from onnx2bir.bir.dtypes import on_chip
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.opcodes import DMA_MAX_DIMS, NUM_PARTITIONS
 from onnx2bir.codegen.act_range import natural_log, square_root
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.lower.elementwise import like, scalar_op
+from onnx2bir.codegen.lower.fill import fill_tensor
 from onnx2bir.codegen.tiling import Affine, contiguous_strides, tile_index, tiles
 from onnx2bir.graph import Node
 
@@ -38,6 +42,24 @@ _OPS = {
     "ReduceLogSum": AluOp.ADD,
     "ReduceLogSumExp": AluOp.ADD,
 }
+
+
+def _empty_value(op_type: str, dtype) -> float | int:
+    """What a reduction of no elements is: 0 for sums, 1 for products, the lowest value for
+    a max, the highest for a min, -inf for the log sums."""
+    if op_type in ("ReduceMax", "ReduceMin"):
+        low = op_type == "ReduceMax"
+        if dtype.is_float:
+            return -math.inf if low else math.inf
+        if dtype.numpy == np.bool_:
+            return 0 if low else 1
+        info = np.iinfo(on_chip(dtype).numpy)
+        return int(info.min if low else info.max)
+    if op_type == "ReduceProd":
+        return 1
+    if op_type in ("ReduceLogSum", "ReduceLogSumExp"):
+        return -math.inf
+    return 0
 
 
 def reduce_axes(cg: BirCodeGen, node: Node, rank: int) -> list[int]:
@@ -68,6 +90,9 @@ def lower_reduce(cg: BirCodeGen, node: Node) -> None:
             runs.append((strides[d], shape[d]))
     runs = runs or [(0, 1)]  # no axes (noop_with_empty_axes): each element reduces alone
     count = math.prod(shape[d] for d in axes)
+    if count == 0:  # over an empty set: the reduction's identity (onnx's definition)
+        fill_tensor(cg, out_name, _empty_value(node.op_type, cg.graph.tensors[out_name].dtype))
+        return
     # Chunking: the innermost runs that fit in a chunk are read whole, the run before them in
     # pieces of `step`, the runs before that loop. Each piece leaves one partial result.
     split = len(runs) - 1
