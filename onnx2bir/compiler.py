@@ -210,8 +210,6 @@ def import_or_refuse(
     the model is fine, onnx2bir lacks the ops."""
     try:
         return import_parts(source, input_shapes, dims, input_values)
-    except CompileError:
-        raise
     except UserError as exc:
         model = read_model(source)
         check_ops(model)  # an op its domain does not define: a broken model, said so

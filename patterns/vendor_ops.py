@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import onnx
+
 from onnx2bir.codegen import GENERIC_LOWERINGS
 from onnx2bir.codegen.driver import kernel_name_of
-from onnx2bir.errors import CompileError
+from onnx2bir.errors import CompileError, UserError
 from onnx2bir.graph import Graph
 from onnx2bir.op_traits import STANDARD_DOMAINS, op_key
 from onnx2bir.patterns.quant import EXPANDED_VENDOR_OPS
@@ -41,4 +43,8 @@ def check_vendor_ops(graph: Graph, kernels) -> None:
     missing = unhandled_vendor_ops(graph, kernels)
     if missing:
         listing = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
-        raise CompileError(f"unsupported ops in {graph.name}: {listing}")
+        # An op onnx itself defines (ai.onnx.ml, ai.onnx.preview.training): a valid model
+        # onnx2bir cannot compile (exit 1). Any other: an op of no known operator set.
+        defined = all(onnx.defs.has(op.rsplit(".", 1)[1], op.rsplit(".", 1)[0]) for op in missing)
+        error = CompileError if defined else UserError
+        raise error(f"unsupported ops in {graph.name}: {listing}")

@@ -96,6 +96,8 @@ def fixed_from_inputs(
     for name, reader in compile_time_inputs(model).items():
         if name in already or name not in arrays or arrays[name].size > limit:
             continue
+        if arrays[name].dtype.kind not in "biuf":  # bfloat16: not a number --input-value takes
+            continue
         fixed[name] = arrays[name]
         notes.append(
             f"input {name!r} fixed to its value in the inputs given: {reader} is read at "

@@ -30,11 +30,22 @@ MAX_DEPTH = 4  # a body may use ops that have bodies themselves (losses use LogS
 KEPT_FOR_PASSES = frozenset({"DynamicQuantizeLinear", "Attention"})
 
 
-def kept_ops() -> frozenset[str]:
-    """The ai.onnx ops never expanded: those lowered, folded or consumed by a pass."""
-    from onnx2bir.codegen import GENERIC_LOWERINGS
+# The op types the code generator lowers: its table registers them here when it is built
+# (`onnx2bir.codegen.lower`), since the front end sits below it. None: nothing is expanded.
+_LOWERED: frozenset[str] | None = None
 
-    return frozenset(GENERIC_LOWERINGS) | {"Constant", "Shape", "Size"} | KEPT_FOR_PASSES
+
+def register_lowered(op_types) -> None:
+    global _LOWERED
+    _LOWERED = frozenset(op_types)
+
+
+def kept_ops() -> frozenset[str] | None:
+    """The ai.onnx ops never expanded: those lowered, folded or consumed by a pass (None
+    when no code generator registered its ops)."""
+    if _LOWERED is None:
+        return None
+    return _LOWERED | {"Constant", "Shape", "Size"} | KEPT_FOR_PASSES
 
 
 def expansion_note(expanded: Counter) -> str | None:
@@ -51,6 +62,8 @@ def expand_functions(model: onnx.ModelProto, lowered: frozenset[str] | None = No
     """Replace (in place) each top-level ai.onnx node whose op is not in `lowered` (default
     `kept_ops()`) and has a usable function body; return the op types expanded, with counts."""
     lowered = kept_ops() if lowered is None else lowered
+    if lowered is None:
+        return Counter()
     opset = default_opset(model)
     expanded: Counter = Counter()
     for _ in range(MAX_DEPTH):

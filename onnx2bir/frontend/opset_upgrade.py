@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.shape_inference
 import onnx.version_converter
@@ -88,40 +89,36 @@ def oracle_source(model: str | Path | onnx.ModelProto | bytes, upgraded_from: in
 def _prelu_slopes_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
     """Before opset 7 a PRelu slope of shape [C] applies per channel (axis 1); from opset 7 it
     broadcasts as numpy does (against the last axis), and the converter keeps the shape. A
-    constant [C] slope of an input of rank > 2 is reshaped to [C, 1, ...], which means the
-    same in both (a copy of the model)."""
+    [C] slope of an input of rank > 2 is reshaped to [C, 1, ...] by a Reshape node before
+    the PRelu, which means the same in both (a copy of the model)."""
     from onnx import numpy_helper
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    ranks = {
+    shapes = {
         value.name: [d.dim_value for d in value.type.tensor_type.shape.dim]
         for value in [*inferred.graph.input, *inferred.graph.value_info]
     }
-    readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    initializers = {init.name: init for init in model.graph.initializer}
+    for init in model.graph.initializer:
+        shapes.setdefault(init.name, list(init.dims))
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    changed = False
-    for node in model.graph.node:
-        if node.op_type != "PRelu" or len(node.input) < 2:
-            continue
-        x_shape, slope = ranks.get(node.input[0], []), initializers.get(node.input[1])
-        if slope is None or readers[slope.name] != 1 or len(x_shape) <= 2:
-            continue
-        if list(slope.dims) != [x_shape[1]]:
-            continue
-        channel = (x_shape[1],) + (1,) * (len(x_shape) - 2)
-        value = numpy_helper.to_array(slope).reshape(channel)
-        for init in copy.graph.initializer:
-            if init.name == slope.name:
-                init.CopyFrom(numpy_helper.from_array(value, slope.name))
-        for listed in copy.graph.input:
-            if listed.name == slope.name:
-                del listed.type.tensor_type.shape.dim[:]
-                for size in channel:
-                    listed.type.tensor_type.shape.dim.add().dim_value = size
-        changed = True
-    return copy if changed else model
+    nodes = []
+    for index, node in enumerate(copy.graph.node):
+        if node.op_type == "PRelu" and len(node.input) == 2:
+            x_shape, slope_shape = shapes.get(node.input[0], []), shapes.get(node.input[1])
+            if len(x_shape) > 2 and slope_shape == [x_shape[1]] and x_shape[1] > 0:
+                channel = [x_shape[1]] + [1] * (len(x_shape) - 2)
+                stem = f"{node.name or f'PRelu_{index}'}/per_channel"
+                copy.graph.initializer.append(
+                    numpy_helper.from_array(np.array(channel, np.int64), f"{stem}_shape")
+                )
+                nodes.append(
+                    onnx.helper.make_node(
+                        "Reshape", [node.input[1], f"{stem}_shape"], [stem], name=stem
+                    )
+                )
+                node.input[1] = stem
+        nodes.append(node)
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes)
+    return copy

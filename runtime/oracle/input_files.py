@@ -14,6 +14,7 @@ import stat
 import zipfile
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from onnx2bir.errors import UserError
@@ -57,7 +58,7 @@ def check_regular_file(path: Path) -> None:
 
 
 def check_array(where: str, name: str, dtype: np.dtype) -> None:
-    if dtype.kind not in NUMERIC_KINDS:
+    if dtype.kind not in NUMERIC_KINDS and dtype != np.dtype(ml_dtypes.bfloat16):
         what = _KIND_NAMES.get(dtype.kind, str(dtype))
         raise UserError(
             f"{where}: input {name!r} holds {what} values ({dtype}); "

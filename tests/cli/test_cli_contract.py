@@ -35,7 +35,7 @@ def _save(model, path: Path) -> Path:
 def not_compiling(tmp_path) -> Path:
     """A valid model with an op no lowering handles: it reads, but does not compile."""
     graph = helper.make_graph(
-        [helper.make_node("Hardmax", ["x"], ["y"])],
+        [helper.make_node("RandomNormalLike", ["x"], ["y"])],
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
@@ -78,14 +78,14 @@ def test_a_model_that_does_not_compile_exits_1_in_json(command, not_compiling, t
     code, out, _ = run(_command(command, not_compiling, tmp_path), capsys)
     doc = json.loads(out)
     assert code == 1 and doc["error"]["kind"] == "does_not_compile"
-    assert "Hardmax x1" in doc["error"]["message"]
+    assert "RandomNormalLike x1" in doc["error"]["message"]
     assert not (tmp_path / "out").exists()
 
 
 def test_report_on_a_model_that_does_not_compile_reports_it_and_exits_1(not_compiling, capsys):
     code, out, _ = run(["report", not_compiling, "--json"], capsys)
     doc = json.loads(out)
-    assert code == 1 and doc["compiles"] is False and "Hardmax" in doc["codegen_error"]
+    assert code == 1 and doc["compiles"] is False and "RandomNormalLike" in doc["codegen_error"]
     code, out, _ = run(["report", not_compiling], capsys)
     assert code == 1 and "does NOT compile" in out
 

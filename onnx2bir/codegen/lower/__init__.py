@@ -47,6 +47,7 @@ from onnx2bir.codegen.lower import (
     softmax,
     topk,
 )
+from onnx2bir.frontend.function_expansion import register_lowered
 
 GENERIC_LOWERINGS: dict[str, Callable] = {
     "Abs": elementwise.lower_activation,
@@ -172,3 +173,5 @@ GENERIC_LOWERINGS: dict[str, Callable] = {
     **losses.LOWERINGS,
     **norm_lp.LOWERINGS,
 }
+# The importer replaces an op that has no lowering by its ONNX function body.
+register_lowered(GENERIC_LOWERINGS)
