@@ -11,16 +11,28 @@ two, so the expansion is checked like any lowering.
 A body is used only when it reads the same under the model's opset as under the opset it was
 written for (each op in it has the same definition at both), and has no subgraphs. A node
 whose op has no usable body is left for the compiler to refuse by name.
+
+A node a pass kept whole (`KEPT_FOR_PASSES`) and then could not take is expanded after the
+import, in the Graph: `graph_node_body` is the check (the node's body, folded at the graph's
+static shapes, or the reason there is none) and `splice_body` the rewrite. The attention
+passes call them for an `Attention` that neither the raise nor the decomposition takes
+(patterns/attention/decompose.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
-from onnx import AttributeProto, FunctionProto, NodeProto
+from onnx import AttributeProto, FunctionProto, NodeProto, numpy_helper
 
+from onnx2bir.bir.enums import Dtype
+from onnx2bir.errors import UserError
+from onnx2bir.frontend.folding import drop_dead_nodes, fold_constants, static_shapes
 from onnx2bir.frontend.opset_upgrade import default_opset
+from onnx2bir.graph import Graph, TensorInfo
 
 MAX_DEPTH = 4  # a body may use ops that have bodies themselves (losses use LogSoftmax, ...)
 
@@ -199,3 +211,176 @@ def _inlined(node: NodeProto, body: FunctionProto) -> list[NodeProto]:
                 copy.attribute.append(attr)
         nodes.append(copy)
     return nodes
+
+
+# --- one node of a Graph -----------------------------------------------------------------------
+@dataclass
+class NodeBody:
+    """A Graph node's function body, folded at the graph's shapes and ready to splice: nodes
+    as (name, op type, inputs, outputs, attrs), every name under "<node>/", and the tensors
+    the body adds (its intermediates and folded constants)."""
+
+    node: str
+    nodes: list[tuple[str, str, list[str], list[str], dict]] = field(default_factory=list)
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+
+    def op_counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(op for _, op, _, _, _ in self.nodes).items()))
+
+
+def graph_node_body(
+    graph: Graph, node: str, lowered: frozenset[str] | None = None
+) -> tuple[NodeBody | None, str | None]:
+    """In: a Graph (static shapes, constants folded) and one of its ai.onnx nodes. Out:
+    (its body, None), or (None, the reason it has no usable one). The body is the one
+    `expand_functions` inlines, with the ops it uses expanded in turn unless in `lowered`
+    (default `kept_ops()`), then folded like the import folds (shape arithmetic becomes
+    constants). Nothing in the graph changes: `splice_body` does that."""
+    data = graph.node(node)
+    op = data["op_type"]
+    lowered = kept_ops() if lowered is None else lowered
+    if lowered is None:
+        return None, "no code generator registered its ops"
+    try:
+        model, weights = _one_node_model(graph, data)
+    except (ValueError, TypeError) as exc:
+        return None, f"the node cannot be written back as ONNX ({exc})"
+    expand_functions(model, lowered - {op})
+    if any(n.op_type == op and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return None, f"{op} has no function body usable at opset {graph.opset}"
+    try:
+        model = drop_dead_nodes(fold_constants(model, weights))
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (UserError, onnx.shape_inference.InferenceError) as exc:
+        return None, f"its function body does not infer: {exc}"
+    return _graph_body(graph, node, inferred, weights)
+
+
+def splice_body(graph: Graph, body: NodeBody) -> None:
+    """Replace (in place) the body's node by the body, in the node's place in the order; the
+    node's inputs that nothing reads any more (a constant folded into another) go."""
+    data = graph.node(body.node)
+    inputs = [t for t in data["inputs"] if t]
+    with graph.in_place_of(body.node):
+        graph.remove_node(body.node)
+        graph.tensors.update(body.tensors)
+        for name, op_type, ins, outs, attrs in body.nodes:
+            graph.add_node(name, op_type, ins, outs, attrs)
+    unread = [t for t in inputs if not graph.uses.get(t) and t not in graph.outputs]
+    graph.remove_dead_producers(unread)
+    for tensor in unread:
+        if tensor not in graph.producers and tensor not in graph.inputs:
+            graph.tensors.pop(tensor, None)
+
+
+def _elem_type(dtype: Dtype) -> int:
+    if dtype is Dtype.BF16:
+        return onnx.TensorProto.BFLOAT16
+    return onnx.helper.np_dtype_to_tensor_dtype(dtype.numpy)
+
+
+def _one_node_model(graph: Graph, data) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The node alone as a model: its runtime inputs as graph inputs of their static shapes,
+    its constant inputs as weights held aside (as the import holds them), the outputs the
+    graph reads as graph outputs."""
+    weights: dict[str, np.ndarray] = {}
+    inputs = []
+    for tensor in dict.fromkeys(t for t in data["inputs"] if t):
+        info = graph.tensors[tensor]
+        if info.const is not None:
+            weights[tensor] = np.asarray(info.const)
+        inputs.append(
+            onnx.helper.make_tensor_value_info(tensor, _elem_type(info.dtype), list(info.shape))
+        )
+    outputs = [
+        onnx.helper.make_tensor_value_info(
+            t, _elem_type(graph.tensors[t].dtype), list(graph.tensors[t].shape)
+        )
+        for t in data["outputs"]
+        if t
+    ]
+    proto = onnx.helper.make_node(
+        data["op_type"],
+        list(data["inputs"]),
+        list(data["outputs"]),
+        name=data["name"],
+        domain=data["domain"],
+        **{k: _attr_proto_value(v) for k, v in data["attrs"].items()},
+    )
+    body = onnx.helper.make_graph([proto], data["name"], inputs, outputs)
+    opset = [onnx.helper.make_opsetid("", graph.opset)]
+    return onnx.helper.make_model(body, opset_imports=opset), weights
+
+
+def _attr_proto_value(value):
+    return numpy_helper.from_array(value) if isinstance(value, np.ndarray) else value
+
+
+def _graph_body(
+    graph: Graph, node: str, model: onnx.ModelProto, weights: dict[str, np.ndarray]
+) -> tuple[NodeBody | None, str | None]:
+    """The folded one-node model's nodes and new tensors, checked against the graph: every
+    tensor has a static shape and a dtype the machine has, no name is taken, and each output
+    the graph reads is written by a body node."""
+    body = NodeBody(node)
+    shapes = static_shapes(model)
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    }
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    constants.update(weights)
+    written = {t for n in model.graph.node for t in n.output if t}
+    missing = [t for t in graph.node(node)["outputs"] if t and t not in written]
+    if missing:
+        return None, f"its function body computes {', '.join(missing)} at compile time"
+    own = set(graph.node(node)["outputs"])
+    for inner in model.graph.node:
+        if inner.name in graph.nx:
+            return None, f"node name {inner.name!r} of its function body is taken"
+        taken = [t for t in inner.output if t in graph.tensors and t not in own]
+        if taken:
+            return None, f"tensor name {taken[0]!r} of its function body is taken"
+        for tensor in [*inner.input, *inner.output]:
+            if not tensor or tensor in graph.tensors or tensor in body.tensors:
+                continue
+            info, reason = _tensor_info(tensor, constants, shapes, types)
+            if info is None:
+                return None, reason
+            body.tensors[tensor] = info
+        attrs = {a.name: _attr_value(a) for a in inner.attribute}
+        body.nodes.append((inner.name, inner.op_type, list(inner.input), list(inner.output), attrs))
+    return body, None
+
+
+def _tensor_info(tensor, constants, shapes, types) -> tuple[TensorInfo | None, str | None]:
+    """A body tensor as the Graph holds it, or the reason it cannot be held."""
+    value = constants.get(tensor)
+    if value is not None:
+        np_dtype = np.asarray(value).dtype
+    elif tensor in shapes and types.get(tensor):
+        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(types[tensor])
+    else:
+        return None, f"its function body gives {tensor!r} no static shape and type"
+    try:
+        dtype = Dtype.from_numpy(np_dtype)
+    except ValueError:
+        return None, (
+            f"its function body computes {tensor!r} in {np_dtype}, which the machine has no "
+            "dtype for"
+        )
+    if value is not None:
+        return TensorInfo(tensor, tuple(np.shape(value)), dtype, value), None
+    return TensorInfo(tensor, shapes[tensor], dtype), None
+
+
+def _attr_value(attr: AttributeProto):
+    """An attribute as the Graph holds it (plain Python values, tensors as arrays)."""
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [v.decode() if isinstance(v, bytes) else v for v in value]
+    return value

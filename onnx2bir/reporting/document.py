@@ -13,7 +13,9 @@ DESIGN.md's contract:
                     "packaging": {op: count}, "sb_bytes", "sb_shape" (raised), ...}],
      "mlp": [{"nodes", "activation", "target", ...}],
      "attention_refused", "mlp_refused": candidates whose check refused them, with the reason,
-     "decomposed_attention": DecomposeAttention's findings,
+     "decomposed_attention": DecomposeAttention's findings (an onnx.Attention it could not
+        decompose adds "expanded": whether its ONNX function body replaced it, "raise_reason",
+        "note", and "new_nodes", "body_ops" or "expansion_reason"),
      "pass_statistics": [{"pass", "name", "description", "value"}],
      "instructions": {"total", "per_engine", "dynamic_instances", "dynamic_per_engine",
                       "dynamic_exact"} | null,
@@ -420,6 +422,9 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
             "  first node: how the block is spelled (scale, masks, K transpose, heads)",
             "      -> the kernel it was raised to, or why not",
         ]
+        generic = {  # an onnx.Attention DecomposeAttention could not decompose
+            d["nodes"][0]: d for d in doc.get("decomposed_attention", []) if "expanded" in d
+        }
         for a in blocks:
             head = a["nodes"][0] if a["nodes"] else "?"
             outcome = a["target"] or f"not raised: {a['reason']}"
@@ -430,6 +435,14 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
             )
             lines.append(f"  {head}: {a['variant'] or '-'}{shape}")
             lines.append(f"      -> {outcome}")
+            if head in generic:
+                d = generic[head]
+                path = (
+                    f"its ONNX function body ({d['new_nodes']} nodes)"
+                    if d["expanded"]
+                    else f"stays (no function body: {d['expansion_reason']})"
+                )
+                lines.append(f"      -> not decomposed: {d['reason']}; {path}")
             if a.get("packaging") is not None:
                 built = ", ".join(f"{op} {n}" for op, n in a["packaging"].items()) or "none"
                 lines.append(

@@ -14,6 +14,9 @@ convert, validate and report print them (text: `note: ...` lines; JSON: `"notes"
 - `--target` other than `sunda` with the attention flag on: the raise is for `sunda` only.
 - int64 tensors whose narrowing to int32 (the device has no int64 datapath) is not proven:
   one note per tensor the doubt comes from (flag "int64"; onnx2bir/codegen/narrowing.py).
+- an `onnx.Attention` that neither the raise nor the decomposition takes (flag "model"): the
+  node, both reasons, and whether its ONNX function body replaced it
+  (patterns/attention/function_body.py).
 - `--input-shape` that replaces a shape the model declares with fixed sizes (`shape_notes`):
   allowed, and said, since the model's own shapes may assume it (a Reshape to a fixed size).
 """
@@ -100,6 +103,15 @@ def attention_notes(options: CompileOptions, compilation: Compilation) -> list[d
     return notes
 
 
+def attention_body_notes(compilation: Compilation) -> list[dict]:
+    """A note per onnx.Attention DecomposeAttention handed to the function body."""
+    return [
+        {"flag": "model", "message": finding["note"]}
+        for finding in _findings(compilation, "DecomposeAttention")
+        if finding.get("note")
+    ]
+
+
 def conv_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:
     if not options.experimental_convolution_kernel_match:
         return []
@@ -165,6 +177,7 @@ def flag_notes(options: CompileOptions, compilation: Compilation) -> list[dict]:
     return (
         [{"flag": "model", "message": text} for text in compilation.graph.import_notes]
         + attention_notes(options, compilation)
+        + attention_body_notes(compilation)
         + conv_notes(options, compilation)
         + narrowing_notes(compilation.int64)
     )

@@ -25,7 +25,11 @@ the numerically stable softmax of docs/attention.md#decompose. The nodes are sta
 head layout); the planners here read each root's inputs and attributes into that core.
 
 A root is rewritten only if every op of its replacement has a generic lowering (checked
-against the registry at run time); otherwise it stays and its finding gives the reason.
+against the registry at run time); otherwise it stays and its finding gives the reason. An
+`onnx.Attention` the planner refuses (KV cache, `nonpad_kv_seqlen`, sliding windows, a read
+`qk_matmul_output`, another `softmax_precision`) is replaced by its ONNX function body instead
+(patterns/attention/function_body.py); its finding adds `expanded`, `raise_reason` (what
+`read_fused` said) and the `note` the user sees, and stays listed with its reason.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from onnx2bir.graph import Graph
 from onnx2bir.kernels import KERNELS
 from onnx2bir.kernels.attention import TARGETS
 from onnx2bir.options import CompileOptions
+from onnx2bir.patterns.attention import function_body
 from onnx2bir.patterns.attention.decompose_build import (
     Emitter,
     Heads,
@@ -57,7 +62,10 @@ from onnx2bir.patterns.attention.decompose_build import (
 )
 from onnx2bir.patterns.attention.decompose_build import lowest as lowest  # re-exported
 from onnx2bir.patterns.attention.decompose_match import NO_SOFTMAX, explore
+from onnx2bir.patterns.attention.function_body import is_onnx_attention
+from onnx2bir.patterns.attention.fused import read_fused
 from onnx2bir.patterns.attention.match import _is_causal_mask
+from onnx2bir.patterns.attention.raising import gate
 from onnx2bir.patterns.passes import PassResult, Statistic
 
 log = logging.getLogger("onnx2bir.DecomposeAttention")
@@ -435,7 +443,7 @@ class DecomposeAttention:
     def run(self, graph: Graph, options: CompileOptions) -> PassResult:
         available = frozenset(GENERIC_LOWERINGS if self.lowerings is None else self.lowerings)
         kernels = KERNELS
-        findings, decomposed = [], 0
+        findings, decomposed, expanded = [], 0, 0
         for root in graph.topological_order():
             if root not in graph.nx:  # a Cast removed with the CustomCall it served
                 continue
@@ -462,6 +470,8 @@ class DecomposeAttention:
                     finding["explored"] = read_back(em)
                 except Unsupported as exc:
                     finding["reason"] = str(exc)
+                    if is_onnx_attention(data):
+                        expanded += self._expand(graph, root, finding, options, available)
                 else:
                     em.commit()
                     decomposed += 1
@@ -484,5 +494,39 @@ class DecomposeAttention:
                 "Number of fused attention roots decomposed into matmul-softmax-matmul",
                 decomposed,
             ),
+            Statistic(
+                self.name,
+                "attention_roots_expanded",
+                "Number of onnx.Attention roots replaced by their ONNX function body",
+                expanded,
+            ),
         ]
-        return PassResult(decomposed > 0, stats, findings)
+        return PassResult(decomposed + expanded > 0, stats, findings)
+
+    @staticmethod
+    def _expand(
+        graph: Graph, root: str, finding: dict, options: CompileOptions, available: frozenset
+    ) -> int:
+        """The generic path of an onnx.Attention the decomposition gave up on: its ONNX
+        function body (patterns/attention/function_body.py). Records in the finding whether
+        the body replaced the node, why the raise and the decomposition did not take it, and
+        the note the user sees; returns 1 when the body replaced it."""
+        block = read_fused(graph, root)
+        not_raised = block.problem or (gate(block, options)[1] if block.heads else None)
+        not_raised = not_raised or "the kernel does not take it"
+        body, why = function_body.check(graph, root, available)
+        finding.update(
+            raise_reason=not_raised,
+            expanded=body is not None,
+            note=function_body.note(root, not_raised, finding["reason"], body, why),
+        )
+        if body is None:
+            finding["expansion_reason"] = why
+            log.info("Attention %r keeps no function body: %s", root, why)
+            return 0
+        function_body.splice_body(graph, body)
+        finding.update(new_nodes=len(body.nodes), body_ops=body.op_counts())
+        log.info(
+            "Attention %r replaced by its ONNX function body (%d nodes)", root, len(body.nodes)
+        )
+        return 1

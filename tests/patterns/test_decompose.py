@@ -168,6 +168,16 @@ def refusal(model, lowerings=None):
     return finding["reason"]
 
 
+def body_instead(model):
+    """The decomposition's reason for an onnx.Attention whose ONNX function body replaced it
+    instead (patterns/attention/function_body.py)."""
+    graph = import_model(model)
+    (finding,) = DecomposeAttention().run(graph, CompileOptions()).findings
+    assert not finding["decomposed"] and finding["expanded"], finding
+    assert "Attention" not in graph.op_counts()
+    return finding["reason"]
+
+
 # --- onnx.Attention (opset 23) ---------------------------------------------------------------
 ONNX_CASES = {
     "4d": (dict(q=[2, 3, 5, 8], k=[2, 3, 6, 8], v=[2, 3, 6, 4]), {}),
@@ -271,7 +281,7 @@ def test_no_match_onnx_attention_kv_cache():
         "pv": (F, [1, 2, 4, 8]),
     }
     model = make_model("Attention", inputs, {}, node_inputs=["q", "k", "v", "", "pk", "pv"])
-    assert "past_key/past_value" in refusal(model)
+    assert "past_key/past_value" in body_instead(model)
 
 
 def test_no_match_onnx_attention_extra_outputs():
@@ -283,7 +293,7 @@ def test_no_match_onnx_attention_extra_outputs():
         outputs=("y", "present_key", "present_value"),
         out_shape=[1, 2, 3, 8],
     )
-    assert "present_key" in refusal(model)
+    assert "present_key" in body_instead(model)
 
 
 def test_no_match_onnx_attention_softcap_without_tanh():
@@ -588,7 +598,11 @@ def test_statistics_and_node_names():
     root = next(name for name, _ in graph.nodes())
     result = DecomposeAttention().run(graph, CompileOptions())
     values = {stat.name: stat.value for stat in result.statistics}
-    assert values == {"attention_roots_found": 1, "attention_roots_decomposed": 1}
+    assert values == {
+        "attention_roots_found": 1,
+        "attention_roots_decomposed": 1,
+        "attention_roots_expanded": 0,
+    }
     assert result.changed
     assert all(name.startswith(f"{root}/decomposed/") for name, _ in graph.nodes())
     for name, info in graph.tensors.items():
