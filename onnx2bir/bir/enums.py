@@ -121,6 +121,15 @@ class AluOp(enum.StrEnum):
     LOGICAL_OR = "logical_or"
     BYPASS = "bypass"  # pass the first operand through unchanged
     MOD = "mod"  # remainder of truncated division (C fmod): the sign of the first operand
+    # Bitvec operators (NKI's names): integer operands as 32-bit bit patterns, never through
+    # fp32 (`opcodes.BITVEC_OPS`, rule ALU-BITVEC). invert ignores its second operand; a shift
+    # by 32 or more (the amount read unsigned) gives 0; right_shift is logical (zero-filling).
+    BITWISE_AND = "bitwise_and"
+    BITWISE_OR = "bitwise_or"
+    BITWISE_XOR = "bitwise_xor"
+    INVERT = "invert"
+    LEFT_SHIFT = "left_shift"
+    RIGHT_SHIFT = "right_shift"
 
 
 class Dtype(enum.StrEnum):

@@ -22,6 +22,9 @@ Semantics, per opcode (shapes are access-pattern shapes, see `onnx2bir.bir.ir`):
   `in · scale + bias` must lie in the function's valid input range (`ACT_INPUT_RANGES`, rule
   ACT-RANGE), checked at run time.
 - TensorTensor: `dst = in0 <op> in1` elementwise, fp32 math. Not both inputs in PSUM.
+  A bitvec operator (`BITVEC_OPS`: bitwise_and/or/xor, invert, left_shift, right_shift)
+  computes on the operands' 32-bit bit patterns instead, integer operands only, on VectorE or
+  GpSimd (rule ALU-BITVEC, `bitvec_problem`).
 - TensorScalar: `dst = (in <op0> s0) <op1> s1` where s_i is a [P, 1] operand `scalar<i>` or the
   immediate `imm<i>`; `reverse<i>` swaps the operands of step i; `op1` may be absent.
 - TensorReduce: reduces the last `axes` free dims of `in` with `op` (add, max, min, multiply);
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx2bir.bir.enums import ActFunc, Engine, MemoryType, Opcode
+from onnx2bir.bir.enums import ActFunc, AluOp, Dtype, Engine, MemoryType, Opcode
 
 ON_CHIP = frozenset({MemoryType.SB, MemoryType.PSUM})
 SB_ONLY = frozenset({MemoryType.SB})
@@ -125,6 +128,65 @@ _ENGINE_RULES = {(Opcode.TENSOR_COPY, Engine.ACT): "ACT-TENSOR-COPY"}
 def engine_rule(opcode: Opcode, engine: Engine) -> str:
     """The rule an instruction of `opcode` on `engine` breaks when the table does not allow it."""
     return _ENGINE_RULES.get((opcode, engine), "ENGINE-OPCODE")
+
+
+# Bitvec ALU operators (docs/neuroncore.md#bitvec, rule ALU-BITVEC): they treat integer
+# operands as bit patterns, never converting them to fp32 as the arithmetic operators do (NKI
+# ISA, "Supported Math Operators": bitvec operators "expect integer data types and treat input
+# elements as bit patterns"). On the machine they compute in 32-bit lanes: a narrower integer
+# is sign- or zero-extended on the way in and wraps on the way out.
+BITVEC_OPS = frozenset(
+    {
+        AluOp.BITWISE_AND,
+        AluOp.BITWISE_OR,
+        AluOp.BITWISE_XOR,
+        AluOp.INVERT,
+        AluOp.LEFT_SHIFT,
+        AluOp.RIGHT_SHIFT,
+    }
+)
+_BITVEC_ENGINES = frozenset({Engine.DVE, Engine.POOL})
+_BITVEC_OPCODES = frozenset({Opcode.TENSOR_TENSOR, Opcode.TENSOR_SCALAR})
+
+
+def _alu_op(value: object) -> AluOp | None:
+    try:
+        return AluOp(value)
+    except ValueError:
+        return None  # an unknown operator is the attribute check's to report
+
+
+def bitvec_problem(
+    opcode: Opcode, engine: Engine, attrs: dict[str, object], dtypes: dict[str, Dtype]
+) -> str | None:
+    """What an instruction with a bitvec operator does against rule ALU-BITVEC, or None.
+
+    `dtypes` holds the dtype of each tile operand by role (`in0`, `scalar1`, `dst`, ...). A
+    bitvec operator of a TensorTensor or TensorScalar is refused on ScalarE, with a float
+    operand or a non-integral immediate (the engine would compute on fp32
+    values, not bit patterns), and beside an arithmetic operator in one TensorScalar."""
+    if opcode not in _BITVEC_OPCODES:
+        return None  # TensorReduce takes the operators it models (`REDUCTIONS`), none bitvec
+    keys = ("op",) if opcode is Opcode.TENSOR_TENSOR else ("op0", "op1")
+    ops = [_alu_op(attrs[key]) for key in keys if attrs.get(key) is not None]
+    bitvec = [op for op in ops if op in BITVEC_OPS]
+    if not bitvec:
+        return None
+    name = bitvec[0].value
+    if engine not in _BITVEC_ENGINES:
+        return f"{name} on {engine}: bitvec operators run on VectorE or GpSimd"
+    if len(bitvec) != len(ops):
+        return f"{name} beside an arithmetic operator in one TensorScalar"
+    floats = [f"{role} {dtype}" for role, dtype in sorted(dtypes.items()) if dtype.is_float]
+    if floats:
+        return f"{name} with a float operand ({', '.join(floats)}): bit patterns are integers"
+    for key in ("imm0", "imm1"):
+        value = attrs.get(key)
+        if isinstance(value, bool) or value is None:
+            continue
+        if not isinstance(value, (int, float)) or not float(value).is_integer():
+            return f"{name} with immediate {key} = {value!r}: bit patterns are integers"
+    return None
 
 
 # Elements per partition one VectorE or ScalarE operand may hold (docs/neuroncore.md#partitions,

@@ -100,6 +100,14 @@ RULES: dict[str, Rule] = {
             "than one element, its stride int16 (-32768..32767 elements)",
         ),
         Rule(
+            "ALU-BITVEC",
+            "TensorTensor and TensorScalar with a bitvec operator",
+            "bitwise_and, bitwise_or, bitwise_xor, invert, left_shift and right_shift "
+            "(logical) compute on integer operands' bit patterns, never through fp32: integer "
+            "operands and immediates only, on VectorE or GpSimd, and never beside an "
+            "arithmetic operator in one TensorScalar",
+        ),
+        Rule(
             "PSUM-ACCUMULATE",
             "Matmult with accumulate",
             "a matmul accumulates only onto PSUM bytes that hold a matmul's partial sum "

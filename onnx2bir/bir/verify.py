@@ -20,6 +20,9 @@ Checked, per function:
   (`partition_start_allowed`), free dims whose sizes and strides fit the ISA's fields
   (`ap_field_overflow`, rule AP-FIELD-BITS) and, on VectorE and ScalarE, at most
   `free_size_limit` elements per partition (rule FREE-SIZE);
+- a bitvec ALU operator (bitwise, shifts) has integer operands and immediates, runs on VectorE
+  or GpSimd, and shares no TensorScalar with an arithmetic operator (`bitvec_problem`, rule
+  ALU-BITVEC);
 - ids are non-negative and unique within the function; every plain dependency names an
   instruction earlier in program order, every loop-carried one an instruction inside the loop
   that carries it, a loop enclosing both, with a distance of at least 1;
@@ -61,6 +64,7 @@ from onnx2bir.bir.opcodes import (
     PSUM_BYTES_PER_PARTITION,
     SBUF_BYTES_PER_PARTITION,
     ap_field_overflow,
+    bitvec_problem,
     engine_rule,
     free_size_limit,
     partition_start_allowed,
@@ -241,6 +245,7 @@ class _FunctionWalk:
         self._ids(inst, found)
         self._loopnest(inst, loops, found)
         self._spec(inst, found)
+        self._bitvec(inst, found)
         ranges = {loop.axis: (loop.start, loop.last_value) for loop in loops if loop.trip_count > 0}
         # A zero-trip loop never runs its body: its operands touch nothing.
         runs = all(loop.trip_count > 0 for loop in loops)
@@ -333,6 +338,16 @@ class _FunctionWalk:
                 found.append(f"lacks required attr {attr!r}")
         if inst.dst is None:
             found.append("has no dst")
+
+    def _bitvec(self, inst: Instruction, found: list[str]) -> None:
+        """A bitvec ALU operator keeps to integer bit patterns (rule ALU-BITVEC)."""
+        locations = self.fn.memory_locations
+        dtypes = {
+            role: locations[ap.loc].dtype for role, ap in _operands(inst) if ap.loc in locations
+        }
+        problem = bitvec_problem(inst.opcode, inst.engine, inst.attrs, dtypes)
+        if problem is not None:
+            found.append(cite("ALU-BITVEC", problem))
 
     def _operand(
         self,

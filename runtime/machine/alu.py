@@ -4,11 +4,13 @@ In: numpy arrays, and the AluOp or ActFunc of an instruction. Out: arrays in the
 `math_dtype` picks for the engine (docs/neuroncore.md#integers): fp32 on ScalarE and VectorE,
 whatever the operands (an int32 beyond 2^24 rounds on the way in, as on the device); exact
 int32 on GpSimd when every operand is an integer (wrapping past 2^31 like the hardware's
-lanes). No engine computes in int64. Integer divide truncates toward zero; fp32 to integer
-truncates (`cast`, docs/neuroncore.md#dma). `alu` applies an AluOp (comparisons give 1 or
-0), `ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each AluOp TensorReduce accepts to
-its ufunc; `erf` is a Maclaurin series accurate to fp32 resolution. The instruction semantics
-(`runtime/machine/semantics.py`) bind operands and call these.
+lanes); a bitvec operator (bitwise, shifts) computes on int32 bit patterns on VectorE and
+GpSimd alike (`op_math_dtype`). No engine computes in int64. Integer divide truncates toward
+zero; fp32 to integer truncates (`cast`, docs/neuroncore.md#dma). `alu` applies an AluOp
+(comparisons give 1 or 0), `ACTIVATIONS` maps each ActFunc to its function, `REDUCTIONS` each
+AluOp TensorReduce accepts to its ufunc; `erf` is a Maclaurin series accurate to fp32
+resolution. The instruction semantics (`runtime/machine/semantics.py`) bind operands and call
+these.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from onnx2bir.bir.dtypes import F32, int_like
 from onnx2bir.bir.enums import ActFunc, AluOp, Engine
+from onnx2bir.bir.opcodes import BITVEC_OPS
 
 I32 = np.dtype(np.int32)
 
@@ -60,7 +63,46 @@ _ALU: dict[AluOp, Callable] = {
     AluOp.BYPASS: lambda a, b: a,
     AluOp.MOD: np.fmod,  # exact for integers and floats; x mod 0 is NaN (0 for integers)
 }
-_INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow}
+_LANE_MASK = 0xFFFFFFFF  # a 32-bit lane, read unsigned
+
+
+def _shift_amount(s: np.ndarray) -> np.ndarray:
+    """A shift amount as an unsigned 32-bit lane, capped at 32: every larger shift gives 0."""
+    return np.minimum(np.asarray(s, np.int64) & _LANE_MASK, 32)
+
+
+def _left_shift(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """`a << s` on 32-bit lanes: bits shifted past bit 31 are lost, a shift of 32 or more gives
+    0 (ONNX BitShift); `alu` wraps the int64 result back to int32."""
+    return np.left_shift(np.asarray(a, np.int64) & _LANE_MASK, _shift_amount(s)) & _LANE_MASK
+
+
+def _right_shift(a: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Logical `a >> s`: the lane read unsigned (a uint32 above 2^31 sits in an int32 lane as
+    its bit pattern), zeros shifted in; a shift of 32 or more gives 0."""
+    return np.right_shift(np.asarray(a, np.int64) & _LANE_MASK, _shift_amount(s))
+
+
+# Bitvec operators (`opcodes.BITVEC_OPS`) exist on integer lanes only: the semantics refuse
+# them with a float operand (rule ALU-BITVEC), so the fp32 table has none.
+_BITVEC_ALU = {
+    AluOp.BITWISE_AND: np.bitwise_and,
+    AluOp.BITWISE_OR: np.bitwise_or,
+    AluOp.BITWISE_XOR: np.bitwise_xor,
+    AluOp.INVERT: lambda a, b: np.invert(a),  # one operand; the second is ignored
+    AluOp.LEFT_SHIFT: _left_shift,
+    AluOp.RIGHT_SHIFT: _right_shift,
+}
+_INT_ALU = {**_ALU, AluOp.DIVIDE: _int_divide, AluOp.POW: _int_pow, **_BITVEC_ALU}
+
+
+def op_math_dtype(engine: Engine, ops, *operand_dtypes: np.dtype) -> np.dtype:
+    """The dtype an instruction computes in: int32 lanes for bitvec operators on any engine
+    that runs them (bit patterns, never fp32; the operands are integers by rule ALU-BITVEC),
+    else `math_dtype`."""
+    if any(op in BITVEC_OPS for op in ops):
+        return I32
+    return math_dtype(engine, *operand_dtypes)
 
 
 def alu(op: AluOp, a, b, math_dtype: np.dtype) -> np.ndarray:

@@ -22,7 +22,9 @@ accumulation and the activation ranges on every run.
 Math (docs/neuroncore.md#integers): ScalarE and VectorE compute in fp32 whatever the operand
 dtypes, so an int32 beyond 2^24 rounds on the way in; GpSimd computes exactly in int32 when every
 operand is an integer; no engine takes an int64 operand (INT64-DATAPATH). TensorScalar's scalars
-are fp32 (an immediate or a column is rounded to fp32 first). Integer divide truncates toward
+are fp32 (an immediate or a column is rounded to fp32 first). A bitvec operator (bitwise,
+shifts) computes on int32 bit patterns on VectorE and GpSimd, integer operands only (rule
+ALU-BITVEC). Integer divide truncates toward
 zero; fp32 to integer truncates and saturates. The ALU and activation functions, `cast` and the
 windowed max/min fold of TensorReduce are in `runtime/machine/alu.py` (`erf` re-exported here).
 """
@@ -40,11 +42,13 @@ from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import (
     ACT_INPUT_RANGES,
     ACT_RANGE_ON_MAGNITUDE,
+    BITVEC_OPS,
     DMA_MAX_DIMS,
     MATMUL_MAX_MOVING_FREE,
     MATMUL_MAX_STATIONARY_FREE,
     NUM_PARTITIONS,
     PSUM_BANK_BYTES,
+    bitvec_problem,
 )
 from onnx2bir.runtime.machine.alu import (
     ACTIVATIONS,
@@ -54,6 +58,7 @@ from onnx2bir.runtime.machine.alu import (
     alu,
     fold_window,
     math_dtype,
+    op_math_dtype,
 )
 from onnx2bir.runtime.machine.alu import erf as erf
 from onnx2bir.runtime.machine.machine import Machine, Operand, instruction_error
@@ -340,12 +345,25 @@ def _check_act_range(
     )
 
 
+def check_bitvec(ins: Instruction, ops: dict[str, Operand]) -> bool:
+    """Refuse a bitvec operator off integer bit patterns (rule ALU-BITVEC,
+    `opcodes.bitvec_problem`); True when the instruction has one."""
+    dtypes = {role: operand.loc.dtype for role, operand in ops.items()}
+    problem = bitvec_problem(ins.opcode, ins.engine, ins.attrs, dtypes)
+    if problem is not None:
+        raise instruction_error(ins, problem, "ALU-BITVEC")
+    keys = ("op", "op0", "op1")
+    return any(ins.attrs.get(key) in BITVEC_OPS for key in keys)
+
+
 def _prep_tensor_tensor(ins: Instruction, ops: dict[str, Operand]) -> tuple:
     a, b, dst = ops["in0"], ops["in1"], ops["dst"]
     check_same_tile(ins, dst, a, b)
     if a.memory is MemoryType.PSUM and b.memory is MemoryType.PSUM:
         raise instruction_error(ins, "both inputs are in PSUM", "TT-PSUM-INPUTS")
-    return a, b, dst, enum_attr(ins, AluOp, "op"), math_dtype(ins.engine, a.dtype, b.dtype)
+    check_bitvec(ins, ops)
+    op = enum_attr(ins, AluOp, "op")
+    return a, b, dst, op, op_math_dtype(ins.engine, (op,), a.dtype, b.dtype)
 
 
 def tensor_tensor(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
@@ -380,6 +398,12 @@ def _prep_tensor_scalar(ins: Instruction, ops: dict[str, Operand]) -> tuple:
             integral = integral and bool(np.isfinite(imm)) and float(imm).is_integer()
         steps.append((op, col, imm, bool(ins.attrs.get(f"reverse{i}", False))))
     dt = math_dtype(ins.engine, src.dtype) if integral else F32
+    if check_bitvec(ins, ops):  # integral, by ALU-BITVEC: an immediate wraps to 32 bits
+        dt = op_math_dtype(ins.engine, [op for op, *_ in steps])
+        steps = [
+            (op, col, None if imm is None else np.asarray(int(imm), np.int64), rev)
+            for op, col, imm, rev in steps
+        ]
     steps = [
         (op, col, None if col is not None else np.asarray(imm).astype(dt), rev)
         for op, col, imm, rev in steps
@@ -394,7 +418,10 @@ def tensor_scalar(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> 
     for op, col, imm, reverse in steps:
         s = imm
         if col is not None:  # a column is read as fp32, then widened to the math dtype
-            s = col.view(loop_values).reshape(-1, 1).astype(F32, copy=False).astype(dt, copy=False)
+            s = col.view(loop_values).reshape(-1, 1)
+            if op not in BITVEC_OPS:  # a bitvec operator reads the column's bit pattern
+                s = s.astype(F32, copy=False)
+            s = s.astype(dt, copy=False)
         x = alu(op, s, x, dt) if reverse else alu(op, x, s, dt)
     store(dst, loop_values, np.broadcast_to(x, (src.partitions, src.free_size)))
 
