@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from onnx2bir.codegen.lower import (
     arg,
+    bitwise,
     conv,
     conv_transpose,
     data,
@@ -172,6 +173,7 @@ GENERIC_LOWERINGS: dict[str, Callable] = {
     **math_inverse.LOWERINGS,
     **losses.LOWERINGS,
     **norm_lp.LOWERINGS,
+    **bitwise.LOWERINGS,
 }
 # The importer replaces an op that has no lowering by its ONNX function body.
 register_lowered(GENERIC_LOWERINGS)
