@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -77,7 +78,11 @@ def input_array(value_info: onnx.ValueInfoProto, value: object) -> np.ndarray:
 
 
 def _exact_cast(given: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
-    """`given` as `dtype`, refused when a value would change (3.5 as an integer, 300 as uint8)."""
+    """`given` as `dtype`, refused when a value would change (3.5 as an integer, 300 as uint8).
+    The ml_dtypes types of ONNX tensors count as floats (bfloat16, float8: rounded like
+    float16) or integers (int4, uint4: checked against their range)."""
+    if dtype.kind == "V" and dtype.fields is None and dtype.type.__module__ == "ml_dtypes":
+        return _ml_cast(given, dtype, name)
     if dtype.kind not in "biuf":
         raise UserError(f"--input-value {name}: inputs of dtype {dtype} cannot be given a value")
     if given.dtype.kind == "b" or dtype.kind == "b":
@@ -97,6 +102,24 @@ def _exact_cast(given: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
         return np.asarray(as_int, dtype=dtype).reshape(given.shape)
     with np.errstate(over="ignore"):
         return given.astype(dtype)
+
+
+def _ml_cast(given: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
+    """`given` as the ml_dtypes `dtype`: a float type rounds as a float input does; an
+    integer type (int4, uint4, int2, uint2) takes integers in its range only."""
+    if "int" not in dtype.name:
+        with np.errstate(over="ignore"):
+            return given.astype(np.float64).astype(dtype)
+    if given.dtype.kind == "f" and not np.all(np.isfinite(given) & (given == np.round(given))):
+        raise UserError(f"--input-value {name}: the input is {dtype}; give integers")
+    info = ml_dtypes.iinfo(dtype)
+    as_int = [int(v) for v in given.reshape(-1)]
+    if any(not int(info.min) <= v <= int(info.max) for v in as_int):
+        raise UserError(
+            f"--input-value {name}: a value is outside {dtype}'s range "
+            f"({int(info.min)} to {int(info.max)})"
+        )
+    return np.asarray(as_int, dtype=np.int64).astype(dtype).reshape(given.shape)
 
 
 def _shape_for(value_info: onnx.ValueInfoProto, array: np.ndarray) -> tuple[int, ...]:

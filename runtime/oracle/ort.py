@@ -25,10 +25,14 @@ input gets the first rule that applies (`input_rules` says which, for the report
 Loading (`load_inputs`): an .npz file keyed by input name, or an ONNX test-data folder —
 `test_data_set_N/` with `input_K.pb` TensorProtos (matched by the tensor's name when it names a
 graph input, else by K in graph-input order); a model folder holding several data sets uses
-test_data_set_0. Saving (`save_arrays`): .npz when the path ends in .npz, else such a folder.
+test_data_set_0, and a folder without input files is the empty feed of a model without graph
+inputs. Arrays may hold the ml_dtypes types of ONNX tensors (bfloat16, float8, int4, ...).
+Saving (`save_arrays`): .npz when the path ends in .npz, else such a folder.
 
 onnxruntime runs the original model on the CPU with graph optimisations off, so every node
-computes exactly what the ONNX spec says rather than a fused rewrite of it.
+computes exactly what the ONNX spec says rather than a fused rewrite of it. Inputs and outputs
+its Python API cannot exchange (those ml_dtypes types) cross it in a carrier type
+(`ort_carrier`).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from onnx import numpy_helper
 from onnx2bir import output_paths
 from onnx2bir.errors import OracleError, UserError
 from onnx2bir.graph import Graph
-from onnx2bir.runtime.oracle import input_files
+from onnx2bir.runtime.oracle import input_files, ort_carrier
 
 INTEGER_INPUT_HIGH = 8  # integer inputs are drawn from [0, 8)
 GRAPH_OPTIMIZATION_LEVEL = "ORT_DISABLE_ALL"
@@ -204,13 +208,19 @@ def synthesize_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 # --- loading and saving --------------------------------------------------------------------
 def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
-    """Inputs from an .npz file or a test_data_set folder; every graph input must be there."""
+    """Inputs from an .npz file or a test_data_set folder; every graph input must be there.
+
+    Arrays may hold the ml_dtypes types of ONNX tensors (bfloat16, float8, int4, ...;
+    `input_files.ML_DTYPES`); a folder without input files is the empty feed of a model
+    without graph inputs."""
     path = input_files.check_inputs_source(path)
     if path.is_dir():
         feeds = _read_test_data_set(path, graph)
     else:
         feeds = input_files.read_npz(
-            path, {name: graph.tensors[name].shape for name in graph.inputs}
+            path,
+            {name: graph.tensors[name].shape for name in graph.inputs},
+            {name: graph.tensors[name].dtype.numpy for name in graph.inputs},
         )
     missing = [name for name in graph.inputs if name not in feeds]
     if missing:
@@ -226,7 +236,7 @@ def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
                 f"expects {tuple(info.shape)}"
             )
         want = info.dtype.numpy
-        if value.dtype != want and value.dtype.kind == "f" and want.kind in "iub":
+        if value.dtype != want and input_files.is_float(value.dtype) and want.kind in "iub":
             raise UserError(
                 f"{path}: input {name!r} is {value.dtype}, the model expects "
                 f"{want}; refusing to truncate floats to integers"
@@ -238,7 +248,8 @@ def load_inputs(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
 def load_reference(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
     """Outputs the user supplies (`validate --reference`): an .npz keyed by output name, or a
     test_data_set folder's output_K.pb (matched by name, else by K in graph-output order).
-    Every graph output must be there, in its shape; floats are read as the output's dtype."""
+    Every graph output must be there, in its shape; floats are read as the output's dtype.
+    Arrays may hold the ml_dtypes types of ONNX tensors, as `load_inputs`'s may."""
     path = input_files.check_inputs_source(path)
     if path.is_dir():
         files = _numbered(path, "output")
@@ -249,22 +260,17 @@ def load_reference(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
             raise UserError(f"--reference {path}: no output_*.pb files (a test_data_set folder)")
         arrays: dict[str, np.ndarray] = {}
         for position, file in enumerate(files):
-            tensor = onnx.TensorProto()
-            input_files.check_regular_file(file)
-            try:
-                tensor.ParseFromString(file.read_bytes())
-                value = numpy_helper.to_array(tensor)
-            except Exception as exc:
-                raise UserError(
-                    f"{file}: not a readable TensorProto ({type(exc).__name__})"
-                ) from exc
-            if tensor.name in graph.outputs:
-                arrays[tensor.name] = value
+            name, value = _read_tensor_file(file)
+            if name in graph.outputs:
+                arrays[name] = value
             elif position < len(graph.outputs):
                 arrays.setdefault(graph.outputs[position], value)
     else:
         arrays = input_files.read_npz(
-            path, {name: graph.tensors[name].shape for name in graph.outputs}
+            path,
+            {name: graph.tensors[name].shape for name in graph.outputs},
+            {name: graph.tensors[name].dtype.numpy for name in graph.outputs},
+            role="output",
         )
     missing = [name for name in graph.outputs if name not in arrays]
     if missing:
@@ -278,31 +284,43 @@ def load_reference(path: str | Path, graph: Graph) -> dict[str, np.ndarray]:
                 f"--reference {path}: output {name!r} has shape {tuple(value.shape)}, the model "
                 f"gives {tuple(info.shape)}"
             )
-        if value.dtype.kind not in "fiub" and value.dtype.kind != "V":
+        if not input_files.is_numeric(value.dtype):
             raise UserError(f"--reference {path}: output {name!r} is not numeric ({value.dtype})")
         result[name] = value.astype(info.dtype.numpy)
     return result
 
 
+def _read_tensor_file(file: Path) -> tuple[str, np.ndarray]:
+    """In: an input_K.pb / output_K.pb file. Out: (the tensor's name, its array; an ml_dtypes
+    array for bfloat16, float8, int4, ...). A file that is not a TensorProto is bad input."""
+    tensor = onnx.TensorProto()
+    input_files.check_regular_file(file)
+    try:
+        tensor.ParseFromString(file.read_bytes())
+        value = numpy_helper.to_array(tensor)
+    except Exception as exc:
+        raise UserError(f"{file}: not a readable TensorProto ({type(exc).__name__})") from exc
+    return tensor.name, value
+
+
 def _read_test_data_set(folder: Path, graph: Graph) -> dict[str, np.ndarray]:
+    """The input_K.pb arrays of `folder` (or of its first test_data_set_N) by graph-input
+    name: by the tensor's name when it names an input, else by K. A folder without input
+    files is the empty feed of a model without graph inputs (onnx's test_constant)."""
     files = _numbered(folder, "input")
     if not files:
         sets = sorted(folder.glob("test_data_set_*"), key=lambda p: _index(p.name))
         if sets:
             folder, files = sets[0], _numbered(sets[0], "input")
+    if not files and not graph.inputs:
+        return {}
     if not files:
         raise UserError(f"{folder}: no input_*.pb files (an ONNX test_data_set folder)")
     feeds = {}
     for position, file in enumerate(files):
-        tensor = onnx.TensorProto()
-        input_files.check_regular_file(file)
-        try:
-            tensor.ParseFromString(file.read_bytes())
-            value = numpy_helper.to_array(tensor)
-        except Exception as exc:
-            raise UserError(f"{file}: not a readable TensorProto ({type(exc).__name__})") from exc
-        if tensor.name and tensor.name in graph.inputs:
-            feeds[tensor.name] = value
+        name, value = _read_tensor_file(file)
+        if name and name in graph.inputs:
+            feeds[name] = value
         elif position < len(graph.inputs):
             feeds.setdefault(graph.inputs[position], value)
     return feeds
@@ -378,8 +396,12 @@ def share_cores(threads: int) -> None:
     _THREADS = max(1, threads)
 
 
-def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.InferenceSession:
-    """A CPU session with graph optimisations off; `model` may be serialised bytes."""
+def onnxruntime_session(
+    model: onnx.ModelProto | bytes | str | Path, external_data: Path | None = None
+) -> ort.InferenceSession:
+    """A CPU session with graph optimisations off; `model` may be serialised bytes.
+    `external_data`: the folder of the external data files of a model given as a proto or
+    bytes that was read without them."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVEL)
     options.log_severity_level = 4  # errors come back as exceptions; we report them
@@ -387,6 +409,10 @@ def onnxruntime_session(model: onnx.ModelProto | bytes | str | Path) -> ort.Infe
         options.intra_op_num_threads = _THREADS
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if external_data is not None:
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(external_data)
+        )
     if isinstance(model, onnx.ModelProto):
         source = model.SerializeToString()
     else:
@@ -412,21 +438,46 @@ def run_onnxruntime(
     """Run `model` on `inputs`; returns the requested (default: all) outputs by name.
 
     Inputs given shapes other than the static ones the model declares (`--input-shape`) run
-    on a copy of the model whose input and output dims are left symbolic.
+    on a copy of the model whose input and output dims are left symbolic. Inputs and outputs
+    of the types onnxruntime's Python API cannot exchange (bfloat16, float8, int4, ...) cross
+    it in a carrier type (`ort_carrier`); the arrays keep their ml_dtypes types.
     """
     try:
         session = onnxruntime_session(model)
         if _shapes_differ(session, inputs):
-            session = onnxruntime_session(_relaxed(model, inputs))
+            model = _relaxed(model, inputs)
+            session = onnxruntime_session(model)
         names = outputs or [out.name for out in session.get_outputs()]
+        boundary = ort_carrier.crossing(session, inputs, names)
+        if boundary is not None:
+            proto, folder = _proto(model)
+            adapted = ort_carrier.adapt(proto, boundary)
+            session = onnxruntime_session(adapted.model, folder)
+            return ort_carrier.run(session, adapted, boundary, inputs, names)
         feeds = {
             value.name: inputs[value.name] for value in session.get_inputs() if value.name in inputs
         }
         results = session.run(names, feeds)
+    except OracleError:
+        raise
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise OracleError(f"onnxruntime could not run the model: {first_line}") from exc
     return dict(zip(names, results, strict=True))
+
+
+def _proto(model: onnx.ModelProto | bytes | str | Path) -> tuple[onnx.ModelProto, Path | None]:
+    """In: a model as `run_onnxruntime` takes it. Out: a proto that may be changed (a copy of
+    one given) and, for a file, its folder: its external data is left on disk for
+    onnxruntime to read from there rather than loaded into the proto."""
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        return proto, None
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model), None
+    path = Path(model)
+    return onnx.load(str(path), load_external_data=False), path.resolve().parent
 
 
 def _shapes_differ(session, inputs: dict[str, np.ndarray]) -> bool:
