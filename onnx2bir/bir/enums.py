@@ -138,10 +138,18 @@ class Dtype(enum.StrEnum):
     FP16 = "float16"
     TF32 = "tfloat32"  # 1-8-10, held in 4 bytes; the low 13 mantissa bits are always zero
     FP8_E4M3 = "float8_e4m3"  # 1-4-3, max ±448, no infinities (OCP e4m3fn)
-    INT64 = "int64"
+    FP8_E5M2 = "float8_e5m2"  # 1-5-2, max ±57344, with infinities (OCP e5m2)
+    FP64 = "float64"  # DRAM only: computed in fp32 on chip (`dtypes.DRAM_ONLY`)
+    INT64 = "int64"  # DRAM only: int32 on chip
+    UINT64 = "uint64"  # DRAM only: uint32 on chip
     INT32 = "int32"
+    UINT32 = "uint32"
+    INT16 = "int16"
+    UINT16 = "uint16"
     INT8 = "int8"
     UINT8 = "uint8"
+    INT4 = "int4"  # DRAM only, one value per byte: int8 on chip
+    UINT4 = "uint4"  # DRAM only, one value per byte: uint8 on chip
     BOOL = "bool"
 
     @property
@@ -158,7 +166,7 @@ class Dtype(enum.StrEnum):
 
     @property
     def autocast_only(self) -> bool:
-        """A storage format of the autocast (TF32, FP8 e4m3), never a graph tensor's dtype."""
+        """A storage format of the autocast only (TF32), never a graph tensor's dtype."""
         return self in _AUTOCAST_ONLY
 
     @property
@@ -182,14 +190,32 @@ _NUMPY_DTYPES = {
     Dtype.FP16: np.dtype(np.float16),
     Dtype.TF32: np.dtype(np.float32),  # rounded to 10 mantissa bits on every store
     Dtype.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+    Dtype.FP8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    Dtype.FP64: np.dtype(np.float64),
     Dtype.INT64: np.dtype(np.int64),
+    Dtype.UINT64: np.dtype(np.uint64),
     Dtype.INT32: np.dtype(np.int32),
+    Dtype.UINT32: np.dtype(np.uint32),
+    Dtype.INT16: np.dtype(np.int16),
+    Dtype.UINT16: np.dtype(np.uint16),
     Dtype.INT8: np.dtype(np.int8),
     Dtype.UINT8: np.dtype(np.uint8),
+    Dtype.INT4: np.dtype(ml_dtypes.int4),
+    Dtype.UINT4: np.dtype(ml_dtypes.uint4),
     Dtype.BOOL: np.dtype(np.bool_),
 }
-_FLOAT_DTYPES = frozenset({Dtype.FP32, Dtype.BF16, Dtype.FP16, Dtype.TF32, Dtype.FP8_E4M3})
-_MANTISSA_BITS = {Dtype.FP32: 23, Dtype.TF32: 10, Dtype.FP16: 10, Dtype.BF16: 7, Dtype.FP8_E4M3: 3}
+_FLOAT_DTYPES = frozenset(
+    {Dtype.FP32, Dtype.BF16, Dtype.FP16, Dtype.TF32, Dtype.FP8_E4M3, Dtype.FP8_E5M2, Dtype.FP64}
+)
+_MANTISSA_BITS = {
+    Dtype.FP64: 52,
+    Dtype.FP32: 23,
+    Dtype.TF32: 10,
+    Dtype.FP16: 10,
+    Dtype.BF16: 7,
+    Dtype.FP8_E4M3: 3,
+    Dtype.FP8_E5M2: 2,
+}
 # Storage formats of the autocast only: never the dtype of a graph tensor (TF32 shares
-# float32's numpy dtype; ONNX float8 tensors stay unsupported).
-_AUTOCAST_ONLY = frozenset({Dtype.TF32, Dtype.FP8_E4M3})
+# float32's numpy dtype and has no ONNX type).
+_AUTOCAST_ONLY = frozenset({Dtype.TF32})

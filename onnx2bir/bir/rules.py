@@ -61,8 +61,15 @@ RULES: dict[str, Rule] = {
         Rule(
             "INT64-DATAPATH",
             "SBUF and PSUM operands",
-            "no engine has an int64 datapath: int64 tensors are narrowed to int32 on the "
-            "device, and int64 exists only in DRAM, at the model's boundary",
+            "no engine has a 64-bit datapath: int64 and uint64 tensors are narrowed to 32 "
+            "bits on the device, float64 is computed in fp32, 4-bit integers are unpacked to "
+            "bytes; these dtypes exist only in DRAM, at the model's boundary",
+        ),
+        Rule(
+            "NARROWING-CHECKED",
+            "DmaCopy",
+            "a float64 value loaded on chip must lie within fp32's range, and a uint64 value "
+            "within uint32's: the narrowing to the on-chip dtype is checked, never silent",
         ),
         Rule(
             "DMA-OOB",

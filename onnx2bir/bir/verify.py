@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnx2bir.bir.dtypes import DRAM_ONLY
 from onnx2bir.bir.enums import PAYLOAD_KINDS, DepKind, Dtype, Engine, MemoryKind, MemoryType
 from onnx2bir.bir.ir import (
     AccessPattern,
@@ -371,8 +372,10 @@ class _FunctionWalk:
                         "OPERAND-MEMORY", f"{role} {ap.loc!r} is in {loc.memory}, allowed: {names}"
                     )
                 )
-        if loc.memory != MemoryType.DRAM and loc.dtype is Dtype.INT64:
-            found.append(cite("INT64-DATAPATH", f"{role} {ap.loc!r} is int64 in {loc.memory}"))
+        if loc.memory != MemoryType.DRAM and loc.dtype in DRAM_ONLY:
+            found.append(
+                cite("INT64-DATAPATH", f"{role} {ap.loc!r} is {loc.dtype} in {loc.memory}")
+            )
         if loc.memory == MemoryType.DRAM:
             if ap.num_partitions or ap.partition_start:
                 found.append(f"{role} {ap.loc!r} is DRAM but selects partitions")

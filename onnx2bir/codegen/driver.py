@@ -681,18 +681,22 @@ class BirCodeGen(InstructionBuilders):
         dst: AccessPattern | None,
         srcs: dict[str, AccessPattern],
     ) -> Engine:
-        """GpSimd for VectorE arithmetic whose tile inputs are all integers, one of them 32-bit:
-        VectorE would compute it in fp32, inexact past 2^24, GpSimd's int32 lanes are exact
-        (NKI dispatches int32 arithmetic the same way; docs/neuroncore.md#integers). 8-bit
-        integers and booleans stay on VectorE, exact in fp32. GpSimd cannot reach PSUM."""
+        """GpSimd for VectorE arithmetic whose tile inputs are all integers, one of them 32-bit,
+        or whose result is a narrower integer: VectorE would compute it in fp32, inexact past
+        2^24, and its store to an integer saturates where ONNX's integer arithmetic wraps
+        (int16 200·200); GpSimd's int32 lanes are exact and their store wraps (NKI dispatches
+        int32 arithmetic the same way; docs/neuroncore.md#integers). Booleans and comparisons
+        of narrow integers stay on VectorE, exact in fp32. GpSimd cannot reach PSUM."""
         if engine is not Engine.DVE or opcode not in _ARITHMETIC:
             return engine
         locations = self.function.memory_locations
         operands = [locations[ap.loc] for ap in (dst, *srcs.values()) if ap is not None]
         inputs = [locations[ap.loc].dtype for ap in srcs.values()]
         wide_integers = any(dtype.itemsize >= 4 for dtype in inputs)
+        result = locations[dst.loc].dtype if dst is not None else None
+        integer_result = result is not None and not result.is_float and result is not Dtype.BOOL
         if (
-            wide_integers
+            (wide_integers or integer_result)
             and not any(dtype.is_float for dtype in inputs)
             and all(loc.memory is not MemoryType.PSUM for loc in operands)
         ):

@@ -545,9 +545,11 @@ def _compile_time_hint(model: onnx.ModelProto) -> str:
 
     needed = compile_time_inputs(model)
     fixes = " ".join(f"--input-value {name}=V" for name in needed)
-    return f" (read at compile time from input {', '.join(map(repr, needed))}: {fixes})" if (
-        needed
-    ) else ""
+    return (
+        f" (read at compile time from input {', '.join(map(repr, needed))}: {fixes})"
+        if (needed)
+        else ""
+    )
 
 
 def refuse_unsupported_types(model: onnx.ModelProto, inputs_only: bool = False) -> None:

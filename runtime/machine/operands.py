@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnx2bir.bir.dtypes import F32, int_like, store_as
+from onnx2bir.bir.dtypes import F32, SATURATING, int_like, store_as
 from onnx2bir.bir.enums import Dtype, Engine, MemoryType, Opcode
 from onnx2bir.bir.ir import Instruction
 from onnx2bir.bir.opcodes import (
@@ -29,7 +29,8 @@ from onnx2bir.bir.opcodes import (
 )
 from onnx2bir.runtime.machine.machine import Machine, Operand, instruction_error
 
-_ROUNDED_APART = frozenset({Dtype.TF32, Dtype.FP8_E4M3})  # store_as does more than a cast
+# store_as does more than a numpy cast for these
+_ROUNDED_APART = frozenset({Dtype.TF32, *SATURATING})
 
 
 def store(dst: Operand, loop_values: dict[str, int], values: np.ndarray) -> None:

@@ -77,7 +77,9 @@ Semantics = Callable[[Machine, Instruction, dict[str, int]], None]
 
 # The PE array's operand dtypes (docs/autocast.md#the-pe-array): any two of these may meet in one
 # Matmult, except that fp32 and tf32 (the 4-byte formats) pair only with each other.
-PE_INPUT_DTYPES = frozenset({Dtype.FP8_E4M3, Dtype.BF16, Dtype.FP16, Dtype.TF32, Dtype.FP32})
+PE_INPUT_DTYPES = frozenset(
+    {Dtype.FP8_E4M3, Dtype.FP8_E5M2, Dtype.BF16, Dtype.FP16, Dtype.TF32, Dtype.FP32}
+)
 _PE_WIDE = frozenset({Dtype.FP32, Dtype.TF32})
 
 
@@ -119,9 +121,34 @@ def _prep_dma(ins: Instruction, ops: dict[str, Operand]) -> tuple:
 
 
 def dma_copy(m: Machine, ins: Instruction, loop_values: dict[str, int]) -> None:
-    """DmaCopy: row-major element copy between DRAM/SB, through fp32 when dtypes differ."""
+    """DmaCopy: row-major element copy between DRAM/SB, through fp32 when dtypes differ. A
+    float64 or uint64 value narrowed to its on-chip dtype must fit it (NARROWING-CHECKED)."""
     src, dst = m.prepared.get(ins) or prepare(m, ins, _prep_dma)
-    store(dst, loop_values, src.view(loop_values))
+    values = src.view(loop_values)
+    if src.loc.dtype in _CHECKED_NARROWING and dst.loc.memory is not MemoryType.DRAM:
+        _check_narrowing(ins, src.loc.dtype, dst.loc.dtype, values)
+    store(dst, loop_values, values)
+
+
+_CHECKED_NARROWING = frozenset({Dtype.FP64, Dtype.UINT64})
+
+
+def _check_narrowing(ins: Instruction, source: Dtype, target: Dtype, values: np.ndarray) -> None:
+    """A load onto chip: the values must fit the on-chip dtype (a cast between DRAM tensors,
+    ONNX's Cast, overflows to inf as the standard says and is not checked here)."""
+    if target is Dtype.FP32:
+        bad = np.isfinite(values) & (np.abs(values) > float(np.finfo(np.float32).max))
+    elif target is Dtype.UINT32:
+        bad = values > np.iinfo(np.uint32).max
+    else:
+        return
+    if bad.any():
+        first = values[bad].reshape(-1)[0]
+        raise instruction_error(
+            ins,
+            f"{int(bad.sum())} {source} value(s) (first {first.item()!r}) do not fit {target}",
+            "NARROWING-CHECKED",
+        )
 
 
 def _prep_dma_gather(ins: Instruction, ops: dict[str, Operand]) -> tuple:

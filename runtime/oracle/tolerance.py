@@ -82,18 +82,28 @@ UNIT_ROUNDOFF = {
     "fp16": 2.0**-11,
     "tf32": 2.0**-11,
     "fp8_e4m3": 2.0**-4,
+    "fp8_e5m2": 2.0**-3,
     "fp32": 2.0**-24,
 }
-LOW_PRECISION_RTOL = {"bf16": 2.0**-6, "fp16": 1e-3, "tf32": 1e-3, "fp8_e4m3": 2.0**-2}
-PATHS = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "exact")
+LOW_PRECISION_RTOL = {
+    "bf16": 2.0**-6,
+    "fp16": 1e-3,
+    "tf32": 1e-3,
+    "fp8_e4m3": 2.0**-2,
+    "fp8_e5m2": 2.0**-1,
+}
+PATHS = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "exact")
 # Looser paths win when paths meet (a bf16 value flowing into an fp32 op keeps bf16 error).
-_LOOSENESS = {"exact": 0, "fp32": 1, "tf32": 2, "fp16": 3, "bf16": 4, "fp8_e4m3": 5}
+_LOOSENESS = {"exact": 0, "fp32": 1, "tf32": 2, "fp16": 3, "bf16": 4, "fp8_e4m3": 5, "fp8_e5m2": 6}
+# float64 is computed in fp32 on chip (bir/dtypes.py DRAM_ONLY): its path is fp32's.
 _DTYPE_PATHS = {
+    Dtype.FP64: "fp32",
     Dtype.FP32: "fp32",
     Dtype.TF32: "tf32",
     Dtype.BF16: "bf16",
     Dtype.FP16: "fp16",
     Dtype.FP8_E4M3: "fp8_e4m3",
+    Dtype.FP8_E5M2: "fp8_e5m2",
 }
 _FILE_KEYS = {"default", "paths", "op_types", "tensors", "outputs"}
 MAX_TOLERANCE_FILE_BYTES = 1 << 20  # a tolerance file is a few hundred bytes

@@ -77,8 +77,8 @@ def test_a_last_partial_block_is_refused():
         compile_graph(import_graph(model), CompileOptions(auto_cast="none"))
 
 
-@pytest.mark.parametrize("elem", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
-def test_float8_dequantize_of_a_run_time_tensor_is_refused_with_the_reason(elem):
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2FNUZ])
+def test_fnuz_float8_dequantize_of_a_run_time_tensor_is_refused_with_the_reason(elem):
     node = helper.make_node("DequantizeLinear", ["x", "scale"], ["y"])
     graph = helper.make_graph(
         [node],

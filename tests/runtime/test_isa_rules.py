@@ -230,6 +230,7 @@ def test_every_machine_rule_has_a_case_here_or_beside_its_feature():
         "PARALLEL-HAZARD": "test_parallel_loops.py",
         "INT64-DATAPATH": "test_integer_datapaths.py",
         "ALU-BITVEC": "test_bitvec_alu.py",
+        "NARROWING-CHECKED": "../codegen/test_model_dtypes.py",
     }
     assert set(RULES) == set(CASES) | set(elsewhere)
     for name in elsewhere.values():

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import math
 
+from onnx2bir.bir.dtypes import SATURATING
+from onnx2bir.bir.enums import AluOp, Dtype, Engine
 from onnx2bir.codegen.driver import BirCodeGen
+from onnx2bir.codegen.elementwise_walk import emit_elementwise, like, scratch_tile
 from onnx2bir.codegen.lower.data import copy_dram, copy_strided
 from onnx2bir.codegen.spatial import fill_dram
 from onnx2bir.codegen.tiling import Affine, broadcast_strides, contiguous_strides
@@ -39,9 +42,37 @@ def const_ints(cg: BirCodeGen, node: Node, index: int, what: str) -> list[int] |
 
 
 def lower_cast(cg: BirCodeGen, node: Node) -> None:
+    """Cast (and CastLike) as one converting DMA (`bir/dtypes.py store_as`). A float8 target
+    with `saturate=0` (overflow to NaN or inf) is refused: the device's conversion saturates."""
     src, out = node.inputs[0], node.outputs[0]
+    target = cg.graph.tensors[out].dtype
+    if target in SATURATING and not int(node.attr("saturate", 1)):
+        raise cg.fail(
+            f"Cast to {target} with saturate=0: the device's float8 conversion saturates "
+            f"at ±{SATURATING[target]:g}"
+        )
+    if target in (Dtype.INT4, Dtype.UINT4) and cg.graph.tensors[src].dtype.is_float:
+        _float_to_4bit(cg, node)
+        return
     count = math.prod(cg.graph.tensors[out].shape)
     copy_dram(cg, cg.dram(out).name, cg.dram(src).name, count)
+
+
+def _float_to_4bit(cg: BirCodeGen, node: Node) -> None:
+    """A float cast to int4/uint4 as onnxruntime computes it: rounded half away from zero,
+    then wrapped to 4 bits (ONNX leaves an out-of-range value undefined; docs/dtypes.md).
+    Per tile: h = (x >= 0) - 0.5, t = x + h in fp32; t stored to int32 truncates toward zero
+    (the rounding); int32 to the 4-bit output's byte wraps, and so does its store to 4 bits."""
+    half_t, whole_t = scratch_tile(cg, "half"), scratch_tile(cg, "whole", Dtype.INT32)
+
+    def compute(cg: BirCodeGen, dst, srcs) -> None:
+        half, whole = like(dst, half_t), like(dst, whole_t)
+        cg.tensor_scalar(half, srcs[0], AluOp.IS_GE, 0.0, AluOp.SUBTRACT, 0.5)
+        cg.tensor_tensor(half, srcs[0], half, AluOp.ADD)
+        cg.tensor_copy(whole, half)
+        cg.tensor_copy(dst, whole, Engine.POOL)
+
+    emit_elementwise(cg, {**node, "inputs": [node.inputs[0]]}, compute)
 
 
 def split_sizes(cg: BirCodeGen, node: Node, length: int) -> list[int]:

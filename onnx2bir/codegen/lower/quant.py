@@ -18,6 +18,7 @@ partial block (block_size not dividing d) is refused. The float8 types are refus
 
 from __future__ import annotations
 
+from onnx2bir.bir.dtypes import SATURATING, iinfo
 from onnx2bir.bir.enums import AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern
 from onnx2bir.codegen.driver import BirCodeGen
@@ -25,11 +26,14 @@ from onnx2bir.codegen.lower.elementwise import emit_elementwise, like, scratch_t
 from onnx2bir.codegen.lower.math_ops import _floor
 from onnx2bir.graph import Node
 
-_RANGES = {
-    Dtype.UINT8: (0, 255),
-    Dtype.INT8: (-128, 127),
-    Dtype.INT32: (-(2**31), 2**31 - 1),
-}
+
+def _integer_range(dtype: Dtype) -> tuple[int, int] | None:
+    """The range QuantizeLinear saturates to: the integer output type's (uint8 [0, 255], int4
+    [-8, 7], ...); None for a float output."""
+    if dtype.is_float or dtype is Dtype.BOOL:
+        return None
+    info = iinfo(dtype.numpy)
+    return int(info.min), int(info.max)
 
 
 def _axis_shapes(
@@ -123,9 +127,13 @@ def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
 
 def lower_quantize(cg: BirCodeGen, node: Node) -> None:
     out_dtype = cg.graph.tensors[node.outputs[0]].dtype
-    if out_dtype not in _RANGES:
+    if out_dtype in SATURATING:
+        _quantize_float8(cg, node, out_dtype)
+        return
+    span = _integer_range(out_dtype)
+    if span is None:
         raise cg.fail(f"QuantizeLinear to {out_dtype} is not supported")
-    low, high = _RANGES[out_dtype]
+    low, high = span
     shapes, view = _axis_shapes(cg, node)
     has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
     scalars = _scalar_parameters(cg, node)
@@ -156,4 +164,37 @@ def lower_quantize(cg: BirCodeGen, node: Node) -> None:
 
     if scalars is not None:
         node = {**node, "inputs": [node.inputs[0]]}
+    emit_elementwise(cg, node, compute, shapes, direct=True, out_shape=view)
+
+
+def _quantize_float8(cg: BirCodeGen, node: Node, out_dtype: Dtype) -> None:
+    """QuantizeLinear to a float8 type: y = x / scale + zero_point, converted by the store,
+    which rounds to nearest even and saturates as ONNX's default (`saturate=1`) asks
+    (`bir/dtypes.py saturate_fp8`). `saturate=0` (overflow to NaN or inf) is refused: the
+    device's conversion saturates."""
+    if not int(node.attr("saturate", 1)):
+        raise cg.fail(
+            f"QuantizeLinear to {out_dtype} with saturate=0: the device's float8 conversion "
+            "saturates"
+        )
+    shapes, view = _axis_shapes(cg, node)
+    has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
+    scalars = _scalar_parameters(cg, node)
+    if scalars is not None:
+        scale, zero = scalars
+        emit_elementwise(
+            cg,
+            {**node, "inputs": [node.inputs[0]]},
+            lambda cg, dst, srcs: cg.tensor_scalar(
+                dst, srcs[0], AluOp.DIVIDE, scale, AluOp.ADD, zero
+            ),
+            direct=True,
+        )
+        return
+
+    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
+        cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.DIVIDE)
+        if has_zero:
+            cg.tensor_tensor(dst, dst, srcs[2], AluOp.ADD)
+
     emit_elementwise(cg, node, compute, shapes, direct=True, out_shape=view)
