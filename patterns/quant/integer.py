@@ -310,7 +310,10 @@ def exactness(graph: Graph, op: IntegerMatmul) -> tuple[int, str | None]:
     w_max = op.w.magnitude(graph)
     weights = _const(graph, op.w.tensor)
     if weights is None:  # both operands at run time: every product may be the largest
-        k = graph.tensors[op.w.tensor].shape[-2] if op.op_type == "MatMul" else 0
+        shape = graph.tensors[op.w.tensor].shape
+        k = shape[-2] if op.op_type == "MatMul" else 0
+        if op.op_type == "Conv":  # [C_out, C_in / group, *kernel]: one output's reduction
+            k = math.prod(shape[1:])
         if op.op_type == "Gemm":
             shape = graph.tensors[op.w.tensor].shape
             k = shape[1] if op.attrs.get("transB", 0) else shape[0]
@@ -350,7 +353,9 @@ def reduction_groups(graph: Graph, op: IntegerMatmul) -> list[tuple[int, int]] |
     k_axis = _k_axis(op, graph)
     size = graph.tensors[op.w.tensor].shape[k_axis]
     if weights is None:
-        per = (EXACT_LIMIT - 1) // max(x_max * w_max, 1)
+        shape = graph.tensors[op.w.tensor].shape
+        taps = math.prod(shape[2:]) if op.op_type == "Conv" else 1  # per input channel
+        per = (EXACT_LIMIT - 1) // max(x_max * w_max * taps, 1)
         return [(s, min(s + per, size)) for s in range(0, size, per)] if per else None
     out_axis = _out_axis(op, graph)
     centred = np.abs(weights.astype(np.int64) - _along(op.w.zero_point, out_axis, weights.ndim))
@@ -515,7 +520,7 @@ def _centred_weight(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
     weights = _const(graph, w.tensor)
     if weights is None:
         if w.zero_point.size != 1:
-            raise AssertionError("a run-time weight has a per-tensor zero point")
+            return _centred_runtime_weight(graph, op, prefix)
         centred = Operand(
             w.tensor, np.ones((), np.float32), w.zero_point.reshape(()), None, w.runtime_zero_point
         )
@@ -525,6 +530,35 @@ def _centred_weight(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
     axis = _out_axis(op, graph)
     values = weights.astype(np.int64) - _along(w.zero_point, axis, weights.ndim)
     return _new_const(graph, f"{prefix}/w_int", values.astype(np.float32))
+
+
+def _centred_runtime_weight(graph: Graph, op: IntegerMatmul, prefix: str) -> str:
+    """w − zw for a run-time weight whose zero point is a constant vector along its output
+    channels (ConvInteger's, MatMulInteger's per-channel w_zero_point): a Cast to fp32, then a
+    Sub of the zero points shaped to broadcast along the output axis. Exact: both operands
+    are integers within ±255.
+    """
+    w = op.w
+    info = graph.tensors[w.tensor]
+    rank = len(info.shape)
+    axis = _out_axis(op, graph) % rank
+    if w.zero_point.size != info.shape[axis]:
+        raise _refusal(
+            op.node,
+            op.form,
+            f"input B's zero point has {w.zero_point.size} values, not one per output channel "
+            f"({info.shape[axis]})",
+        )
+    widened = f"{prefix}/b/w_fp32"
+    graph.tensors[widened] = TensorInfo(widened, info.shape, Dtype.FP32)
+    graph.add_node(widened, "Cast", [w.tensor], [widened], {"to": 1})
+    zero = _new_const(
+        graph, f"{prefix}/b/w_zero_point", _along(w.zero_point, axis, rank).astype(np.float32)
+    )
+    out = f"{prefix}/b/w_int"
+    graph.tensors[out] = TensorInfo(out, info.shape, Dtype.FP32)
+    graph.add_node(out, "Sub", [widened, zero], [out])
+    return out
 
 
 def _scale(graph, prefix, acc, scale, channel_axis, rank, shape, target=None) -> str:
