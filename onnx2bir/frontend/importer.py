@@ -44,6 +44,7 @@ from onnx2bir.frontend.folding import (
 from onnx2bir.frontend.function_expansion import expand_functions, expansion_note
 from onnx2bir.frontend.input_values import pin_input_values
 from onnx2bir.frontend.opset_upgrade import default_opset, upgrade_old_opset
+from onnx2bir.frontend.sequences import rewrite_static_sequences
 from onnx2bir.frontend.symbols import is_unnamed, propagate_symbols, unset_message
 from onnx2bir.graph import Graph, TensorInfo
 
@@ -248,6 +249,7 @@ def import_parts(
         model, input_values or {}, runtime_inputs(model, weights), input_shapes
     )
     model = fix_input_shapes(model, input_shapes or {}, dims or {}, weights)
+    sequences = rewrite_static_sequences(model)
     expansion = expansion_note(expand_functions(model))
     model = normalize_pool_ceil_mode(model)
     check_model(model, full=True)
@@ -256,7 +258,7 @@ def import_parts(
     check_folded(model, weights)
     model = drop_dead_nodes(drop_zero_adds(model, weights))
     shapes = static_shapes(model)
-    notes = [note for note in (upgrade_note, expansion) if note]
+    notes = [note for note in (upgrade_note, sequences, expansion) if note]
     notes += declared_output_notes(declared, shapes)
     restore_declared_outputs(model, declared, shapes)
     graph = build_graph(model, _model_name(source, model), weights)
