@@ -83,21 +83,28 @@ _CAST_TYPES = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16}
 
 
 def rounding_nodes(
-    source: str, result: str, dtype: str, opset: int, prefix: str
+    source: str, result: str, dtype: str, opset: int, prefix: str, elem: int = TensorProto.FLOAT
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """Nodes (and their constants) that compute `result` = `source` (float32) rounded to
-    `dtype` and read back as float32: a Cast pair where onnxruntime's Cast rounds as the
-    device does, else the exact arithmetic rounding of `arithmetic_rounding`."""
+    """Nodes (and their constants) that compute `result` = `source` rounded to `dtype` and
+    read back in `source`'s own ONNX type `elem` (float32, or the float16 / float64 of a model
+    in that type): a Cast pair where onnxruntime's Cast rounds as the device does, else the
+    exact arithmetic rounding of `arithmetic_rounding`, in float32 between two Casts."""
     cast_type = _CAST_TYPES.get(dtype)
     if cast_type is not None and (dtype != "bfloat16" or opset >= CAST_OPSET_BF16):
         narrow = f"{prefix}/narrow"
         return [
             helper.make_node("Cast", [source], [narrow], to=cast_type, name=f"{prefix}/cast"),
-            helper.make_node(
-                "Cast", [narrow], [result], to=TensorProto.FLOAT, name=f"{prefix}/widen"
-            ),
+            helper.make_node("Cast", [narrow], [result], to=elem, name=f"{prefix}/widen"),
         ], []
-    return arithmetic_rounding(source, result, FORMATS[dtype], prefix)
+    if elem == TensorProto.FLOAT:
+        return arithmetic_rounding(source, result, FORMATS[dtype], prefix)
+    wide, narrow = f"{prefix}/as_float", f"{prefix}/rounded"
+    nodes, consts = arithmetic_rounding(wide, narrow, FORMATS[dtype], prefix)
+    return [
+        helper.make_node("Cast", [source], [wide], to=TensorProto.FLOAT, name=f"{wide}/cast"),
+        *nodes,
+        helper.make_node("Cast", [narrow], [result], to=elem, name=f"{prefix}/back"),
+    ], consts
 
 
 class _Builder:
@@ -297,17 +304,22 @@ def accumulates(graph: Graph, tensor: str) -> bool:
 
 
 def accumulation_allowance_nodes(
-    node: onnx.NodeProto, terms: int, result: str
+    node: onnx.NodeProto, terms: int, result: str, in_float32: bool = True
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Nodes computing, for each element of `node`'s output, how far two fp32 evaluations of
     it in different orders may lie apart: 2·(λ·√K + 1)·u·Σ|t| for its K = `terms` products and
     its bias t (`ACCUMULATION_LAMBDA`). Σ|t| is `node` itself applied to the absolute values of
-    its operands and bias (|alpha|, |beta| for a Gemm)."""
+    its operands and bias (|alpha|, |beta| for a Gemm), in float32 (`in_float32` False: the
+    operands are float16 or float64 in the model, and are cast first, as the machine computes
+    in fp32)."""
     b = _Builder(result)
     clone = onnx.NodeProto()
     clone.CopyFrom(node)
     clone.name = b.name("magnitude")
-    inputs = [b.op("Abs", t) if t else t for t in clone.input]
+    inputs = list(clone.input)
+    if not in_float32:  # before Abs: onnxruntime has no bfloat16 Abs
+        inputs = [b.op("Cast", t, to=TensorProto.FLOAT) if t else t for t in inputs]
+    inputs = [b.op("Abs", t) if t else t for t in inputs]
     del clone.input[:]
     clone.input.extend(inputs)
     magnitude = b.name("sum")
@@ -806,7 +818,8 @@ def emulating_model(
                         )
                     )
                 else:
-                    new, consts = rounding_nodes(source, result, point.dtype, opset, result)
+                    elem = _elem(graph, point.input)
+                    new, consts = rounding_nodes(source, result, point.dtype, opset, result, elem)
                     nodes.extend(new)
                     proto.initializer.extend(consts)
                 rounded[key] = result
@@ -825,8 +838,10 @@ def emulating_model(
             reductions.append((node, name))
     for node, name in reductions:  # on the operands as the node reads them (rounded)
         first, *others = summed[node.output[0]]
+        operands = graph.node(name)["inputs"]  # the model's names (the node's may be rounded)
+        in_float32 = all(_elem(graph, t) == TensorProto.FLOAT for t in operands if t)
         new, consts = accumulation_allowance_nodes(
-            node, reduction_length(graph, name), first + ACCUMULATION_SUFFIX
+            node, reduction_length(graph, name), first + ACCUMULATION_SUFFIX, in_float32
         )
         nodes.extend(new)
         proto.initializer.extend(consts)
@@ -857,7 +872,7 @@ def emulating_model(
     for tensor in sorted(resync):
         info = graph.tensors[tensor]
         proto.input.append(
-            helper.make_tensor_value_info(tensor + MACHINE_SUFFIX, TensorProto.FLOAT, info.shape)
+            helper.make_tensor_value_info(tensor + MACHINE_SUFFIX, _elem(graph, tensor), info.shape)
         )
     known = {vi.name: vi for vi in [*proto.input, *proto.value_info, *proto.output]}
     del proto.output[:]
@@ -871,6 +886,14 @@ def emulating_model(
             elem = helper.np_dtype_to_tensor_dtype(info.dtype.numpy)
             proto.output.append(helper.make_tensor_value_info(tensor, elem, list(info.shape)))
     return model
+
+
+def _elem(graph: Graph, tensor: str) -> int:
+    """The ONNX element type of a float tensor of the graph (float32 when not known)."""
+    info = graph.tensors.get(tensor)
+    if info is None or not info.dtype.is_float:
+        return TensorProto.FLOAT
+    return helper.np_dtype_to_tensor_dtype(info.dtype.numpy)
 
 
 def _recurrent(
@@ -980,8 +1003,8 @@ def run_emulating(
     wanted = list(outputs) if outputs is not None else list(graph.outputs)
     shapes = {name: tuple(value.shape) for name, value in prerounded.items()}
     model = emulating_model(folded, graph, plan, machine_values, wanted, shapes)
-    extra = {
-        tensor + MACHINE_SUFFIX: np.asarray(value, np.float32)
+    extra = {  # in the tensor's own dtype (float32, or a float16/bfloat16/float64 model's)
+        tensor + MACHINE_SUFFIX: np.asarray(value).astype(graph.tensors[tensor].dtype.numpy)
         for tensor, value in machine_values.items()
     }
     fed = {**feeds, **weights, **extra, **prerounded}

@@ -97,6 +97,27 @@ def _float64() -> onnx.ModelProto:
     return _model(nodes, [_x(d)], out_type=d, initializers=[axes])
 
 
+def _matmul(elem: int) -> onnx.ModelProto:
+    """x @ w + Relu in a float type other than float32: the oracle's allowance and roundings
+    are built in the model's own type."""
+    np_type = helper.tensor_dtype_to_np_dtype(elem)
+    weight = np.random.default_rng(2).standard_normal((SHAPE[1], 5)).astype(np_type)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("Relu", ["y"], ["out"]),
+    ]
+    return _model(nodes, [_x(elem)], elem, [numpy_helper.from_array(weight, "w")])
+
+
+def _einsum(elem: int) -> onnx.ModelProto:
+    """x·w as an Einsum (onnxruntime has a bfloat16 Einsum, not a bfloat16 MatMul; ONNX's
+    Einsum takes bfloat16 from opset 28)."""
+    np_type = helper.tensor_dtype_to_np_dtype(elem)
+    weight = np.random.default_rng(2).standard_normal((SHAPE[1], 5)).astype(np_type)
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["out"], equation="ij,jk->ik")]
+    return _model(nodes, [_x(elem)], elem, [numpy_helper.from_array(weight, "w")], opset=28)
+
+
 def _integers(low: int, high: int):
     return np.random.default_rng(1).integers(low, high, SHAPE).astype(np.float32)
 
@@ -111,6 +132,9 @@ CASES = {
     "uint32": (_integer_arithmetic(TensorProto.UINT32, ("Mul", "Max", "Div")), _integers(0, 9000)),
     "uint64": (_integer_arithmetic(TensorProto.UINT64, ("Add", "Mul", "Sub")), _integers(10, 9000)),
     "float64": (_float64(), None),
+    "float64 matmul": (_matmul(TensorProto.DOUBLE), None),
+    "float16 matmul": (_matmul(TensorProto.FLOAT16), None),
+    "bfloat16 einsum": (_einsum(TensorProto.BFLOAT16), None),
     "int4": (_quantized(TensorProto.INT4), _integers(-12, 12) / 4.0),
     "uint4": (_quantized(TensorProto.UINT4), _integers(-2, 20) / 4.0),
     "float8e4m3fn quantize": (_quantized(TensorProto.FLOAT8E4M3FN), None),
@@ -178,8 +202,9 @@ def test_a_model_in_the_dtype_matches_onnxruntime_and_a_wrong_answer_fails(tmp_p
     path = str(tmp_path / "m.onnx")
     onnx.save(model, path)
     feeds = _inputs(model, given)
-    result = onnx2bir.validate(path, feeds, auto_cast="none")
-    assert result.passed, result
+    for auto_cast in ("none", "matmult"):  # the default autocast rounds matmul operands
+        result = onnx2bir.validate(path, feeds, auto_cast=auto_cast)
+        assert result.passed, (auto_cast, result)
     run = Run(path, feeds)
     assert run.passes(run.outputs)
     wrong = {name: _one_step_off(value) for name, value in run.outputs.items()}
