@@ -34,6 +34,7 @@ from onnx2bir.bir.opcodes import NUM_PARTITIONS, ap_field_overflow, free_size_li
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.residency import image_group
 from onnx2bir.codegen.spatial import (
+    Clip,
     WindowGeometry,
     clip,
     frame_band,
@@ -204,16 +205,28 @@ def window_pool(
     plane = geo.in_h * geo.in_w
     cols = min(geo.out_w, POOL_OUT_TILE)
     rows = max(1, min(geo.out_h, POOL_OUT_TILE // cols))
+    budget = min(POOL_BAND_BYTES, cg.sb_free_bytes() // 2)
+    steps = band_steps(geo, dtype, budget)
+    step_h, step_w = steps
+
+    def band_bytes(rows: int, cols: int) -> int:
+        return band_extent(geo, rows, cols, steps) * dtype.itemsize
+
     # Big windows: shrink the output tile until its input band fits the band budget, and the
     # windows one TensorReduce reads fit VectorE's free size and the ISA's stride fields.
-    while cols > 1 and geo.rows_needed(rows) * geo.cols_needed(cols) * dtype.itemsize > (
-        POOL_BAND_BYTES
-    ):
+    while (rows > 1 or cols > 1) and band_bytes(rows, cols) > budget:
         if rows > 1:
             rows = max(1, rows // 2)
         else:
             cols = max(1, cols // 2)
-    while (problem := _windows_problem(geo, rows, cols)) is not None:
+    if band_bytes(rows, cols) > budget:
+        raise cg.fail(
+            f"one {geo.kernel_h}x{geo.kernel_w} window (dilations {geo.dilation_h}x"
+            f"{geo.dilation_w}, strides {geo.stride_h}x{geo.stride_w}) reads a band of "
+            f"{band_bytes(1, 1)} bytes per partition, past the {budget} a band may take in "
+            "SBUF (SBUF-CAPACITY)"
+        )
+    while (problem := _windows_problem(geo, rows, cols, steps)) is not None:
         if rows == cols == 1:
             raise cg.fail(f"one {geo.kernel_h}x{geo.kernel_w} window alone: {problem}")
         if rows > 1:
@@ -222,7 +235,7 @@ def window_pool(
             cols = max(1, cols // 2)
     # band, out and divisors rotate over the innermost tile loop with more than one tile
     # (docs/buffers.md#lowerings).
-    band_stride = copy_stride(geo.rows_needed(rows) * geo.cols_needed(cols), dtype)
+    band_stride = copy_stride(band_extent(geo, rows, cols, steps), dtype)
     out_stride = copy_stride(rows * cols, dtype)
     counts = [tile_count(planes // images, NUM_PARTITIONS), tile_count(geo.out_h, rows)]
     counts.append(tile_count(geo.out_w, cols))
@@ -243,10 +256,10 @@ def window_pool(
     # One column tile: every band has the same side columns, framed once for every copy.
     sides_once = tile_count(geo.out_w, cols) == 1
     if sides_once:
-        band_cols = geo.cols_needed(cols)
-        side_clip = clip(Affine(), band_cols, geo.pad_left, geo.in_w)
+        band_cols = _decimated(geo.cols_needed(cols), step_w)
+        side_clip = clip(Affine(), band_cols, geo.pad_left, geo.in_w, step_w)
         partitions = (0, min(planes, NUM_PARTITIONS))
-        rows_each = geo.rows_needed(rows)
+        rows_each = _decimated(geo.rows_needed(rows), step_h)
         copies_at = (band_stride, copies)
         frame_sides(cg, band, 0, copies_at, partitions, rows_each, band_cols, side_clip, fill)
     for p in plane_tiles(cg, planes, images, "p", buffers[0]):
@@ -254,28 +267,48 @@ def window_pool(
             for col in window_tiles(cg, geo, "w", geo.out_w, cols, "ow", buffers[2]):
                 slot = p.slot + row.slot + col.slot  # at most one of them rotates
                 band_at, out_at = slot * band_stride, slot * out_stride
-                band_rows, band_cols = geo.rows_needed(row.size), geo.cols_needed(col.size)
-                rows_clip = clip(row.start * geo.stride_h, band_rows, geo.pad_top, geo.in_h)
-                cols_clip = clip(col.start * geo.stride_w, band_cols, geo.pad_left, geo.in_w)
+                band_rows = _decimated(geo.rows_needed(row.size), step_h)
+                band_cols = _decimated(geo.cols_needed(col.size), step_w)
+                rows_clip = clip(row.start * geo.stride_h, band_rows, geo.pad_top, geo.in_h, step_h)
+                cols_clip = clip(
+                    col.start * geo.stride_w, band_cols, geo.pad_left, geo.in_w, step_w
+                )
                 at, partitions = band_at, (0, p.size)
                 frame_band(
                     cg, band, at, partitions, band_cols, rows_clip, cols_clip, fill, not sides_once
                 )
-                read_band(
-                    cg,
-                    band,
-                    at,
-                    partitions,
-                    band_cols,
-                    rows_clip,
-                    cols_clip,
-                    src,
-                    p.start * plane,
-                    (plane, p.size),
-                    1,
-                    geo.in_w,
-                )
-                windows = cg.ap(band, _windows(geo, row.size, col.size), band_at, partitions=p.size)
+                if steps == (1, 1):
+                    read_band(
+                        cg,
+                        band,
+                        at,
+                        partitions,
+                        band_cols,
+                        rows_clip,
+                        cols_clip,
+                        src,
+                        p.start * plane,
+                        (plane, p.size),
+                        1,
+                        geo.in_w,
+                    )
+                else:
+                    _read_lattice_band(
+                        cg,
+                        band,
+                        at,
+                        p.size,
+                        band_cols,
+                        rows_clip,
+                        cols_clip,
+                        src,
+                        p.start * plane,
+                        plane,
+                        geo.in_w,
+                        steps,
+                    )
+                pattern = _windows(geo, row.size, col.size, steps)
+                windows = cg.ap(band, pattern, band_at, partitions=p.size)
                 result = cg.ap(out_sb, [(1, row.size * col.size)], out_at, partitions=p.size)
                 cg.tensor_reduce(result, windows, op, axes=2)
                 if isinstance(divisor, float):
@@ -301,22 +334,89 @@ def window_pool(
                 )
 
 
-def _windows(geo: WindowGeometry, rows: int, cols: int) -> list[tuple[int, int]]:
+def band_steps(geo: WindowGeometry, dtype: Dtype, budget: int) -> tuple[int, int]:
+    """The input rows and columns apart that a band keeps: (1, 1), a dense band, when one
+    window's dense band fits `budget` bytes per partition; else along each axis the gcd of
+    stride and dilation, since every window of a tile then reads only the positions on that
+    lattice (a 60x80 window dilated 10 and strided 10 reads 1 position in 100 of its 591x791
+    span). Out: (step_h, step_w), each dividing that axis's stride and dilation."""
+    if geo.rows_needed(1) * geo.cols_needed(1) * dtype.itemsize <= budget:
+        return 1, 1
+
+    def step(stride: int, dilation: int, kernel: int) -> int:
+        return math.gcd(stride, dilation) if kernel > 1 else stride
+
+    return (
+        step(geo.stride_h, geo.dilation_h, geo.kernel_h),
+        step(geo.stride_w, geo.dilation_w, geo.kernel_w),
+    )
+
+
+def _read_lattice_band(
+    cg: BirCodeGen,
+    band,
+    band_at: Affine,
+    partitions: int,
+    band_cols: int,
+    rows: Clip,
+    cols: Clip,
+    src: str,
+    src_at: Affine,
+    plane: int,
+    in_w: int,
+    steps: tuple[int, int],
+) -> None:
+    """One DMA of a band that keeps input positions `steps` apart (`band_steps`): band row i,
+    column j read input row `rows.first + i·step_h`, column `cols.first + j·step_w` of the
+    plane at element `src_at`, one plane per partition; the positions `clip` put in the
+    padding are left to `frame_band`."""
+    if not (rows.inside and cols.inside):
+        return
+    step_h, step_w = steps
+    at = band_at + (rows.before * band_cols + cols.before)
+    cg.dma(
+        cg.ap(band, [(band_cols, rows.inside), (1, cols.inside)], at, partitions, 0),
+        cg.dram_ap(
+            src,
+            src_at + rows.first * in_w + cols.first,
+            [(plane, partitions), (step_h * in_w, rows.inside), (step_w, cols.inside)],
+        ),
+    )
+
+
+def _decimated(span: int, step: int) -> int:
+    """Positions of a span of input positions that lie `step` apart (both ends on the
+    lattice)."""
+    return (span - 1) // step + 1
+
+
+def band_extent(geo: WindowGeometry, rows: int, cols: int, steps: tuple[int, int]) -> int:
+    """Elements per partition of the band a rows x cols output tile reads, with `steps`
+    (`band_steps`)."""
+    return _decimated(geo.rows_needed(rows), steps[0]) * _decimated(geo.cols_needed(cols), steps[1])
+
+
+def _windows(
+    geo: WindowGeometry, rows: int, cols: int, steps: tuple[int, int] = (1, 1)
+) -> list[tuple[int, int]]:
     """The band's free pattern of a rows x cols output tile's windows: output rows, output
-    cols, window rows, window cols."""
-    band_cols = geo.cols_needed(cols)
+    cols, window rows, window cols; the band keeps input positions `steps` apart."""
+    step_h, step_w = steps
+    band_cols = _decimated(geo.cols_needed(cols), step_w)
     return [
-        (geo.stride_h * band_cols, rows),
-        (geo.stride_w, cols),
-        (geo.dilation_h * band_cols, geo.kernel_h),
-        (geo.dilation_w, geo.kernel_w),
+        (geo.stride_h // step_h * band_cols, rows),
+        (geo.stride_w // step_w, cols),
+        (geo.dilation_h // step_h * band_cols, geo.kernel_h),
+        (geo.dilation_w // step_w, geo.kernel_w),
     ]
 
 
-def _windows_problem(geo: WindowGeometry, rows: int, cols: int) -> str | None:
+def _windows_problem(
+    geo: WindowGeometry, rows: int, cols: int, steps: tuple[int, int] = (1, 1)
+) -> str | None:
     """Why one TensorReduce cannot read a rows x cols tile's windows (docs/neuroncore.md#rules:
     FREE-SIZE, AP-FIELD-BITS), or None."""
-    pattern = tuple(_windows(geo, rows, cols))
+    pattern = tuple(_windows(geo, rows, cols, steps))
     limit = free_size_limit(Engine.DVE, MemoryType.SB)
     size = math.prod(count for _, count in pattern)
     if size > limit:
