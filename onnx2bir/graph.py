@@ -141,6 +141,9 @@ class Graph:
     # The opset the model declared when the import upgraded it (frontend/opset_upgrade.py):
     # onnxruntime must then run the upgraded model too. None: not upgraded.
     upgraded_from: int | None = None
+    # The rewrites of the model's meaning the importer made (static sequences, function
+    # bodies): the validation checks each against onnxruntime's run of the model as given.
+    import_rewrites: tuple[str, ...] = ()
     # topological_order's last answer and the graph's state it answered for.
     _order: tuple[tuple[int, int, int], list[str]] | None = field(
         default=None, repr=False, compare=False
@@ -341,6 +344,7 @@ class Graph:
         graph.pinned_inputs = self.pinned_inputs
         graph.import_notes = self.import_notes
         graph.upgraded_from = self.upgraded_from
+        graph.import_rewrites = self.import_rewrites
         return graph
 
 

@@ -266,6 +266,11 @@ def import_parts(
     graph.pinned_inputs = pinned
     graph.import_notes = tuple(notes)
     graph.upgraded_from = source_opset if upgrade_note else None
+    graph.import_rewrites = tuple(
+        kind
+        for kind, note in (("static sequences", sequences), ("function bodies", expansion))
+        if note
+    )
     return Imported(model, weights, graph, pinned)
 
 

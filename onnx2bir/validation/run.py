@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx2bir.bir.cast_plan import CastPlan
 from onnx2bir.frontend.memory_contracts import check_validate_fits
 from onnx2bir.frontend.opset_upgrade import oracle_source
 from onnx2bir.options import CompileOptions
@@ -52,6 +53,7 @@ from onnx2bir.runtime.machine.probes import ProbeReader, probe_shapes
 from onnx2bir.runtime.machine.progress import progress_for
 from onnx2bir.runtime.machine.schedule import parse_schedule, run_scheduled
 from onnx2bir.runtime.oracle import ort as oracle
+from onnx2bir.runtime.oracle.compare import compare_output
 from onnx2bir.runtime.oracle.emulating import round_weights, run_emulating
 from onnx2bir.runtime.oracle.tolerance import (
     FP32_ATOL,
@@ -186,17 +188,23 @@ def run_validate(
     )
     for entry in checkpoints:  # the node that writes a fused node's output
         entry["fused_into"] = fused_into(compilation, entry["producer"])
+    rewrite_check = _import_rewrite_check(
+        prepared, model, feeds, expected if supplied is None else None
+    )
     timings["emulating_oracle"] = time.perf_counter() - start
     doc = {
         "model": model if isinstance(model, str) else "<ModelProto>",
         "passed": all(entry["passed"] for entry in outputs)
         and all(entry["passed"] for entry in checkpoints)
+        and all(entry["passed"] for entry in rewrite_check)
         and not races
         and not schedule_differences,
         "schedule": str(plan_order),
         # null: not checked; [] checked and none found
         "races": None if races is None else [race.to_json() for race in races],
         "schedule_differences": schedule_differences,
+        # the import's rewrites checked against the model as given ([] when none)
+        "import_rewrite_check": rewrite_check,
         "outputs": outputs,
         "checkpoints": checkpoints,
         "emulation": emulation,
@@ -243,6 +251,41 @@ def run_validate(
     doc["timings_explained"] = TIMINGS_EXPLAINED
     doc["pass_statistics"] = [stat.to_json() for stat in compilation.passes.statistics]
     return doc, feeds, actual
+
+
+def _import_rewrite_check(
+    prepared, model, feeds: dict[str, np.ndarray], original: dict[str, np.ndarray] | None
+) -> list[dict]:
+    """When the import rewrote the model's meaning (`Graph.import_rewrites`: static sequences
+    turned into tensors, ops replaced by their ONNX function bodies), the emulating oracle
+    runs the rewritten model, so its verdict cannot see a wrong rewrite. Here onnxruntime runs
+    the rewritten model without any rounding and the model as given (`original`, computed
+    when not already), and each output of the two must agree at the fp32 bound: both are
+    fp32 evaluations of the same function, apart only in summation order
+    (docs/validation.md#import-rewrites). [] when nothing was rewritten."""
+    graph = prepared.compilation.graph
+    if not graph.import_rewrites:
+        return []
+    if original is None:
+        source = oracle_source(model, graph.upgraded_from)
+        original = oracle.run_onnxruntime(
+            source, {**feeds, **graph.pinned_inputs}, prepared.pristine.outputs
+        )
+    rewritten = run_emulating(
+        prepared.folded, prepared.pristine, prepared.weights, CastPlan(), feeds
+    )
+    checks = []
+    for name in prepared.pristine.outputs:
+        result = compare_output(name, rewritten[name], original[name])
+        checks.append(
+            {
+                "output": name,
+                "rewrites": list(graph.import_rewrites),
+                "passed": result.passed,
+                "max_abs_err": result.max_abs_err,
+            }
+        )
+    return checks
 
 
 def oracle_runner(prepared, feeds: dict[str, np.ndarray]):

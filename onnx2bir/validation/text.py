@@ -215,6 +215,13 @@ def format_text(doc: dict, stats: bool = False) -> str:
         lines.append(f"  {race['message']}")
     for difference in doc.get("schedule_differences") or []:
         lines.append(f"  schedule {doc['schedule']} changed an output: {difference}")
+    for check in doc.get("import_rewrite_check") or []:
+        if not check["passed"]:
+            lines.append(
+                f"  the import's rewrite ({', '.join(check['rewrites'])}) changes output "
+                f"{check['output']!r}: onnxruntime on the rewritten model is "
+                f"{check['max_abs_err']:.3g} from onnxruntime on the model as given"
+            )
     lines += _checkpoint_text(doc.get("checkpoints") or [])
     for entry in outputs:
         lines += [""] + format_output(entry, doc.get("model"))

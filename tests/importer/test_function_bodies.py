@@ -99,3 +99,25 @@ def test_an_old_model_the_converter_cannot_upgrade_is_refused_with_exit_1():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 5)], ir_version=3)
     with pytest.raises(onnx2bir.errors.CompileError, match="version_converter cannot upgrade"):
         upgrade_old_opset(model)
+
+
+def test_a_wrong_function_body_fails_validation_by_itself(monkeypatch):
+    """The emulating oracle runs the expanded model, so a wrong body would agree with itself;
+    the validation's import-rewrite check runs the model as given in onnxruntime too."""
+    from onnx2bir.frontend import importer
+
+    x = np.random.default_rng(0).standard_normal((3, 2, 5)).astype(np.float32) * 4 + 1
+    right = onnx2bir.validate(_mvn_model(), {"x": x}, auto_cast="none")
+    assert [c["passed"] for c in right.document["import_rewrite_check"]] == [True]
+
+    def wrong_expansion(model):  # the body with its division turned into a product
+        counts = expand_functions(model)
+        for node in model.graph.node:
+            if node.op_type == "Div":
+                node.op_type = "Mul"
+        return counts
+
+    monkeypatch.setattr(importer, "expand_functions", wrong_expansion)
+    wrong = onnx2bir.validate(_mvn_model(), {"x": x}, auto_cast="none")
+    assert not wrong.passed
+    assert [c["passed"] for c in wrong.document["import_rewrite_check"]] == [False]
