@@ -33,7 +33,7 @@ A second rule, for weights (docs/memory_planner.md#shared-weights):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from onnx2bir.bir.dtypes import on_chip
@@ -309,6 +309,34 @@ ALLOCATION_ORDERS: dict[str, Callable[[Home, tuple[int, int]], tuple]] = {
 }
 
 
+class LiveHomes:
+    """The homes placed so far, each (first, last, address, end), indexed by the entry items
+    they are live at in buckets of `BUCKET` items, so that finding those live during a range
+    reads the few homes of its buckets instead of every home placed (a 20,000-node chain:
+    120,000 scans of 20,000 homes each before)."""
+
+    BUCKET = 64
+
+    def __init__(self, placed: Iterable[tuple[int, int, int, int]] = ()):
+        self._buckets: dict[int, list[tuple[int, int, int, int]]] = {}
+        for home in placed:
+            self.add(*home)
+
+    def add(self, first: int, last: int, address: int, end: int) -> None:
+        home = (first, last, address, end)
+        for bucket in range(first // self.BUCKET, last // self.BUCKET + 1):
+            self._buckets.setdefault(bucket, []).append(home)
+
+    def live(self, first: int, last: int) -> list[tuple[int, int]]:
+        """(address, end) of every home live at some item of [first, last], by address."""
+        found = set()
+        for bucket in range(first // self.BUCKET, last // self.BUCKET + 1):
+            for home in self._buckets.get(bucket, ()):
+                if home[0] <= last and first <= home[1]:
+                    found.add(home)
+        return sorted((a, e) for _, _, a, e in found)
+
+
 def _allocate(
     homes: dict[str, Home],
     intervals: dict[str, tuple[int, int]],
@@ -320,7 +348,7 @@ def _allocate(
     best = None
     for label, key in ALLOCATION_ORDERS.items():
         order = sorted(homes, key=lambda name: key(homes[name], intervals[name]))
-        placed: list[tuple[int, int, int, int]] = []  # (first, last, address, end)
+        placed = LiveHomes()
         result: dict[str, Home] = {}
         refused: dict[str, str] = {}
         for name in order:
@@ -330,7 +358,7 @@ def _allocate(
             if isinstance(address, str):
                 refused[name] = address
             else:
-                placed.append((first, last, address, address + size))
+                placed.add(first, last, address, address + size)
                 result[name] = replace(home, address=address)
         left = sum(homes[name].bytes_per_partition for name in refused)
         if best is None or left < best[0]:
@@ -342,7 +370,7 @@ def _first_fit(
     size: int,
     first: int,
     last: int,
-    placed: list[tuple[int, int, int, int]],
+    placed: LiveHomes,
     arena_need: dict[int, int],
     reserved: int,
 ) -> int | str:
@@ -352,7 +380,7 @@ def _first_fit(
     ceiling = SBUF_BYTES_PER_PARTITION - max(
         (arena_need.get(item, 0) for item in range(first, last + 1)), default=0
     )
-    busy = sorted((a, e) for f, la, a, e in placed if f <= last and first <= la)
+    busy = placed.live(first, last)
     address = reserved
     for start, end in busy:
         if address + size <= start:
@@ -490,7 +518,7 @@ def _place_weight_homes(
         group = shared[key]
         return (len(group) - 1) * group[0].nbytes * group[0].partitions
 
-    placed = list(placed)
+    live = LiveHomes(placed)
     homes: list[WeightHome] = []
     refused: dict[tuple, str] = {}
     for key in sorted(shared, key=saving, reverse=True):
@@ -500,11 +528,11 @@ def _place_weight_homes(
         while start < len(items):
             for stop in range(len(items), start + 1, -1):  # the longest run that fits
                 run = items[start:stop]
-                address = _first_fit(size, run[0], run[-1], placed, arena_need, reserved)
+                address = _first_fit(size, run[0], run[-1], live, arena_need, reserved)
                 if isinstance(address, str):
                     reason = reason or address
                     continue
-                placed.append((run[0], run[-1], address, address + size))
+                live.add(run[0], run[-1], address, address + size)
                 name = f"{key[0]}@sbuf{len(homes)}"
                 homes.append(WeightHome(name, key, address, size, tuple(run)))
                 start = stop
