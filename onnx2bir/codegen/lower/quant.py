@@ -98,31 +98,42 @@ def _scalar_parameters(cg: BirCodeGen, node: Node) -> tuple[float, float] | None
     return values[0], values[1]
 
 
-def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
+# The input index of each parameter of QuantizeLinear / DequantizeLinear.
+_SCALE, _ZERO = 1, 2
+
+
+def _emit_affine(cg: BirCodeGen, node: Node, steps: tuple[tuple[AluOp, int], ...]) -> None:
+    """y = ((x op₀ p₀) op₁ p₁) elementwise, each p the scale (`_SCALE`) or the zero point
+    (`_ZERO`; a step on an absent zero point is skipped): one TensorScalar with both as
+    immediates when they are one-element constants, else TensorTensor steps on their
+    broadcast tiles (`_axis_shapes`)."""
     shapes, view = _axis_shapes(cg, node)
     has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
     scalars = _scalar_parameters(cg, node)
     if scalars is not None:
-        scale, zero = scalars
+        (op0, p0), (op1, p1) = steps
+        value = {_SCALE: scalars[0], _ZERO: scalars[1]}
         emit_elementwise(
             cg,
             {**node, "inputs": [node.inputs[0]]},
-            lambda cg, dst, srcs: cg.tensor_scalar(
-                dst, srcs[0], AluOp.SUBTRACT, zero, AluOp.MULTIPLY, scale
-            ),
+            lambda cg, dst, srcs: cg.tensor_scalar(dst, srcs[0], op0, value[p0], op1, value[p1]),
             direct=True,
         )
         return
+    used = [(op, p) for op, p in steps if p == _SCALE or has_zero]
 
     def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
-        x, scale = srcs[0], srcs[1]
-        if has_zero:
-            cg.tensor_tensor(dst, x, srcs[2], AluOp.SUBTRACT)
-            cg.tensor_tensor(dst, dst, scale, AluOp.MULTIPLY)
-        else:
-            cg.tensor_tensor(dst, x, scale, AluOp.MULTIPLY)
+        source = srcs[0]
+        for op, p in used:
+            cg.tensor_tensor(dst, source, srcs[p], op)
+            source = dst
 
     emit_elementwise(cg, node, compute, shapes, direct=True, out_shape=view)
+
+
+def lower_dequantize(cg: BirCodeGen, node: Node) -> None:
+    """y = (x − zero_point) · scale (module docstring)."""
+    _emit_affine(cg, node, ((AluOp.SUBTRACT, _ZERO), (AluOp.MULTIPLY, _SCALE)))
 
 
 def lower_quantize(cg: BirCodeGen, node: Node) -> None:
@@ -177,24 +188,4 @@ def _quantize_float8(cg: BirCodeGen, node: Node, out_dtype: Dtype) -> None:
             f"QuantizeLinear to {out_dtype} with saturate=0: the device's float8 conversion "
             "saturates"
         )
-    shapes, view = _axis_shapes(cg, node)
-    has_zero = len(node.inputs) > 2 and bool(node.inputs[2])
-    scalars = _scalar_parameters(cg, node)
-    if scalars is not None:
-        scale, zero = scalars
-        emit_elementwise(
-            cg,
-            {**node, "inputs": [node.inputs[0]]},
-            lambda cg, dst, srcs: cg.tensor_scalar(
-                dst, srcs[0], AluOp.DIVIDE, scale, AluOp.ADD, zero
-            ),
-            direct=True,
-        )
-        return
-
-    def compute(cg: BirCodeGen, dst: AccessPattern, srcs: list[AccessPattern]) -> None:
-        cg.tensor_tensor(dst, srcs[0], srcs[1], AluOp.DIVIDE)
-        if has_zero:
-            cg.tensor_tensor(dst, dst, srcs[2], AluOp.ADD)
-
-    emit_elementwise(cg, node, compute, shapes, direct=True, out_shape=view)
+    _emit_affine(cg, node, ((AluOp.DIVIDE, _SCALE), (AluOp.ADD, _ZERO)))
