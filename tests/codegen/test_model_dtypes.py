@@ -244,3 +244,24 @@ def test_int16_products_wrap_as_onnxruntime_s_do(tmp_path):
     wrapped = exact.astype(np.int16).astype(np.float32)
     np.testing.assert_array_equal(run.outputs["out"], wrapped)
     np.testing.assert_array_equal(run.reference["out"], wrapped)
+
+
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
+def test_a_float8_output_one_step_off_fails(tmp_path, elem):
+    """A float8 graph output (tolerance path fp8_e4m3 / fp8_e5m2): the machine's value equals
+    onnxruntime's Cast, and the next representable value in one element fails; zeros fail."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["n"], to=elem),
+        helper.make_node("Transpose", ["n"], ["out"], perm=[1, 0]),
+    ]
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_model(nodes, [_x()], out_type=elem), path)
+    feeds = {"x": (np.random.default_rng(0).standard_normal(SHAPE) * 10).astype(np.float32)}
+    run = Run(path, feeds)
+    out = run.outputs["out"]
+    np.testing.assert_array_equal(out.astype(np.float32), run.reference["out"].astype(np.float32))
+    assert run.passes(run.outputs)
+    bits = out.view(np.uint8).copy()
+    bits.reshape(-1)[5] += 1  # the next float8 value away from zero
+    assert not run.passes({"out": bits.view(out.dtype)})
+    assert not run.passes({"out": np.zeros_like(out)})
