@@ -30,6 +30,7 @@ from onnx import AttributeProto, FunctionProto, NodeProto, numpy_helper
 
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
+from onnx2bir.frontend.attributes import attr_value
 from onnx2bir.frontend.folding import drop_dead_nodes, fold_constants, static_shapes
 from onnx2bir.frontend.opset_upgrade import default_opset
 from onnx2bir.graph import Graph, TensorInfo
@@ -348,7 +349,7 @@ def _graph_body(
             if info is None:
                 return None, reason
             body.tensors[tensor] = info
-        attrs = {a.name: _attr_value(a) for a in inner.attribute}
+        attrs = {a.name: attr_value(a) for a in inner.attribute}
         body.nodes.append((inner.name, inner.op_type, list(inner.input), list(inner.output), attrs))
     return body, None
 
@@ -372,15 +373,3 @@ def _tensor_info(tensor, constants, shapes, types) -> tuple[TensorInfo | None, s
     if value is not None:
         return TensorInfo(tensor, tuple(np.shape(value)), dtype, value), None
     return TensorInfo(tensor, shapes[tensor], dtype), None
-
-
-def _attr_value(attr: AttributeProto):
-    """An attribute as the Graph holds it (plain Python values, tensors as arrays)."""
-    value = onnx.helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
-    if isinstance(value, list):
-        return [v.decode() if isinstance(v, bytes) else v for v in value]
-    return value

@@ -33,6 +33,7 @@ from onnx2bir.frontend import (
 from onnx2bir.frontend import (
     node_contracts as contracts_nodes,
 )
+from onnx2bir.frontend.attributes import attr_value
 from onnx2bir.frontend.folding import (
     WEIGHT_ELEMENTS,
     drop_dead_nodes,
@@ -521,7 +522,7 @@ def build_graph(
             node.op_type,
             list(node.input),
             outputs,
-            {a.name: _attr_value(a) for a in node.attribute},
+            {a.name: attr_value(a) for a in node.attribute},
             node.domain,
         )
     for tensor in graph.inputs:
@@ -631,14 +632,3 @@ def _unique_name(node: onnx.NodeProto, index: int, used: set[str]) -> str:
         name, suffix = f"{base}_{suffix}", suffix + 1
     used.add(name)
     return name
-
-
-def _attr_value(attr: onnx.AttributeProto):
-    value = onnx.helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
-    if isinstance(value, list):
-        return [v.decode() if isinstance(v, bytes) else v for v in value]
-    return value
