@@ -3,6 +3,8 @@
 Usage:
     python benchmarks/bench_attention.py                    # 4096, 16384, 32768; compile only
     python benchmarks/bench_attention.py --lengths 4096 --run   # also simulate and compare
+    python benchmarks/bench_attention.py --lengths 4096 16384 --validate
+        # the whole validation: verdict, bound, error and allowance, simulate and oracle time
 
 Each case is one opset-23 `Attention` node, single head of dim 128, q/k/v [1, 1, S, 128],
 causal or not, compiled with --enable-native-kernel-attention and
@@ -85,11 +87,40 @@ def measure(seq: int, causal: bool, run: bool) -> dict:
     return result
 
 
+def validate_case(seq: int, causal: bool) -> str:
+    """One `onnx2bir validate` of the case, as a table row (docs/validation.md#online-softmax)."""
+    import resource
+
+    from onnx2bir.api import validate
+
+    doc = validate(attention_model(seq, causal), options=RAISE).to_json()
+    (out,) = doc["outputs"]
+    times = doc["timings"]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return (
+        f"| {seq:,} | {'causal' if causal else 'none'} | {'PASS' if doc['passed'] else 'FAIL'} "
+        f"| {out['bound']} | {out['max_abs_err']:.2g} | "
+        f"{out.get('accumulation_allowance_max') or 0:.2g} | {times['simulate']:.1f} s "
+        f"| {times['emulating_oracle']:.1f} s | {peak:.1f} GB (process peak so far) |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
     parser.add_argument("--run", action="store_true", help="also simulate and compare")
+    parser.add_argument("--validate", action="store_true", help="run the whole validation")
     args = parser.parse_args(argv)
+    if args.validate:
+        print(
+            "| tokens | mask | verdict | bound | max abs error | allowance max | simulate "
+            "| oracle | memory |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for seq in args.lengths:
+            for causal in (False, True):
+                print(validate_case(seq, causal), flush=True)
+        return 0
     header = "seq     causal  SB bytes/partition  PE busy us  est. total us  instructions"
     print(header + ("  max|err|" if args.run else ""))
     for seq in args.lengths:

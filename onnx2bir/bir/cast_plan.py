@@ -73,12 +73,32 @@ class Boundary:
         return asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class OnlineSoftmax:
+    """A raised attention kernel the oracle computes as the kernel does, key tile by key tile
+    (runtime/oracle/online_softmax.py): the block's Softmax `node` (or, for a fused
+    `Attention` node, that node, computed through its ONNX function body), its output
+    `tensor`, the kernel's `key_tile`, the `dtype` it stores probabilities and its output in,
+    the head dim and the key count (docs/validation.md#online-softmax)."""
+
+    tensor: str
+    node: str
+    key_tile: int
+    dtype: str
+    head_dim: int
+    seq_k: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class CastPlan:
     points: tuple[CastPoint, ...] = ()
     unemulated: dict[str, str] = field(default_factory=dict)  # node → why
     probes: dict[str, Probe] = field(default_factory=dict)  # tensor → where the machine holds it
     boundaries: dict[str, Boundary] = field(default_factory=dict)  # tensor → its boundary
+    online: dict[str, OnlineSoftmax] = field(default_factory=dict)  # block output → kernel
 
     def to_json(self) -> dict:
         return {
@@ -86,6 +106,7 @@ class CastPlan:
             "unemulated": [{"node": n, "reason": r} for n, r in self.unemulated.items()],
             "probes": [probe.to_json() for probe in self.probes.values()],
             "boundaries": [boundary.to_json() for boundary in self.boundaries.values()],
+            "online_softmax": [entry.to_json() for entry in self.online.values()],
         }
 
     @classmethod
@@ -96,6 +117,7 @@ class CastPlan:
             {entry["node"]: entry["reason"] for entry in doc.get("unemulated", [])},
             {entry["tensor"]: Probe(**entry) for entry in doc.get("probes", [])},
             {entry["tensor"]: Boundary(**entry) for entry in doc.get("boundaries", [])},
+            {e["tensor"]: OnlineSoftmax(**e) for e in doc.get("online_softmax", [])},
         )
 
     @property

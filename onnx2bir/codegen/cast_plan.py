@@ -18,8 +18,11 @@ The plan is read off the compile's own decisions, never re-derived from the opti
   inputs 0 and 1 of MatMul, Gemm, Conv, ConvTranspose and a two-input Einsum; a bias rides on
   the PSUM eviction in fp32). A raised MLP kernel rounds the PE operands of every matmul of
   its block (the hidden activation included, which never leaves the kernel); the raised
-  attention kernel rounds its matmul operands too, but its online softmax rounds unnormalised
-  probabilities, which no cast around the ONNX ops reproduces (`exact` is false);
+  attention kernel rounds q, kᵀ and v, and inside its online softmax the unnormalised
+  probabilities, which no cast around the ONNX ops reproduces: the plan names the kernel
+  (`OnlineSoftmax`, `_online_softmax`) and the oracle computes its softmax key tile by key
+  tile (runtime/oracle/online_softmax.py); where it cannot, the casts are inexact with the
+  reason (`exact` is false);
 - **storage casts**: a tensor of the model whose BIR location (DRAM or SBUF home) has a
   narrower dtype than the model gives it is rounded for every reader (`--auto-cast all`, and
   the operand-only tensors and weights `codegen/weight_cast.py` stores in the cast dtype).
@@ -42,11 +45,16 @@ input) is `unemulated`, with the reason.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
-from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint, Probe
+import onnx
+
+from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint, OnlineSoftmax, Probe
 from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import Module, node_of_origin
+from onnx2bir.frontend import attention_block
+from onnx2bir.frontend.function_expansion import inlined_body
 from onnx2bir.graph import Graph, image_clone_of
 from onnx2bir.op_traits import traits
 
@@ -87,11 +95,26 @@ def plan_casts(
         )
 
     members = {host: [m for m, h in hosts.items() if h == host] for host in set(hosts.values())}
+    online: dict[str, OnlineSoftmax] = {}
+    online_operands: dict[str, list[tuple[str, str]]] = {}
+    online_problems: dict[str, str] = {}
+    for host in sorted(attention_hosts):
+        entry, operands, problem = _online_softmax(source, compiled, host, members[host])
+        if entry is None:
+            online_problems[host] = f"{ONLINE_SOFTMAX} ({problem})"
+        else:
+            online[entry.tensor] = entry
+            online_operands[host] = operands
+    emulated = {m for host in online_operands for m in members[host]}
     for node, dtype in narrow.items():
         if node in compiled.integer_operands:
             continue  # integers within ±256: exact in bf16, nothing to round
+        if node in online_operands:  # the oracle computes the kernel as it computes
+            for member, tensor in online_operands[node]:
+                add(member, tensor, dtype, "operand")
+            continue
         if node in members:  # a raised kernel: every PE op of its block
-            reason = ONLINE_SOFTMAX if node in attention_hosts else None
+            reason = online_problems.get(node)
             for member in members[node]:
                 if member not in source.nx:  # a pass-made op (an expanded MatMulNBits)
                     inside(member, dtype)
@@ -135,7 +158,7 @@ def plan_casts(
         # narrower than fp32: a rounding inside one ONNX op.
         owner = node_of_origin(name, set(compiled.nx))
         origin = owner if owner in source.nx else _source_node(records, owner or name, source)
-        if origin is not None and origin not in unemulated:
+        if origin is not None and origin not in unemulated and origin not in emulated:
             op_type = source.node(origin)["op_type"]
             dtype = locations[name].dtype
             unemulated[origin] = f"{op_type} stores values of its own in {dtype} ({name})"
@@ -168,7 +191,92 @@ def plan_casts(
         for tensor in kept:
             boundaries[tensor] = Boundary(tensor, point.node, point.input, position, point.dtype)
     probes.update(_probes(source, compiled, locations, set(boundaries) - set(probes), homes or {}))
-    return CastPlan(tuple(ordered), unemulated, probes, boundaries)
+    return CastPlan(tuple(ordered), unemulated, probes, boundaries, online)
+
+
+def _online_softmax(
+    source: Graph, compiled: Graph, host: str, members: list[str]
+) -> tuple[OnlineSoftmax | None, list[tuple[str, str]], str | None]:
+    """(the plan's entry, the (node, tensor) PE operands the kernel rounds, None) when the
+    oracle can compute raised attention kernel `host` key tile by key tile
+    (runtime/oracle/online_softmax.py), else (None, [], why not). `members`: the source nodes
+    the kernel replaced — a matched block, or one fused `Attention` node, whose ONNX function
+    body the oracle computes."""
+    data = compiled.node(host)
+    attrs = data["attrs"]
+    config = json.loads(attrs.get("backend_config") or "{}")
+    if config.get("auto_cast") == "all":
+        return None, [], "its scores are stored narrow, rounded after every score step"
+    if source.opset < attention_block.MIN_OPSET:
+        return None, [], f"opset {source.opset} predates Gather along a negative axis"
+    kt_shape = compiled.tensors[data["inputs"][1]].shape
+    head_dim, seq_k = int(kt_shape[-2]), int(kt_shape[-1])
+    storage = str(attrs.get("storage_dtype"))
+    standard = ("", "ai.onnx")
+    foreign = [m for m in members if source.node(m).get("domain", "") not in standard]
+    if foreign:
+        data = source.node(foreign[0])
+        return None, [], f"{data['domain']}.{data['op_type']} has no ONNX definition to compute"
+    fused = [m for m in members if source.node(m)["op_type"] == "Attention"]
+    if fused:
+        name = fused[0]
+        nodes = _fused_body(source, name)
+        if nodes is None:
+            return None, [], f"Attention {name!r} has no ONNX function body at its opset"
+        softmaxes = [n.name for n in nodes if n.op_type == "Softmax"]
+        if len(softmaxes) != 1:
+            return None, [], f"the function body of {name!r} has {len(softmaxes)} Softmax nodes"
+        softmax = softmaxes[0]
+        inputs = source.node(name)["inputs"]
+        operands = [(name, t) for t in inputs[:3] if t]
+    else:
+        nodes = [_as_proto(m, source.node(m)) for m in members]
+        softmax = next((m for m in members if source.node(m)["op_type"] == "Softmax"), None)
+        if softmax is None:
+            return None, [], "the block has no Softmax"
+    block, problem = attention_block.read_block(nodes, softmax)
+    if block is None:
+        return None, [], problem
+    if fused:
+        tensor = source.node(name)["outputs"][0]
+    else:
+        tensor = block.pv.output[0]
+        operands = [(block.qk.name, t) for t in block.qk.input[:2]]
+        operands.append((block.pv.name, block.pv.input[1]))
+    outside = [
+        t for t in (block.softmax.input[0], block.pv.input[1], tensor) if t in source.tensors
+    ]
+    if any(source.tensors[t].dtype is not Dtype.FP32 for t in outside):
+        return None, [], "the block does not compute in float32"
+    key_tile = int((config.get("sb_shape") or [0, 0])[1])
+    if key_tile <= 0:
+        return None, [], "the kernel's configuration gives no key tile"
+    entry = OnlineSoftmax(
+        tensor, fused[0] if fused else softmax, key_tile, storage, head_dim, seq_k
+    )
+    return entry, operands, None
+
+
+def _as_proto(name: str, data: dict) -> onnx.NodeProto:
+    return onnx.helper.make_node(
+        data["op_type"], data["inputs"], data["outputs"], name=name, **data["attrs"]
+    )
+
+
+def _fused_body(source: Graph, name: str) -> list[onnx.NodeProto] | None:
+    """The function body of fused `Attention` node `name`, for its inputs' types."""
+    data = source.node(name)
+    types = {}
+    for tensor in data["inputs"]:
+        if tensor:
+            info = source.tensors[tensor]
+            elem = onnx.helper.np_dtype_to_tensor_dtype(info.dtype.numpy)
+            types[tensor] = onnx.helper.make_tensor_type_proto(elem, list(info.shape))
+    try:
+        node = _as_proto(name, data)
+    except (TypeError, ValueError):
+        return None
+    return inlined_body(node, source.opset, types)
 
 
 def _intermediates(source: Graph) -> set[str]:

@@ -103,6 +103,16 @@ def expand_functions(model: onnx.ModelProto, lowered: frozenset[str] | None = No
     return expanded
 
 
+def inlined_body(
+    node: NodeProto, opset: int, types: dict[str, onnx.TypeProto]
+) -> list[NodeProto] | None:
+    """The nodes of `node`'s function body at `opset`, bound to its tensors and named under
+    its name (as `expand_functions` inlines it, one level deep), or None when it has no usable
+    body; `types` gives its inputs' types (a context-dependent body is built for them)."""
+    body = _body(node, opset, types)
+    return None if body is None else _inlined(node, body)
+
+
 def _input_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     inferred = onnx.shape_inference.infer_shapes(model)
     graph = inferred.graph

@@ -30,7 +30,10 @@ DESIGN.md's contract:
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
      "casts": [{"node", "input", "dtype", "kind", "exact", "reason"?}] (the cast plan: node
         reads input rounded to dtype; docs/validation.md#the-emulating-oracle),
-     "cast_plan": {"casts", "unemulated", "probes", "boundaries"},
+     "cast_plan": {"casts", "unemulated", "probes", "boundaries", "online_softmax"}
+        (online_softmax: [{"tensor", "node", "key_tile", "dtype", "head_dim", "seq_k"}], the
+        raised attention kernels the oracle computes key tile by key tile,
+        docs/validation.md#online-softmax),
      "memory": the memory planner's decisions (onnx2bir/reporting/memory.py) | null,
      "int64": [{"tensor", "kind", "proven", "range" | null, "reason", "root" | null}] (every
         int64 tensor, narrowed to int32 on the device; onnx2bir/codegen/narrowing.py),
@@ -219,10 +222,17 @@ def _quantized_summary(quantized: list[dict], cost: dict | None) -> dict | None:
 def cast_plan_json(compilation: Compilation) -> dict:
     """Where the program rounds the model's values (onnx2bir/codegen/cast_plan.py): "casts"
     [{"node", "input", "dtype", "kind", "exact", "reason"?}], "unemulated" [{"node",
-    "reason"}], "probes", "boundaries"; empty lists when the model did not compile."""
+    "reason"}], "probes", "boundaries", "online_softmax"; empty lists when the model did not
+    compile."""
     plan = compilation.cast_plan
     if plan is None:
-        return {"casts": [], "unemulated": [], "probes": [], "boundaries": []}
+        return {
+            "casts": [],
+            "unemulated": [],
+            "probes": [],
+            "boundaries": [],
+            "online_softmax": [],
+        }
     return plan.to_json()
 
 
@@ -375,6 +385,11 @@ def format_report(doc: dict, all_reasons: bool = False) -> str:
             f"  cast plan: {len(plan['casts'])} node inputs rounded ("
             + ", ".join(f"{n} to {d}" for d, n in sorted(kinds.items()))
             + "; --json lists them)"
+        )
+    for entry in plan.get("online_softmax", []):
+        lines.append(
+            f"  attention kernel at {entry['node']}: the oracle computes its online softmax "
+            f"in key tiles of {entry['key_tile']}, rounding to {entry['dtype']} as it does"
         )
     for entry in plan.get("unemulated", []):
         lines.append(

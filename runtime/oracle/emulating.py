@@ -48,6 +48,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx2bir.bir.cast_plan import CastPlan, CastPoint
 from onnx2bir.errors import UserError
+from onnx2bir.frontend.attention_block import read_block
+from onnx2bir.frontend.function_expansion import inlined_body
 from onnx2bir.graph import Graph
 from onnx2bir.op_traits import traits
 from onnx2bir.runtime.oracle.ort import run_onnxruntime
@@ -799,6 +801,9 @@ def emulating_model(
             if source is not None:
                 summed.setdefault(source, []).append(bounded)
     reductions: list[tuple[onnx.NodeProto, str]] = []
+    fused_online = {
+        e.node for e in plan.online.values() if graph.node(e.node)["op_type"] == "Attention"
+    }
     for name, node in zip((n for n, _ in graph.nodes()), proto.node, strict=True):
         for index, tensor in enumerate(node.input):
             if tensor in resync:  # every reader takes the machine's value
@@ -826,6 +831,9 @@ def emulating_model(
             for index, tensor in enumerate(node.input):
                 if tensor in (point.input, point.input + MACHINE_SUFFIX):
                     node.input[index] = rounded[key]
+        if name in fused_online:  # computed through its ONNX function body
+            nodes.extend(_fused_body(node, graph, name, opset))
+            continue
         if node.op_type in RECURRENT_OPS and (
             name in by_node or any(t in summed for t in node.output if t)
         ):
@@ -836,6 +844,14 @@ def emulating_model(
         nodes.append(node)
         if node.output and node.output[0] in summed:
             reductions.append((node, name))
+    for entry in plan.online.values():
+        bounded = summed.get(entry.tensor) or (
+            [entry.tensor] if entry.tensor + ACCUMULATION_SUFFIX in wanted else []
+        )
+        new, consts = _online(nodes, entry, opset, bounded, entry.node in fused_online, set(wanted))
+        proto.initializer.extend(consts)
+        nodes = new
+    reductions = [(n, name) for n, name in reductions if n.output[0] not in plan.online]
     for node, name in reductions:  # on the operands as the node reads them (rounded)
         first, *others = summed[node.output[0]]
         operands = graph.node(name)["inputs"]  # the model's names (the node's may be rounded)
@@ -886,6 +902,97 @@ def emulating_model(
             elem = helper.np_dtype_to_tensor_dtype(info.dtype.numpy)
             proto.output.append(helper.make_tensor_value_info(tensor, elem, list(info.shape)))
     return model
+
+
+def _fused_body(node: onnx.NodeProto, graph: Graph, name: str, opset: int) -> list:
+    """The nodes of fused `Attention` node `node` (its inputs as the oracle reads them,
+    rounded) as the ONNX standard defines it, for its inputs' types in `graph`."""
+    types = {}
+    for read, tensor in zip(node.input, graph.node(name)["inputs"], strict=False):
+        if read:
+            info = graph.tensors[tensor]
+            elem = _elem(graph, tensor) if info.dtype.is_float else None
+            elem = elem or helper.np_dtype_to_tensor_dtype(info.dtype.numpy)
+            types[read] = helper.make_tensor_type_proto(elem, list(info.shape))
+    body = inlined_body(node, opset, types)
+    if body is None:  # the plan checked that it has one
+        raise UserError(f"Attention {name!r}: no ONNX function body to emulate it with")
+    return body
+
+
+def _online(
+    nodes: list[onnx.NodeProto],
+    entry,
+    opset: int,
+    bounded: list[str],
+    fused: bool,
+    wanted: set[str],
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`nodes` with the attention block of `entry` (an `OnlineSoftmax`) computed as the raised
+    kernel computes it (runtime/oracle/online_softmax.py), and the allowance of its output
+    as `<t>::accumulation_allowance` for each tensor t of `bounded`. The block's Softmax and
+    the ops after it stay only when a tensor of theirs is `wanted` (--localize): the kernel
+    never stores them, and onnxruntime's values are as good as any."""
+    from onnx2bir.runtime.oracle import online_softmax  # it builds with this module's helpers
+
+    softmax = entry.node
+    if fused:
+        found = [
+            n.name for n in nodes if n.op_type == "Softmax" and n.name.startswith(softmax + "/")
+        ]
+        softmax = found[0] if len(found) == 1 else softmax
+    block, problem = read_block(nodes, softmax)
+    if block is None:  # the plan read the same nodes
+        raise UserError(f"attention block at {entry.node!r}: {problem}")
+    kernel = online_softmax.Kernel(entry.key_tile, entry.dtype, entry.head_dim, entry.seq_k)
+    result = block.pv.output[0]
+    allowance = f"{result}{ACCUMULATION_SUFFIX}" if bounded else None
+    new, consts = online_softmax.online_nodes(block, kernel, opset, allowance)
+    if allowance and result != entry.tensor:  # through the body's layout ops to its output
+        new += _carried(nodes, result, entry.tensor, allowance)
+    first = f"{entry.tensor}{ACCUMULATION_SUFFIX}"
+    for other in bounded:
+        if other != entry.tensor:
+            new.append(
+                helper.make_node(
+                    "Identity", [first], [other + ACCUMULATION_SUFFIX], name=f"{other}/same"
+                )
+            )
+    replaced = {id(block.pv)}
+    if not any(t in wanted for n in block.replaced for t in n.output):
+        replaced = {id(n) for n in block.replaced}
+    at = next(i for i, n in enumerate(nodes) if n is block.pv)
+    kept = [n for n in nodes[:at] if id(n) not in replaced]
+    rest = [n for n in nodes[at:] if id(n) not in replaced]
+    return [*kept, *new, *rest], consts
+
+
+_LAYOUT_OPS = ("Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
+
+
+def _carried(nodes: list[onnx.NodeProto], start: str, end: str, allowance: str) -> list:
+    """The layout ops from tensor `start` to tensor `end` (a chain of one reader each),
+    applied to `allowance`; the last writes `<end>::accumulation_allowance`."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    out, tensor, carried = [], start, allowance
+    while tensor != end:
+        chain = [n for n in readers.get(tensor, []) if n.op_type in _LAYOUT_OPS]
+        if len(chain) != 1:
+            raise UserError(f"the attention output {end!r} is not a view of {start!r}")
+        clone = onnx.NodeProto()
+        clone.CopyFrom(chain[0])
+        tensor = clone.output[0]
+        name = f"{tensor}{ACCUMULATION_SUFFIX}"
+        clone.name = name
+        clone.input[0] = carried
+        del clone.output[:]
+        clone.output.append(name)
+        out.append(clone)
+        carried = name
+    return out
 
 
 def _elem(graph: Graph, tensor: str) -> int:

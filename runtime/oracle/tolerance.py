@@ -16,7 +16,8 @@ Built-in defaults, by path:
 - **bf16 / fp16 / tf32 / fp8_e4m3** — the *statistical* bound. The verdict
   (`runtime/oracle/verdict.py`) compares with an oracle that rounds where the program rounds, so it
   uses the fp32 default wherever that oracle is exact, and this bound only where it is not:
-  downstream of the raised attention kernel's online softmax, of an op that rounds inside
+  downstream of a raised attention kernel whose online softmax the oracle cannot compute
+  (docs/validation.md#online-softmax), of an op that rounds inside
   itself, or of a model's own fp16/bf16 tensors (docs/validation.md#verdict); D then counts
   those approximate roundings on the tensor's longest chain since the last probe. Unit
   roundoff u = 2^-8 (bf16) or 2^-11 (fp16) (docs/validation.md#format-constants).

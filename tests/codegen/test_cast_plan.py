@@ -110,13 +110,36 @@ def test_a_raised_mlp_rounds_its_hidden_inside_and_its_output_is_a_boundary():
     assert kernel["op_type"] == "CustomCall" and boundary.tensor in kernel["outputs"]
 
 
-def test_the_raised_attention_kernel_is_only_approximately_emulated():
+def test_the_raised_attention_kernel_is_emulated_key_tile_by_key_tile():
     options = CompileOptions(
         enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True
     )
+    compilation = compile_model(MODELS / "long_attention.onnx", options)
+    plan = compilation.cast_plan
+    ((raised,),) = [
+        [f for f in compilation.passes.result_of("LowerToCustomNativeKernel").findings if f.target]
+    ]
+    (entry,) = plan.online.values()
+    assert entry.node in raised.nodes and entry.key_tile == raised["sb_shape"][1]
+    assert entry.dtype == raised["storage_dtype"]
+    assert all(p.exact for p in plan.points) and not plan.unemulated
+    # q, kᵀ and v are rounded as the kernel rounds them; P is rounded inside the emulation
+    rounded = {p.input for p in plan.points if p.node in raised.nodes}
+    assert len(rounded) == 3 and not any("softmax" in t.lower() for t in rounded)
+    assert entry.tensor in plan.probes  # the kernel's output is read from the machine
+
+
+def test_attention_with_narrow_scores_stays_approximate():
+    options = CompileOptions(
+        enable_native_kernel_attention=True,
+        enable_native_kernel_attention_bf16=True,
+        native_kernel_cast_type="all-to-bf16",
+    )
     plan = compile_model(MODELS / "long_attention.onnx", options).cast_plan
     inexact = [p for p in plan.points if not p.exact]
+    assert not plan.online
     assert inexact and all("online softmax" in p.reason for p in inexact)
+    assert all("stored narrow" in p.reason for p in inexact)
 
 
 def test_a_loop_that_stores_its_values_narrow_is_unemulated():

@@ -1,0 +1,150 @@
+"""The raised attention kernel judged at the fp32 bound: the oracle computes its online softmax
+key tile by key tile (runtime/oracle/online_softmax.py), so a correct kernel passes with no
+statistical bound and a kernel that is wrong by a little fails.
+
+Each case is a raised attention block (an opset-23 `Attention` node, or the MatMul → scale →
+mask → Softmax → MatMul a PyTorch export writes) validated end to end against onnxruntime.
+The wrong kernels are the real kernel with one fault injected into its instruction stream:
+one key tile's scores ×1.02, or one causal tile computed without its mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx2bir.api import validate
+from onnx2bir.bir.enums import AluOp
+from onnx2bir.kernels.attention import kernel as attention_kernel
+
+RAISE = dict(enable_native_kernel_attention=True, enable_native_kernel_attention_bf16=True)
+
+
+def fused(seq: int, causal: bool, head_dim: int = 64) -> onnx.ModelProto:
+    shape = [1, 1, seq, head_dim]
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=int(causal))
+    graph = helper.make_graph(
+        [node],
+        "attention",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+def exported(seq: int, heads: int = 2, head_dim: int = 64) -> onnx.ModelProto:
+    """softmax(q·kᵀ / √d + causal mask) · v, as an eager PyTorch attention exports."""
+    shape = [1, heads, seq, head_dim]
+    mask = np.triu(np.full((seq, seq), -np.inf, np.float32), 1)
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Div", ["s", "root"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "mask"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("Mul", ["o", "two"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(math.sqrt(head_dim), np.float32), "root"),
+        numpy_helper.from_array(mask, "mask"),
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "exported",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "qkv"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _only(result, name: str) -> dict:
+    doc = result.to_json()
+    return next(o for o in doc["outputs"] + doc["checkpoints"] if o["name"] == name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_passes_at_the_fp32_bound(causal):
+    result = validate(fused(2048, causal), **RAISE)
+    doc = result.to_json()
+    assert doc["emulation"]["unemulated"] == [] and doc["emulation"]["inexact_casts"] == 0
+    output = _only(result, "y")
+    assert output["bound"] == "fp32" and output["passed"], output
+    assert doc["passed"]
+
+
+def test_exported_attention_passes_and_its_output_is_checked():
+    result = validate(exported(1536), **RAISE)
+    doc = result.to_json()
+    assert doc["emulation"]["statistical"] == []
+    kernel_out = _only(result, "o")  # the kernel's output, a checkpoint, then the Mul on it
+    assert kernel_out["bound"] == "fp32" and kernel_out["passed"], kernel_out
+    assert kernel_out["resynchronised"]
+    assert doc["passed"]
+
+
+# --- wrong kernels ---------------------------------------------------------------------------
+def _scale_one_tile(monkeypatch, tile: int, factor: float) -> None:
+    """The kernel's scores of key tile `tile` (of every query group) times `factor`. The key
+    tiles of a block without a causal step are a BIR loop; unrolled (as the kernel unrolls
+    the tiles a causal mask crosses) each has its own instructions to change."""
+    original = attention_kernel.AttentionEmitter.score_tile
+    group = attention_kernel.AttentionEmitter.query_group
+
+    def unrolled(self, offsets, m, ranges, s0, first, final):
+        ranges = [(start, stop, True) for start, stop, _ in ranges]
+        group(self, offsets, m, ranges, s0, first, final)
+
+    def score_tile(self, offsets, m, c, masked, local):
+        scores = original(self, offsets, m, c, masked, local)
+        assert c.start.is_const
+        if c.start.const == tile * self.a.k_tile:
+            self.cg.tensor_scalar(scores, scores, AluOp.MULTIPLY, factor)
+        return scores
+
+    monkeypatch.setattr(attention_kernel.AttentionEmitter, "score_tile", score_tile)
+    monkeypatch.setattr(attention_kernel.AttentionEmitter, "query_group", unrolled)
+
+
+def test_the_unrolled_kernel_still_passes(monkeypatch):
+    _scale_one_tile(monkeypatch, 1, 1.0)
+    assert validate(fused(2048, False), **RAISE).to_json()["passed"]
+
+
+def test_one_score_tile_two_percent_large_fails(monkeypatch):
+    _scale_one_tile(monkeypatch, 1, 1.02)
+    result = validate(fused(2048, False), **RAISE)
+    output = _only(result, "y")
+    assert output["bound"] == "fp32"
+    assert not output["passed"] and not result.to_json()["passed"]
+
+
+def test_one_causal_tile_computed_unmasked_fails(monkeypatch):
+    calls = []
+    original = attention_kernel.AttentionEmitter.causal_mask
+
+    def causal_mask(self, scores, m, c):
+        calls.append((m.start.const, c.start.const))
+        if (m.start.const, c.start.const) == (256, 0):  # rows 256..383 see keys up to 383
+            return
+        original(self, scores, m, c)
+
+    monkeypatch.setattr(attention_kernel.AttentionEmitter, "causal_mask", causal_mask)
+    result = validate(fused(2048, True), **RAISE)
+    assert (256, 0) in calls
+    output = _only(result, "y")
+    assert not output["passed"] and not result.to_json()["passed"]
+
+
+def test_the_allowance_is_not_what_passes_a_tile_one_percent_off(monkeypatch):
+    """A smaller fault than the issue's ×1.02, still far beyond fp32 arithmetic: the
+    allowance (flips and summation order) must not cover it."""
+    _scale_one_tile(monkeypatch, 0, 1.005)
+    result = validate(fused(2048, False), **RAISE)
+    assert not _only(result, "y")["passed"]
