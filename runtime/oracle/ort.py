@@ -30,9 +30,10 @@ inputs. Arrays may hold the ml_dtypes types of ONNX tensors (bfloat16, float8, i
 Saving (`save_arrays`): .npz when the path ends in .npz, else such a folder.
 
 onnxruntime runs the original model on the CPU with graph optimisations off, so every node
-computes exactly what the ONNX spec says rather than a fused rewrite of it. Inputs and outputs
-its Python API cannot exchange (those ml_dtypes types) cross it in a carrier type
-(`ort_carrier`).
+computes exactly what the ONNX spec says rather than a fused rewrite of it; a MatMulInteger
+runs in an exact form of its own (`exact_integers`), since onnxruntime's kernel saturates on
+some CPUs. Inputs and outputs its Python API cannot exchange (those ml_dtypes types) cross it
+in a carrier type (`ort_carrier`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from onnx import numpy_helper
 from onnx2bir import output_paths
 from onnx2bir.errors import OracleError, UserError
 from onnx2bir.graph import Graph
-from onnx2bir.runtime.oracle import input_files, ort_carrier
+from onnx2bir.runtime.oracle import exact_integers, input_files, ort_carrier
 
 INTEGER_INPUT_HIGH = 8  # integer inputs are drawn from [0, 8)
 GRAPH_OPTIMIZATION_LEVEL = "ORT_DISABLE_ALL"
@@ -401,7 +402,10 @@ def onnxruntime_session(
 ) -> ort.InferenceSession:
     """A CPU session with graph optimisations off; `model` may be serialised bytes.
     `external_data`: the folder of the external data files of a model given as a proto or
-    bytes that was read without them."""
+    bytes that was read without them. A model with a MatMulInteger runs it in its exact form
+    (`exact_integers`: onnxruntime's own kernel saturates on CPUs without VNNI)."""
+    model, folder = exact_integers.prepared(model)
+    external_data = external_data or folder
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVEL)
     options.log_severity_level = 4  # errors come back as exceptions; we report them
