@@ -87,9 +87,14 @@ class OnlineSoftmax:
     dtype: str
     head_dim: int
     seq_k: int
+    # q, kᵀ or v as the block reads them, rounded where the program never stores them (a
+    # view the kernel reads through strides): the oracle allows for flips of their rounding
+    flips: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return asdict(self)
+        doc = asdict(self)
+        doc["flips"] = list(self.flips)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,10 @@ class CastPlan:
             {entry["node"]: entry["reason"] for entry in doc.get("unemulated", [])},
             {entry["tensor"]: Probe(**entry) for entry in doc.get("probes", [])},
             {entry["tensor"]: Boundary(**entry) for entry in doc.get("boundaries", [])},
-            {e["tensor"]: OnlineSoftmax(**e) for e in doc.get("online_softmax", [])},
+            {
+                e["tensor"]: OnlineSoftmax(**{**e, "flips": tuple(e.get("flips", ()))})
+                for e in doc.get("online_softmax", [])
+            },
         )
 
     @property

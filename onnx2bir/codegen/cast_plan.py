@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 
 import onnx
 
@@ -96,6 +97,7 @@ def plan_casts(
 
     members = {host: [m for m, h in hosts.items() if h == host] for host in set(hosts.values())}
     online: dict[str, OnlineSoftmax] = {}
+    online_hosts: dict[str, OnlineSoftmax] = {}
     online_operands: dict[str, list[tuple[str, str]]] = {}
     online_problems: dict[str, str] = {}
     for host in sorted(attention_hosts):
@@ -103,7 +105,7 @@ def plan_casts(
         if entry is None:
             online_problems[host] = f"{ONLINE_SOFTMAX} ({problem})"
         else:
-            online[entry.tensor] = entry
+            online[entry.tensor] = online_hosts[host] = entry
             online_operands[host] = operands
     emulated = {m for host in online_operands for m in members[host]}
     for node, dtype in narrow.items():
@@ -172,6 +174,7 @@ def plan_casts(
     probes = _probes(source, compiled, locations, watched, homes or {})
     boundaries: dict[str, Boundary] = {}
     probed = set(probes) | {p.whole for p in probes.values() if p.whole is not None}
+    flips: dict[str, list[str]] = {}
     for point in ordered:
         info = source.tensors.get(point.input)
         if not point.exact or point.input in probed or info is None or info.is_const:
@@ -180,6 +183,11 @@ def plan_casts(
             continue
         # Rounded where the program never stores it: inside the kernel hosting the node.
         host = hosts.get(point.node)
+        entry = online_hosts.get(host)
+        if entry is not None and source.node(entry.node)["op_type"] == "Softmax":
+            # The oracle allows for its flips inside the emulated softmax (`flips`).
+            flips.setdefault(entry.tensor, []).append(point.input)
+            continue
         outputs = [t for t in compiled.node(host)["outputs"] if t] if host else []
         kept = [t for t in outputs if t in source.tensors and t in locations]
         if not kept or len(kept) != len(outputs):
@@ -191,6 +199,8 @@ def plan_casts(
         for tensor in kept:
             boundaries[tensor] = Boundary(tensor, point.node, point.input, position, point.dtype)
     probes.update(_probes(source, compiled, locations, set(boundaries) - set(probes), homes or {}))
+    for tensor, unread in flips.items():
+        online[tensor] = replace(online[tensor], flips=tuple(dict.fromkeys(unread)))
     return CastPlan(tuple(ordered), unemulated, probes, boundaries, online)
 
 

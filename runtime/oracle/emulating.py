@@ -225,17 +225,9 @@ def arithmetic_rounding(
 FLIP_REACH = 2.0**-16
 
 
-def flip_allowance_nodes(
-    node: onnx.NodeProto, position: int, operand: str, dtype: str, result: str
-) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """Nodes computing, for each element of `node`'s output, the most that roundings of
-    `operand` (input `position`) in the other direction can change it: the roundings whose
-    value lies within FLIP_REACH·(|t| + rms(t)) of a half-way point, each a step of one spacing.
-    It is `node` itself applied to A = spacing·[t near a half-way point] and to the absolute
-    values of its other operand, without a bias."""
-    fmt = FORMATS[dtype]
-    b = _Builder(result)
-    t = operand
+def flip_steps(b: _Builder, t: str, fmt: Format) -> str:
+    """Per element of `t`, one spacing of `fmt` where t lies within FLIP_REACH·(|t| + rms(t))
+    of a half-way point (a rounding fp32 differences can flip), else 0."""
     quantum = b.quantum(t, fmt)
     scaled = b.op("Div", t, quantum)
     offset = b.op("Sub", b.op("Sub", scaled, b.op("Floor", scaled)), b.const(0.5))
@@ -244,7 +236,19 @@ def flip_allowance_nodes(
     reach = b.op("Mul", b.op("Add", b.op("Abs", t), rms), b.const(FLIP_REACH))
     near = b.op("Cast", b.op("Not", b.op("Less", reach, distance)), to=TensorProto.FLOAT)
     steps = b.op("Mul", near, quantum)
-    steps = b.op("Where", b.op("IsNaN", steps), b.const(0.0), steps)
+    return b.op("Where", b.op("IsNaN", steps), b.const(0.0), steps)
+
+
+def flip_allowance_nodes(
+    node: onnx.NodeProto, position: int, operand: str, dtype: str, result: str
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Nodes computing, for each element of `node`'s output, the most that roundings of
+    `operand` (input `position`) in the other direction can change it: the roundings whose
+    value lies within FLIP_REACH·(|t| + rms(t)) of a half-way point, each a step of one spacing.
+    It is `node` itself applied to A = spacing·[t near a half-way point] and to the absolute
+    values of its other operand, without a bias."""
+    b = _Builder(result)
+    steps = flip_steps(b, operand, FORMATS[dtype])
     clone = onnx.NodeProto()
     clone.CopyFrom(node)
     clone.name = b.name("bound")
@@ -947,7 +951,7 @@ def _online(
     kernel = online_softmax.Kernel(entry.key_tile, entry.dtype, entry.head_dim, entry.seq_k)
     result = block.pv.output[0]
     allowance = f"{result}{ACCUMULATION_SUFFIX}" if bounded else None
-    new, consts = online_softmax.online_nodes(block, kernel, opset, allowance)
+    new, consts = online_softmax.online_nodes(block, kernel, opset, allowance, entry.flips)
     if allowance and result != entry.tensor:  # through the body's layout ops to its output
         new += _carried(nodes, result, entry.tensor, allowance)
     first = f"{entry.tensor}{ACCUMULATION_SUFFIX}"

@@ -76,11 +76,17 @@ def online_nodes(
     kernel: Kernel,
     opset: int,
     allowance: str | None,
+    flips: tuple[str, ...] = (),
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Nodes computing `block.pv`'s output as the kernel does (module docstring), and, with
-    `allowance`, that tensor: the most the machine's value may lie from it."""
+    `allowance`, that tensor: the most the machine's value may lie from it. `flips`: the
+    operands (q, kᵀ or v, unrounded) the machine never stores, so the oracle cannot start from
+    its values: their roundings may flip where fp32 differences reach a half-way point, and
+    the allowance takes each such flip's effect on the scores or on O."""
+    from onnx2bir.runtime.oracle import emulating
     from onnx2bir.runtime.oracle.emulating import (
         ACCUMULATION_LAMBDA,
+        FORMATS,
         FP32_UNIT_ROUNDOFF,
         _Builder,
         accumulation_allowance_nodes,
@@ -109,8 +115,30 @@ def online_nodes(
     ]
     reach = alpha = None
     magnitude_v = None
+
+    def unrounded(tensor: str) -> str | None:
+        plain = tensor.split("::")[0]
+        return plain if plain in flips else None
+
+    value_steps = None
     if allowance:
-        delta = _score_error(b, block, scores, accumulation_allowance_nodes, kernel.head_dim, opset)
+        score_flips = []
+        for position in (0, 1):
+            operand = unrounded(block.qk.input[position])
+            if operand:
+                name = b.name("qk_flips")
+                new, consts = emulating.flip_allowance_nodes(
+                    block.qk, position, operand, kernel.storage, name
+                )
+                b.nodes.extend(new)
+                b.consts.extend(consts)
+                score_flips.append(name)
+        operand = unrounded(block.pv.input[1])
+        if operand:
+            value_steps = emulating.flip_steps(b, operand, FORMATS[kernel.storage])
+        delta = _score_error(
+            b, block, scores, accumulation_allowance_nodes, kernel.head_dim, opset, score_flips
+        )
         d = b.op("Add", b.op("Mul", delta, b.const(2.0)), b.const(EXP_REACH))
         reach = b.op("Mul", d, b.op("Add", d, b.const(1.0)))
         terms = kernel.key_tile
@@ -143,6 +171,10 @@ def online_nodes(
             dev = b.op("Max", b.op("Sub", high, p), b.op("Sub", p, low))
             e = b.op("Add", dev, b.op("Mul", p, alpha))
             e_v = b.op("MatMul", e, b.op("Gather", magnitude_v, keys, axis=-2))
+            if value_steps is not None:  # a flip of v moves O by P·step / l
+                e_v = b.op(
+                    "Add", e_v, b.op("MatMul", p, b.op("Gather", value_steps, keys, axis=-2))
+                )
             e_sum = reduce("ReduceSum", e)
             if c is None:
                 spread, spread_sum = e_v, e_sum
@@ -176,16 +208,25 @@ def _reduce(b, op: str, x: str, opset: int) -> str:
 
 
 def _score_error(
-    b, block: Block, scores: str, accumulation_allowance_nodes, head_dim: int, opset: int
+    b,
+    block: Block,
+    scores: str,
+    accumulation_allowance_nodes,
+    head_dim: int,
+    opset: int,
+    flips: list[str],
 ) -> str:
     """Per row, the most a score the maximum depends on may lie from the oracle's (module
     docstring): the QK product's summation allowance carried through the score steps (scaled
-    by a Mul or Div, zero where a Where fills), plus SCORE_STEP of each step's value."""
+    by a Mul or Div, zero where a Where fills), plus SCORE_STEP of each step's value, plus the
+    bounds `flips` of what flips of an unstored q or kᵀ move the product by."""
     start = b.name("qk_error")
     new, consts = accumulation_allowance_nodes(block.qk, head_dim, start)
     b.nodes.extend(new)
     b.consts.extend(consts)
     error = start
+    for bound in flips:  # what flips of an unstored q or kᵀ can move the scores by
+        error = b.op("Add", error, bound)
     for node, at in block.chain:
         op, value = node.op_type, node.output[0]
         if op in ("Mul", "Div"):
