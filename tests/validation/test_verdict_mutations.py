@@ -68,8 +68,9 @@ def mutate(value: np.ndarray, how: str, seed: int = 0) -> np.ndarray:
 class Case:
     """One real run of a model: the evidence and a memo of the oracle's answers."""
 
-    def __init__(self, name: str, cast_type: str):
-        self.prepared = prepare(str(_path(name)), CompileOptions(auto_cast_type=cast_type))
+    def __init__(self, name: str, cast_type: str, **options):
+        options = CompileOptions(auto_cast_type=cast_type, **options)
+        self.prepared = prepare(str(_path(name)), options)
         graph = self.prepared.pristine
         self.graph, self.plan = graph, self.prepared.compilation.cast_plan
         function = self.prepared.compilation.module.functions[0]
@@ -124,8 +125,8 @@ class Case:
         )
 
 
-def check_mutations(name: str, cast_type: str) -> None:
-    case = Case(name, cast_type)
+def check_mutations(name: str, cast_type: str, **options) -> None:
+    case = Case(name, cast_type, **options)
     assert case.passed(case.evidence.machine), f"{name} {cast_type}: the right answer fails"
     floats = [v for v in case.evidence.machine.values() if v.dtype.kind == "f"]
     if not floats:
@@ -139,6 +140,18 @@ def check_mutations(name: str, cast_type: str) -> None:
 @pytest.mark.parametrize("name", ZOO)
 def test_wrong_outputs_fail_and_the_right_one_passes(name, cast_type):
     check_mutations(name, cast_type)
+
+
+@pytest.mark.parametrize("kernel_cast", ["matmult-to-bf16", "matmult-to-fp16"])
+def test_wrong_outputs_of_the_raised_attention_kernel_fail(kernel_cast):
+    """The kernel's output judged at the fp32 bound (docs/validation.md#online-softmax)."""
+    check_mutations(
+        "long_attention",
+        "bf16",
+        enable_native_kernel_attention=True,
+        enable_native_kernel_attention_bf16=True,
+        native_kernel_cast_type=kernel_cast,
+    )
 
 
 @pytest.mark.slow
