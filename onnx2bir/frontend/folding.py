@@ -11,7 +11,9 @@ ConstantOfShape is never materialised: its consumers fold against a zero-stride 
 value, and the node stays for the code generator (a Memset) if anything reads it at run time.
 `normalize_pool_ceil_mode` rewrites ceil_mode pools so that onnx's shape inference agrees with
 PyTorch and onnxruntime; `static_shapes` reads every fully static shape of a model;
-`drop_dead_nodes` removes nodes whose outputs nothing reads. A failure of
+`drop_dead_nodes` removes nodes whose outputs nothing reads; `drop_identity_nodes` removes the
+nodes that return their input as it is (Identity, a Cast to the input's own type, an inference
+Dropout, a Reshape to the input's own shape). A failure of
 shape inference becomes a `UserError` with its first line.
 """
 
@@ -422,6 +424,83 @@ def drop_zero_adds(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> on
             graph.input.remove(value)
             del weights[value.name]
     return model
+
+
+def drop_identity_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove every node that returns its runtime input as it is: an Identity, a Cast or
+    CastLike to the type the input has already (the TorchScript exporter writes
+    `Cast(to=FLOAT)` of a float softmax, for `softmax(x, dtype=float32).to(x.dtype)`), a
+    Dropout in inference mode whose mask nothing reads, a Reshape (Expand, Flatten, Squeeze,
+    Unsqueeze) whose output has the input's shape, a Transpose that keeps every axis in place
+    (the TorchScript exporter's `Reshape(x, [1, -1, S, D])` of a [1, H, S, D] tensor). Its
+    readers read the input instead. One writing a graph output or read inside a subgraph
+    stays. Returns the model (changed in place)."""
+    graph = model.graph
+    types = {
+        value.name: value.type.tensor_type.elem_type
+        for value in [*graph.input, *graph.value_info, *graph.output]
+    }
+    keep_names = {value.name for value in graph.output}
+    for node in graph.node:
+        keep_names |= _names_read(node) - set(node.input)
+    read = {name for node in graph.node for name in node.input}
+    shapes = static_shapes(model)
+    renamed: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            node.input[index] = renamed.get(name, name)
+        reason = identity_refusal(node, types, read, shapes)
+        if reason is None and node.output[0] not in keep_names:
+            renamed[node.output[0]] = node.input[0]
+            continue
+        kept.append(node)
+    if renamed:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return model
+
+
+# Ops that only view their input anew: one whose output has the input's shape returns it.
+_VIEWS = frozenset({"Reshape", "Expand", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def identity_refusal(
+    node: onnx.NodeProto,
+    types: dict[str, int],
+    read: set[str],
+    shapes: dict[str, tuple[int, ...]],
+) -> str | None:
+    """In: a node, the elem type of every typed value, the names nodes read, the static
+    shapes. Out: None when the node returns its first input unchanged as its only output read,
+    else why not."""
+    if node.domain not in ("", "ai.onnx") or not node.input or not node.input[0]:
+        return "not a standard op with an input"
+    source = types.get(node.input[0])
+    if source is None:
+        return f"{node.input[0]!r} has no known type"
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Identity":
+        return None
+    if node.op_type in _VIEWS or node.op_type == "Transpose":
+        source_shape = shapes.get(node.input[0])
+        if source_shape is None or source_shape != shapes.get(node.output[0]):
+            return f"a {node.op_type} that changes the shape"
+        perm = attrs.get("perm", range(len(source_shape))[::-1])
+        if node.op_type == "Transpose" and list(perm) != list(range(len(source_shape))):
+            return "a Transpose that moves axes"
+        return None
+    if node.op_type == "Cast":
+        return None if attrs.get("to") == source else "a Cast to another type"
+    if node.op_type == "CastLike" and len(node.input) == 2:
+        return None if types.get(node.input[1]) == source else "a CastLike to another type"
+    if node.op_type == "Dropout":
+        if len(node.input) > 2 and node.input[2]:
+            return "a Dropout whose training_mode is an input"
+        if any(name and name in read for name in node.output[1:]):
+            return "a Dropout whose mask is read"
+        return None
+    return f"{node.op_type} is not an identity"
 
 
 def _zero_add_operand(node, constants, weights, shapes, types) -> str | None:

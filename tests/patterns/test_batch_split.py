@@ -181,7 +181,9 @@ def _two_stage_net(batch: int = 4, batch_norm: bool = False):
         *(
             [helper.make_node("BatchNormalization", ["b1", *BN], ["b1n"], name="bn")]
             if batch_norm
-            else [helper.make_node("Identity", ["b1"], ["b1n"], name="bn")]
+            # a cheap per-sample node in the BatchNorm's place (an Identity would be dropped
+            # at import, folding.drop_identity_nodes)
+            else [helper.make_node("Relu", ["b1"], ["b1n"], name="bn")]
         ),
         helper.make_node("Conv", ["b1n", "wb1"], ["b2"], name="b2", pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["b2", "b0"], ["b3"], name="b3"),
