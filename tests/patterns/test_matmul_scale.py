@@ -135,3 +135,62 @@ def test_a_mul_that_broadcasts_to_a_larger_shape_is_refused():
         initializers={"c": np.full((1, 1, 1), 2.0, dtype=np.float32)},
     )
     assert "broadcasts" in _refusal(model)
+
+
+def _sdpa_scores(scale_op: str = "Mul", on_k: bool = True, extra_reader: bool = False):
+    """Scores as `scaled_dot_product_attention` exports write them: q and kᵀ each scaled by
+    √(1/√d) before the product (or q divided by √d), then Softmax → MatMul(·, v)."""
+    root = np.float32(np.sqrt(SCALE))
+    factor = np.float32(1 / SCALE) if scale_op == "Div" else root
+    nodes = [helper.make_node(scale_op, ["q", "root"], ["qs"], name="q_scale")]
+    if on_k:
+        nodes.append(helper.make_node("Mul", ["root_k", "kt"], ["ks"], name="k_scale"))
+    nodes += [
+        helper.make_node("MatMul", ["qs", "ks" if on_k else "kt"], ["scores"], name="qk"),
+        helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
+    ]
+    outputs = {"y": None}
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["qs"], ["raw"], name="raw"))
+        outputs["raw"] = None
+    inputs = {
+        "q": (1, HEADS, TOKENS, HEAD_DIM),
+        "kt": (1, HEADS, HEAD_DIM, TOKENS),
+        "v": (1, HEADS, TOKENS, HEAD_DIM),
+    }
+    inits = {"root": np.array(factor), "root_k": np.array([root])}
+    return make_model(nodes, inputs, outputs, initializers=inits)
+
+
+def test_operand_scales_move_onto_the_eviction():
+    graph = _compiled(_sdpa_scores()).graph
+    ops = {name: data["op_type"] for name, data in graph.nodes()}
+    assert "q_scale" not in ops and "k_scale" not in ops
+    assert graph.node("qk")["inputs"] == ["q", "kt"]
+    assert graph.node("qk")["attrs"][MATMUL_SCALE] == pytest.approx(float(SCALE), rel=1e-6)
+    assert_matches_onnxruntime(_sdpa_scores())
+
+
+def test_a_divided_query_moves_onto_the_eviction():
+    model = _sdpa_scores("Div", on_k=False)
+    graph = _compiled(model).graph
+    assert "q_scale" not in dict(graph.nodes())
+    assert graph.node("qk")["attrs"][MATMUL_SCALE] == pytest.approx(float(SCALE), rel=1e-6)
+    assert_matches_onnxruntime(model)
+
+
+def test_operand_scales_validate_under_the_default_autocast():
+    import onnx2bir
+
+    assert onnx2bir.validate(_sdpa_scores()).passed
+
+
+def test_an_operand_scale_read_elsewhere_stays():
+    model = _sdpa_scores(extra_reader=True)
+    graph = import_graph(model)
+    result = FuseMatMulScale().run(graph, CompileOptions())
+    reasons = [f["reason"] for f in result.findings if f.get("scale") == "q_scale"]
+    assert reasons and "2 reads" in reasons[0]
+    assert "q_scale" in dict(graph.nodes()) and "k_scale" not in dict(graph.nodes())
+    assert_matches_onnxruntime(model)
