@@ -44,6 +44,7 @@ from onnx2bir.patterns.passes import PassManager
 from onnx2bir.patterns.quant.integer import RaiseIntegerMatmuls
 from onnx2bir.patterns.quant.nbits import ExpandMatMulNBits
 from onnx2bir.patterns.quant.qlinear_ops import ExpandQLinearOps
+from onnx2bir.patterns.softmax_guard import FuseSoftmaxNanGuard
 from onnx2bir.patterns.vendor_ops import check_vendor_ops
 
 
@@ -74,6 +75,7 @@ def default_passes() -> list:
         FoldConvLayoutBridges(),
         FuseConvActivation(),
         FuseMatMulScale(),
+        FuseSoftmaxNanGuard(),
     ]
 
 

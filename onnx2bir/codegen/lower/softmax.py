@@ -17,6 +17,13 @@ plan keeps them there (docs/memory_planner.md#direct-operands).
 
 Rows longer than ROW_CHUNK are processed in chunks, one tile at a time: a pass for the max, a
 pass for the sum, a pass to write the normalised values.
+
+A Softmax that carries `NAN_ROW_FILL` (patterns/softmax_guard.py: the NaN guard
+`Where(IsNaN(P), c, P)` exporters write after an attention's softmax) writes c over every row
+whose result is NaN. Such a row is NaN whole: a NaN or +inf in the row, or a row of −inf,
+makes its sum NaN, and every element is divided by it; any other row has a sum in [1, length]
+and no NaN. So the row's test is one comparison of its sum with itself, and the fill one
+CopyPredicated of the immediate c over the row, the test read with a zero stride.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from onnx2bir.codegen.tiling import Tile, copy_stride, tile_index, tiles
 from onnx2bir.graph import Node
 
 ROW_CHUNK = 8192
+NAN_ROW_FILL = "nan_row_fill"  # the value a NaN row of the result becomes (a fused NaN guard)
 
 
 def lower_softmax(cg: BirCodeGen, node: Node) -> None:
@@ -59,6 +67,7 @@ class _Rows:
     length: int
     inner: int  # element stride along a row
     log: bool
+    nan_fill: float | None = None  # NAN_ROW_FILL
 
     def view(self, loc: str, o, r, start: int = 0, size: int | None = None) -> tuple:
         """`dram_ap`'s (location, offset, pattern) for rows r (a tile) of loop block o,
@@ -102,6 +111,7 @@ def _emit_softmax(cg: BirCodeGen, node: Node, log: bool) -> None:
         length,
         inner,
         log,
+        node.attr(NAN_ROW_FILL, None),
     )
     if length <= ROW_CHUNK:
         _emit_rows(cg, spec)
@@ -123,6 +133,8 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
     exps = cg.sb_tile("exp", NUM_PARTITIONS, copies * stride, dtype) if spec.log else data
     neg_max = cg.sb_tile("neg_max", NUM_PARTITIONS, copies, dtype)
     total = cg.sb_tile("sum", NUM_PARTITIONS, copies, dtype)
+    fills = spec.nan_fill is not None
+    finite = cg.sb_tile("finite", NUM_PARTITIONS, copies, Dtype.BOOL) if fills else None
 
     def steps(o: Tile, r: Tile, max_engine: Engine, last_engine: Engine) -> list:
         """Load, max, exp, sum, normalise and store one tile of rows."""
@@ -156,6 +168,9 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
                 )
             else:
                 cg.tensor_scalar(ops["y"], ops["y"], AluOp.DIVIDE, sigma, engine=last_engine)
+            if fills:
+                ok = cg.ap(finite, [(1, 1)], r.slot, partitions=r.size)
+                _fill_nan_rows(cg, ops["y"], sigma, ok, spec.nan_fill, length)
 
         def store() -> None:
             cg.store_result(y_view, tile, ops["y"])
@@ -164,18 +179,35 @@ def _emit_rows(cg: BirCodeGen, spec: _Rows) -> None:
 
     for o in tiles(cg, spec.loops, 1, "o"):
         for group in row_groups(cg, plan, "r"):
-            engines = _engines(len(group), length)
+            engines = _engines(len(group), length, fills)
             emit_staged([steps(o, r, *pair) for r, pair in zip(group, engines, strict=True)])
 
 
-def _engines(count: int, length: int) -> list[tuple[Engine, Engine]]:
+def _fill_nan_rows(
+    cg: BirCodeGen,
+    rows: AccessPattern,
+    sums: AccessPattern,
+    ok: AccessPattern,
+    fill: float,
+    length: int,
+) -> None:
+    """In: a tile of normalised rows, their sums, a bool column. Out: `fill` over each row
+    whose sum is NaN (then the whole row is NaN: module docstring)."""
+    cg.tensor_tensor(ok, sums, sums, AluOp.IS_EQUAL)
+    broadcast = AccessPattern(
+        ok.loc, ((0, length),), ok.offset, ok.offset_terms, ok.partition_start, ok.num_partitions
+    )
+    cg.copy_predicated(rows, broadcast, fill, reverse=True)
+
+
+def _engines(count: int, length: int, fills: bool = False) -> list[tuple[Engine, Engine]]:
     """(row max, last step) engines of each tile of a group: ScalarE has the exponentials and
-    VectorE the sums; each max goes to GpSimd or VectorE and each last step to ScalarE or
-    VectorE, whichever `EngineLoad` finds first done with it."""
+    VectorE the sums (and the NaN rows' fills); each max goes to GpSimd or VectorE and each
+    last step to ScalarE or VectorE, whichever `EngineLoad` finds first done with it."""
     load = EngineLoad()
     for _ in range(count):
         load.add(Engine.ACT, length)
-        load.add(Engine.DVE, length)
+        load.add(Engine.DVE, 2 * length if fills else length)
     return [
         (load.pick((Engine.POOL, Engine.DVE), length), load.pick((Engine.ACT, Engine.DVE), length))
         for _ in range(count)
