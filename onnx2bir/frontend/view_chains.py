@@ -44,7 +44,7 @@ def collapse_view_chains(model: onnx.ModelProto) -> onnx.ModelProto:
     readers = _readers(graph)
     writers = {name: node for node in graph.node for name in node.output}
     keep = {value.name for value in graph.output} | _subgraph_reads(graph)
-    replaced: dict[int, onnx.NodeProto | None] = {}
+    replaced: dict[int, list] = {}
     for index, node in enumerate(graph.node):
         if index in replaced or not _is_view(node):
             continue
@@ -54,18 +54,14 @@ def collapse_view_chains(model: onnx.ModelProto) -> onnx.ModelProto:
         chain = _collapsible_tail(_chain_from(index, graph, readers, keep), graph, shapes)
         if chain is None:
             continue
-        single = _single_view(chain, graph, shapes, model)
         for position in chain:
-            replaced[position] = None
-        replaced[chain[-1]] = single
+            replaced[position] = []
+        replaced[chain[-1]] = _single_view(chain, graph, shapes, model)
     if not replaced:
         return model
     nodes = []
     for index, node in enumerate(graph.node):
-        if index not in replaced:
-            nodes.append(node)
-        elif replaced[index] is not None:
-            nodes.append(replaced[index])
+        nodes.extend(replaced.get(index, [node]))
     del graph.node[:]
     graph.node.extend(nodes)
     return model
@@ -116,17 +112,22 @@ def _chain_from(start: int, graph: onnx.GraphProto, readers, keep: set[str]) -> 
 
 
 def _collapsible_tail(chain: list[int], graph: onnx.GraphProto, shapes) -> list[int] | None:
-    """In: a chain of views. Out: its longest tail of two nodes or more that collapses (a
-    Reshape that splits the heads, then a chain that only permutes them), or None."""
-    for start in range(len(chain) - 1):
-        if chain_refusal(chain[start:], graph, shapes) is None:
-            return chain[start:]
+    """In: a chain of views. Out: its longest tail that the canonical views replace with fewer
+    nodes (or a lone Transpose that keeps the element order, which is a Reshape), or None."""
+    for start in range(len(chain)):
+        tail = chain[start:]
+        if chain_refusal(tail, graph, shapes) is not None:
+            continue
+        views = _net_view(tail, graph, shapes)
+        lone_transpose = len(tail) == 1 and graph.node[tail[0]].op_type == "Transpose"
+        if len(views) < len(tail) or (lone_transpose and [op for op, _ in views] == ["Reshape"]):
+            return tail
     return None
 
 
 def chain_refusal(chain: list[int], graph: onnx.GraphProto, shapes) -> str | None:
-    """In: a chain of view nodes. Out: None when it permutes or keeps its input's element
-    order, else why it stays."""
+    """In: a chain of view nodes. Out: None when it is a Reshape of its input followed by a
+    Transpose (either may be absent), else why it stays."""
     first, last = graph.node[chain[0]], graph.node[chain[-1]]
     names = [first.input[0], *(graph.node[i].output[0] for i in chain)]
     missing = [name for name in names if name not in shapes]
@@ -135,7 +136,7 @@ def chain_refusal(chain: list[int], graph: onnx.GraphProto, shapes) -> str | Non
     if math.prod(shapes[first.input[0]]) > _MAX_ELEMENTS:
         return "the input is too large to check"
     if _net_view(chain, graph, shapes) is None:
-        return f"{last.output[0]!r} is neither a permutation nor a reshape of {first.input[0]!r}"
+        return f"{last.output[0]!r} is not a transpose of a reshape of {first.input[0]!r}"
     return None
 
 
@@ -153,52 +154,67 @@ def _indices_through(chain: list[int], graph: onnx.GraphProto, shapes) -> np.nda
     return values
 
 
-def _net_view(chain: list[int], graph: onnx.GraphProto, shapes) -> tuple | None:
-    """("Transpose", perm) or ("Reshape", shape) equal to the chain, or None."""
-    source = shapes[graph.node[chain[0]].input[0]]
-    result = _indices_through(chain, graph, shapes)
-    if np.array_equal(result.ravel(), np.arange(result.size)):
-        return "Reshape", tuple(result.shape)
-    perm = _permutation(source, result)
-    if perm is not None:
-        identity = np.arange(result.size).reshape(source)
-        if np.array_equal(np.transpose(identity, perm), result):
-            return "Transpose", perm
-    return None
+def _net_view(chain: list[int], graph: onnx.GraphProto, shapes) -> list[tuple] | None:
+    """The canonical views equal to the chain (`canonical_views`), or None."""
+    source = tuple(shapes[graph.node[chain[0]].input[0]])
+    return canonical_views(source, _indices_through(chain, graph, shapes))
 
 
-def _permutation(source: tuple[int, ...], result: np.ndarray) -> tuple[int, ...] | None:
-    """The axes of `source` that `result`'s axes step along (by their index strides), unit
-    axes matched in order; None when the axes do not match one to one."""
-    if len(source) != result.ndim:
-        return None
-    strides = [math.prod(source[axis + 1 :]) for axis in range(len(source))]
-    units = [axis for axis, size in enumerate(source) if size == 1]
-    perm = []
-    for axis, size in enumerate(result.shape):
-        if size == 1:
-            if not units:
+def canonical_views(source: tuple[int, ...], result: np.ndarray) -> list[tuple] | None:
+    """In: a source shape and an array of indices into its elements (row-major). Out: the
+    views [("Reshape", shape)?, ("Transpose", perm)?] that make `result` from the source — a
+    Reshape that splits or merges its axes, then a Transpose — or None when there are none.
+    [] when `result` is the source as it is."""
+    size = result.size
+    if np.array_equal(result.ravel(), np.arange(size)):
+        return [] if tuple(result.shape) == source else [("Reshape", tuple(result.shape))]
+    strides = {}
+    for axis, extent in enumerate(result.shape):
+        if extent > 1:
+            step = [0] * result.ndim
+            step[axis] = 1
+            strides[axis] = int(result[tuple(step)] - result.flat[0])
+            if strides[axis] <= 0:
                 return None
-            perm.append(units.pop(0))
-            continue
-        step = [0] * result.ndim
-        step[axis] = 1
-        stride = int(result[tuple(step)] - result.flat[0])
-        matches = [a for a, s in enumerate(strides) if s == stride and source[a] == size]
-        if len(matches) != 1:
-            return None
-        perm.append(matches[0])
-    return tuple(perm) if sorted(perm) == list(range(len(source))) else None
+    units = [axis for axis, extent in enumerate(result.shape) if extent == 1]
+    order = units + sorted(strides, key=lambda axis: -strides[axis])
+    middle = tuple(result.shape[axis] for axis in order)
+    perm = tuple(order.index(axis) for axis in range(result.ndim))
+    if not np.array_equal(np.transpose(np.arange(size).reshape(middle), perm), result):
+        return None
+    views = [] if middle == source else [("Reshape", middle)]
+    return [*views, ("Transpose", perm)]
 
 
-def _single_view(chain: list[int], graph: onnx.GraphProto, shapes, model) -> onnx.NodeProto:
+def _single_view(chain: list[int], graph: onnx.GraphProto, shapes, model) -> list:
+    """The canonical nodes that replace the chain, the last writing the chain's tensor."""
     first, last = graph.node[chain[0]], graph.node[chain[-1]]
-    kind, value = _net_view(chain, graph, shapes)
-    name = f"{last.name}/collapsed" if last.name else ""
-    if kind == "Transpose":
-        return helper.make_node(
-            "Transpose", [first.input[0]], [last.output[0]], name=name, perm=list(value)
-        )
-    shape = numpy_helper.from_array(np.asarray(value, np.int64), f"{last.output[0]}/shape")
-    model.graph.initializer.append(shape)
-    return helper.make_node("Reshape", [first.input[0], shape.name], [last.output[0]], name=name)
+    views = _net_view(chain, graph, shapes)
+    if not views:  # the chain gives back its input: an identity Reshape, dropped later
+        views = [("Reshape", tuple(shapes[first.input[0]]))]
+    nodes, source = [], first.input[0]
+    elem = _elem_type(model, first.input[0])
+    for index, (kind, value) in enumerate(views):
+        out = last.output[0] if index == len(views) - 1 else f"{last.output[0]}/{kind.lower()}"
+        if out != last.output[0]:
+            model.graph.value_info.append(helper.make_tensor_value_info(out, elem, list(value)))
+        name = f"{last.name}/{kind.lower()}" if last.name else ""
+        if kind == "Transpose":
+            nodes.append(helper.make_node("Transpose", [source], [out], name=name, perm=value))
+        else:
+            shape = numpy_helper.from_array(np.asarray(value, np.int64), f"{out}/shape")
+            model.graph.initializer.append(shape)
+            nodes.append(helper.make_node("Reshape", [source, shape.name], [out], name=name))
+        source = out
+    return nodes
+
+
+def _elem_type(model: onnx.ModelProto, name: str) -> int:
+    graph = model.graph
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        if value.name == name:
+            return value.type.tensor_type.elem_type
+    for init in graph.initializer:
+        if init.name == name:
+            return init.data_type
+    return onnx.TensorProto.FLOAT
