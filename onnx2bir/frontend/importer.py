@@ -46,6 +46,7 @@ from onnx2bir.frontend.folding import (
 from onnx2bir.frontend.function_expansion import expand_functions, expansion_note
 from onnx2bir.frontend.input_values import pin_input_values
 from onnx2bir.frontend.opset_upgrade import default_opset, upgrade_old_opset
+from onnx2bir.frontend.packed_projections import split_packed_projections
 from onnx2bir.frontend.sequences import rewrite_static_sequences
 from onnx2bir.frontend.symbols import is_unnamed, propagate_symbols, unset_message
 from onnx2bir.frontend.view_chains import collapse_view_chains
@@ -260,6 +261,7 @@ def import_parts(
     model = fold_constants(model, weights)  # large folded values join `weights`
     check_folded(model, weights)
     model = drop_dead_nodes(drop_zero_adds(model, weights))
+    model = split_packed_projections(model, weights)
     model = drop_identity_nodes(collapse_view_chains(model))
     shapes = static_shapes(model)
     notes = [note for note in (upgrade_note, sequences, expansion) if note]
