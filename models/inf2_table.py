@@ -23,11 +23,22 @@ into the convolution before it, as a deployment compiler does (the Neuron compil
 too); the batch norms of the random ResNets are first given the statistics of one seeded batch
 (``models/zoo.py _calibrate_batchnorm``), so the folded weights are not the identity's.
 
+``--export-form`` writes the same rows in other forms (``FORMS``), to check that the compiler
+reaches the same program from each: the TorchScript exporter (``torch.onnx.export(...,
+dynamo=False)``, opset 18, its defaults) beside the dynamo one, transformers' ``sdpa``
+attention beside ``eager``, and for the ViT row torchvision's ``vit_b_16`` (``weights=None``,
+cut to the same layers; its ``nn.MultiheadAttention`` packs q, k and v in one projection)
+beside transformers' ``ViTForImageClassification``. The default form, ``dynamo``, keeps the
+original file names; another form's exports are ``inf2_<row>.<form>[_L<layers>].onnx``.
+
 Run with the export venv, one at a time::
 
     nice -n 10 /work/venv-export/bin/python models/inf2_table.py            # every row
     nice -n 10 /work/venv-export/bin/python models/inf2_table.py vgg16_b1   # one
     nice -n 10 /work/venv-export/bin/python models/inf2_table.py --full vit_base_b1
+    nice -n 10 /work/venv-export/bin/python models/inf2_table.py --export-form all   # every form
+    nice -n 10 /work/venv-export/bin/python models/inf2_table.py --export-form torchvision \
+        vit_base_b1
 
 This module's tables (ROWS, path_of, exports_of) are read by benchmarks/device_time.py without
 torch: torch, torchvision and transformers are imported only where a model is built.
@@ -80,6 +91,45 @@ class Row:
 
 CORES = 2  # NeuronCore-v2s of the one Inferentia2 chip of an Inf2.xlarge
 
+
+@dataclass(frozen=True)
+class ExportForm:
+    """How a row's model is written to ONNX: the exporter, the attention implementation of a
+    transformers model, and where the model comes from (transformers, or torchvision's
+    `vit_b_16` for the ViT row). The compiler should reach the same program from each."""
+
+    name: str
+    exporter: str  # "dynamo" (torch.onnx.export(dynamo=True)) or "torchscript" (dynamo=False)
+    attention: str = "eager"  # transformers attn_implementation: "eager" or "sdpa"
+    source: str = "transformers"  # or "torchvision" (ViT-base only)
+
+    def applies_to(self, row: Row) -> bool:
+        """In: a row. Out: whether the row's model can be written in this form (CNNs take only
+        the exporter axis, torchvision's ViT only the ViT row)."""
+        if self.source == "torchvision":
+            return row.model == "vit_base"
+        return row.encoder or self.attention == "eager"
+
+
+DEFAULT_FORM = "dynamo"  # the original exports, under their original file names
+FORMS = {
+    form.name: form
+    for form in (
+        ExportForm("dynamo", "dynamo", "eager"),
+        ExportForm("dynamo-sdpa", "dynamo", "sdpa"),
+        ExportForm("torchscript", "torchscript", "eager"),
+        ExportForm("torchscript-sdpa", "torchscript", "sdpa"),
+        ExportForm("torchvision", "torchscript", source="torchvision"),
+        ExportForm("torchvision-dynamo", "dynamo", source="torchvision"),
+    )
+}
+
+
+def forms_of(name: str) -> list[str]:
+    """In: a row name. Out: the names of the export forms that apply to it, the default first."""
+    return [f for f, form in FORMS.items() if form.applies_to(ROWS[name])]
+
+
 # The published table: about-neuron/benchmarks/inf2/{latency,throughput}_data_*.csv of the
 # Neuron SDK repository (P50 latency, throughput of the same row).
 ROWS = {
@@ -106,19 +156,26 @@ ROWS = {
 }
 
 
-def path_of(name: str, layers: int | None = None) -> Path:
-    """The export of row `name` (an encoder's with `layers` layers)."""
+def path_of(name: str, layers: int | None = None, form: str = DEFAULT_FORM) -> Path:
+    """The export of row `name` (an encoder's with `layers` layers) in export form `form`."""
+    stem = f"inf2_{name}" if form == DEFAULT_FORM else f"inf2_{name}.{form}"
     if ROWS[name].encoder:
-        return CACHE / f"inf2_{name}_L{layers}.onnx"
-    return CACHE / f"inf2_{name}.onnx"
+        return CACHE / f"{stem}_L{layers}.onnx"
+    return CACHE / f"{stem}.onnx"
 
 
-def exports_of(name: str, full: bool = False) -> list[Path]:
+def exports_of(name: str, full: bool = False, form: str = DEFAULT_FORM) -> list[Path]:
     row = ROWS[name]
     if not row.encoder:
-        return [path_of(name)]
+        return [path_of(name, form=form)]
     depths = (*LAYERS, row.depth) if full else LAYERS
-    return [path_of(name, layers) for layers in depths]
+    return [path_of(name, layers, form) for layers in depths]
+
+
+def layers_of(path: Path) -> int | None:
+    """In: an export's path. Out: its encoder layers (None for a CNN's export)."""
+    stem = path.stem
+    return int(stem.rsplit("_L", 1)[1]) if "_L" in stem else None
 
 
 def sha256(path: Path) -> str:
@@ -146,18 +203,18 @@ def _cnn(row: Row):
     return Built(model, {"input": pixels}, ["logits"], 0, 0, {"name": row.model, **vars(row)})
 
 
-def _sizes(layers: int, large: bool = False) -> dict:
+def _sizes(layers: int, large: bool = False, attention: str = "eager") -> dict:
     """A base-size (or large) encoder's transformers config sizes, cut to `layers` layers."""
     return dict(
         hidden_size=1024 if large else 768,
         num_hidden_layers=layers,
         num_attention_heads=16 if large else 12,
         intermediate_size=4096 if large else 3072,
-        attn_implementation="eager",
+        attn_implementation=attention,
     )
 
 
-def _token_model(row: Row, layers: int):
+def _token_model(row: Row, layers: int, attention: str = "eager"):
     """The transformers encoder of a token row, at the released model's sizes, cut to `layers`
     layers; returns (model, lowest token id used)."""
     from transformers import (
@@ -173,7 +230,8 @@ def _token_model(row: Row, layers: int):
         RobertaModel,
     )
 
-    sizes = dict(_sizes(layers, large=row.model.endswith("_large")), vocab_size=row.vocab)
+    large = row.model.endswith("_large")
+    sizes = dict(_sizes(layers, large, attention), vocab_size=row.vocab)
     if row.model in ("bert_base", "bert_large"):  # bert-{base,large}-uncased
         config = BertConfig(**sizes, max_position_embeddings=512)
         return BertModel(config, add_pooling_layer=False), 0
@@ -195,38 +253,74 @@ def _token_model(row: Row, layers: int):
         return AlbertModel(config, add_pooling_layer=False), 0
     if row.model == "distilbert_base":  # distilbert-base-uncased
         config = DistilBertConfig(
-            vocab_size=row.vocab, n_layers=layers, attn_implementation="eager"
+            vocab_size=row.vocab, n_layers=layers, attn_implementation=attention
         )
         return DistilBertModel(config), 0
     raise ValueError(f"no encoder for {row.model!r}")
 
 
-def _encoder(row: Row, layers: int):
+def _pixel_input(model):
+    """In: a torch module called as model(pixels). Out: the same module called with the
+    keyword pixel_values, so every ViT form has transformers' input name."""
+    import torch
+
+    class PixelValues(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values)
+
+    return PixelValues(model)
+
+
+def _torchvision_vit(layers: int):
+    """torchvision's `vit_b_16` (weights=None) cut to `layers` encoder layers: the same
+    ViT-base (patch 16, 224, hidden 768, 12 heads, MLP 3072, 1,000 classes) as transformers'."""
+    import torchvision
+
+    return torchvision.models.VisionTransformer(
+        image_size=IMAGE,
+        patch_size=16,
+        num_layers=layers,
+        num_heads=12,
+        hidden_dim=768,
+        mlp_dim=3072,
+        num_classes=1000,
+    )
+
+
+def _vit(row: Row, layers: int, form: ExportForm):
+    """In: the ViT row, its layers and export form. Out: the zoo's `Built` of the classifier."""
     import torch
     from transformers import ViTConfig, ViTForImageClassification
 
-    from models.zoo import Built, PixelWrapper, TokenWrapper, trained_biases
+    from models.zoo import Built, PixelWrapper, trained_biases
+
+    config = {"name": row.model, "layers": layers, "batch": row.batch, "form": form.name}
+    if form.source == "torchvision":
+        model = _pixel_input(_torchvision_vit(layers))
+    else:  # google/vit-base-patch16-224: 1,000 ImageNet classes
+        sizes = _sizes(layers, attention=form.attention)
+        vit = ViTConfig(**sizes, image_size=IMAGE, patch_size=16, num_channels=3, num_labels=1000)
+        model = PixelWrapper(ViTForImageClassification(vit), "logits")
+    trained_biases(model)
+    model.eval()
+    pixels = torch.randn(row.batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
+    return Built(model, {"pixel_values": pixels}, ["logits"], layers, layers, config)
+
+
+def _encoder(row: Row, layers: int, form: ExportForm):
+    import torch
+
+    from models.zoo import Built, TokenWrapper, trained_biases
 
     torch.manual_seed(0)
-    config = {"name": row.model, "layers": layers, "batch": row.batch}
-    if row.model == "vit_base":  # google/vit-base-patch16-224: 1,000 ImageNet classes
-        model = ViTForImageClassification(
-            ViTConfig(
-                **_sizes(layers), image_size=IMAGE, patch_size=16, num_channels=3, num_labels=1000
-            )
-        )
-        trained_biases(model)
-        model.eval()
-        pixels = torch.randn(row.batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(1))
-        return Built(
-            PixelWrapper(model, "logits"),
-            {"pixel_values": pixels},
-            ["logits"],
-            layers,
-            layers,
-            config,
-        )
-    model, low = _token_model(row, layers)
+    config = {"name": row.model, "layers": layers, "batch": row.batch, "form": form.name}
+    if row.model == "vit_base":
+        return _vit(row, layers, form)
+    model, low = _token_model(row, layers, form.attention)
     trained_biases(model)
     model.eval()
     generator = torch.Generator().manual_seed(0)
@@ -242,10 +336,33 @@ def _encoder(row: Row, layers: int):
     )
 
 
-def build(name: str, layers: int | None = None):
+def build(name: str, layers: int | None = None, form: str = DEFAULT_FORM):
     """The zoo's `Built` (module, inputs) for row `name` (an encoder cut to `layers`)."""
     row = ROWS[name]
-    return _encoder(row, layers) if row.encoder else _cnn(row)
+    return _encoder(row, layers, FORMS[form]) if row.encoder else _cnn(row)
+
+
+def export(built, form: str):
+    """In: a `Built` and an export form's name. Out: (ModelProto, exporter description).
+
+    The dynamo form is the zoo's export (`models/zoo.py _export`: opset 18, the exporter's
+    default optimizer, which folds BatchNorm into the conv before it); the TorchScript forms
+    call `torch.onnx.export(..., dynamo=False, opset_version=18)` with its defaults (eval
+    mode, constant folding, which folds BatchNorm too)."""
+    import io
+
+    import onnx
+    import torch
+
+    from models.zoo import OPSET, _export
+
+    if FORMS[form].exporter == "dynamo":
+        return _export(built)
+    buffer = io.BytesIO()
+    args = tuple(built.inputs.values())
+    names = dict(input_names=list(built.inputs), output_names=built.output_names)
+    torch.onnx.export(built.module, args, buffer, dynamo=False, opset_version=OPSET, **names)
+    return onnx.load_from_string(buffer.getvalue()), "torchscript"
 
 
 def main(argv: list[str]) -> int:
@@ -258,38 +375,55 @@ def main(argv: list[str]) -> int:
         "rows", nargs="*", metavar="ROW", help=f"rows (default all): {', '.join(ROWS)}"
     )
     parser.add_argument("--full", action="store_true", help="also export encoders at full depth")
+    parser.add_argument(
+        "--export-form",
+        action="append",
+        choices=[*FORMS, "all"],
+        help=f"export forms (repeatable; default {DEFAULT_FORM}; 'all': every form of a row)",
+    )
     args = parser.parse_args(argv)
     names = args.rows or list(ROWS)
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         parser.error(f"unknown rows {', '.join(unknown)}; rows: {', '.join(ROWS)}")
     full = args.full
+    forms = args.export_form or [DEFAULT_FORM]
     import onnx  # the export venv's packages, needed only past --help
     import torch
 
     from models.strip_metadata import strip_exporter_metadata
-    from models.zoo import _export
 
     CACHE.mkdir(exist_ok=True)
-    for name in names:
-        for out in exports_of(name, full):
-            if out.exists():
-                print(f"{out}: exists")
-                continue
-            layers = int(out.stem.rsplit("_L", 1)[1]) if ROWS[name].encoder else None
-            start = time.time()
-            with torch.no_grad():
-                proto, exporter = _export(build(name, layers))
-            strip_exporter_metadata(proto)
-            ops: dict[str, int] = {}
-            for node in proto.graph.node:
-                ops[node.op_type] = ops.get(node.op_type, 0) + 1
-            onnx.save(proto, out)
-            print(
-                f"{out}: {exporter}, {out.stat().st_size / 1e6:.1f} MB, "
-                f"{time.time() - start:.0f} s, sha256 {sha256(out)}\n  ops {ops}"
-            )
+    for name, form, out in _planned(names, forms, full):
+        if out.exists():
+            print(f"{out}: exists")
+            continue
+        start = time.time()
+        # A TorchScript export traces with autograd on, as a user's call does: under no_grad
+        # nn.MultiheadAttention (torchvision's ViT) takes its fused fast path, which the
+        # TorchScript exporter cannot write.
+        with torch.set_grad_enabled(FORMS[form].exporter == "torchscript"):
+            proto, exporter = export(build(name, layers_of(out), form), form)
+        strip_exporter_metadata(proto)
+        ops: dict[str, int] = {}
+        for node in proto.graph.node:
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+        onnx.save(proto, out)
+        print(
+            f"{out}: {exporter}, {out.stat().st_size / 1e6:.1f} MB, "
+            f"{time.time() - start:.0f} s, sha256 {sha256(out)}\n  ops {ops}"
+        )
     return 0
+
+
+def _planned(names: list[str], forms: list[str], full: bool):
+    """In: rows, form names (or "all"), whether encoders go to full depth. Out: (row, form,
+    path) of every export to make, in order."""
+    for name in names:
+        chosen = forms_of(name) if "all" in forms else [f for f in forms if f in forms_of(name)]
+        for form in chosen:
+            for out in exports_of(name, full, form):
+                yield name, form, out
 
 
 if __name__ == "__main__":
