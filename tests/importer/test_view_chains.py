@@ -88,3 +88,28 @@ def test_a_chain_that_is_not_a_permutation_is_kept():
     ops = [op for op, _ in _nodes(model)]
     assert ops.count("Transpose") >= 1 and ops.count("Reshape") >= 2
     _matches_onnxruntime(model)
+
+
+def test_a_transpose_that_moves_a_unit_axis_becomes_a_reshape():
+    """nn.MultiheadAttention's batch-first to sequence-first Transpose at batch 1."""
+    w = OnnxWriter()
+    x = w.op("Relu", [w.input("x", (B, S, H * D))])
+    model = w.model(w.op("Sigmoid", [w.op("Transpose", [x], perm=[1, 0, 2])]))
+    assert [op for op, _ in _nodes(model)] == ["Relu", "Reshape", "Sigmoid"]
+    _matches_onnxruntime(model)
+
+
+def test_multihead_attention_heads_become_reshape_then_transpose():
+    """Reshape [S, H, D] → Transpose(1, 0, 2) → Reshape [1, H, S, D] is the eager export's
+    Reshape [1, S, H, D] → Transpose(0, 2, 1, 3)."""
+    w = OnnxWriter()
+    x = w.op("Relu", [w.input("x", (B, S, H * D))])
+    heads = w.op("Transpose", [w.reshape(x, (S, H, D))], perm=[1, 0, 2])
+    model = w.model(w.op("Sigmoid", [w.reshape(heads, (1, H, S, D))]))
+    assert _nodes(model) == [
+        ("Relu", []),
+        ("Reshape", []),
+        ("Transpose", [0, 2, 1, 3]),
+        ("Sigmoid", []),
+    ]
+    _matches_onnxruntime(model)
