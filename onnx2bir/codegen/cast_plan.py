@@ -79,7 +79,9 @@ def plan_casts(
     plan's SBUF homes by tensor."""
     function = module.functions[0]
     locations = function.memory_locations
+    records = list(records)
     hosts, attention_hosts = kernel_hosts(records, compiled)
+    hoisted = _hoisted_scales(records)
     narrow = _narrow_pe_nodes(module, set(compiled.nx))
     points: dict[tuple[str, str], CastPoint] = {}
     unemulated: dict[str, str] = {}
@@ -131,7 +133,7 @@ def plan_casts(
                 add(node, tensor, narrow_dtype, kind)
         elif node in source.nx and _pe_inputs(source, node):
             for tensor in _pe_inputs(source, node):
-                add(node, tensor, dtype, "operand")
+                add(*_rounded_at(source, hoisted, node, tensor), dtype, "operand")
         elif (clone := image_clone_of(node, source)) and _pe_inputs(source, clone):
             # an image's copy of a model node (patterns/batch_split.py): the same operands
             for tensor in _pe_inputs(source, clone):
@@ -202,6 +204,32 @@ def plan_casts(
     for tensor, unread in flips.items():
         online[tensor] = replace(online[tensor], flips=tuple(dict.fromkeys(unread)))
     return CastPlan(tuple(ordered), unemulated, probes, boundaries, online)
+
+
+def _hoisted_scales(records: Iterable) -> dict[str, set[str]]:
+    """MatMul → the Muls (or Divs) by a constant on its operands that FuseMatMulScale moved
+    onto its eviction (patterns/matmul_scale.py): the MatMul then reads, and rounds, the
+    unscaled operand."""
+    found: dict[str, set[str]] = {}
+    for record in records:
+        for finding in record.result.findings:
+            host, scale = finding.get("host"), finding.get("fused")
+            if host and scale:
+                found.setdefault(host, set()).add(scale)
+    return found
+
+
+def _rounded_at(
+    source: Graph, hoisted: dict[str, set[str]], node: str, tensor: str
+) -> tuple[str, str]:
+    """(the node, the tensor it reads) where the program rounds `node`'s operand `tensor`:
+    the operand itself, or, when a scale on it was hoisted onto the product's eviction, the
+    scale's input (the oracle rounds it there, and the scale follows in fp32)."""
+    producer = source.producer(tensor)
+    if producer is None or producer not in hoisted.get(node, ()):
+        return node, tensor
+    live = [t for t in source.node(producer)["inputs"] if t and not source.tensors[t].is_const]
+    return (producer, live[0]) if len(live) == 1 else (node, tensor)
 
 
 def _online_softmax(

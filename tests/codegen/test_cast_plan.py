@@ -155,3 +155,32 @@ def test_a_saved_program_carries_its_plan_and_options(tmp_path):
     assert CastPlan.from_json(module.metadata["cast_plan"]) == compilation.cast_plan
     assert module.metadata["compile_options"]["auto_cast_type"] == "bf16"
     assert module.metadata["input_shapes"] == {"input": [1, 3, 64, 64]}
+
+
+def test_a_scale_hoisted_onto_the_eviction_moves_the_rounding_to_its_input():
+    """SDPA as exporters write it scales q and kᵀ by √(1/√d) each; FuseMatMulScale moves both
+    factors onto the product's eviction, so the program rounds the unscaled q and kᵀ
+    (patterns/matmul_scale.py) and the plan says so, where the oracle can round them."""
+    from onnx2bir.api import validate
+
+    root = np.float32((64**-0.5) ** 0.5)
+    nodes = [
+        helper.make_node("Mul", ["q", "root"], ["qs"], name="scale_q"),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+        helper.make_node("Mul", ["kt", "root"], ["kts"], name="scale_k"),
+        helper.make_node("MatMul", ["qs", "kts"], ["s"], name="qk"),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
+    ]
+    model = make_model(
+        nodes,
+        {"q": [2, 32, 64], "k": [2, 32, 64], "v": [2, 32, 64]},
+        {"y": [2, 32, 64]},
+        initializers={"root": np.array(root)},
+    )
+    compilation = compile_model(model)
+    pairs = _pairs(compilation.cast_plan)
+    assert {("scale_q", "q", "operand"), ("scale_k", "kt", "operand")} <= pairs
+    assert ("qk", "qs", "operand") not in pairs and not compilation.cast_plan.unemulated
+    doc = validate(model).to_json()
+    assert doc["passed"] and doc["emulation"]["statistical"] == []
