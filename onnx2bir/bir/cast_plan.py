@@ -97,6 +97,23 @@ class OnlineSoftmax:
         return doc
 
 
+@dataclass(frozen=True, slots=True)
+class ExpandedAttention:
+    """A fused `Attention` node `node` the compile decomposed into matmul → softmax → matmul
+    (patterns/attention/decompose.py), both products on `dtype` operands: the oracle computes
+    it through the ONNX function body, q, k and v rounded as the node's inputs and the
+    probabilities rounded where the PV product reads them; `tensor` is its output, `seq_k`
+    the PV product's length (docs/validation.md#expanded-attention)."""
+
+    tensor: str
+    node: str
+    dtype: str
+    seq_k: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class CastPlan:
     points: tuple[CastPoint, ...] = ()
@@ -104,6 +121,7 @@ class CastPlan:
     probes: dict[str, Probe] = field(default_factory=dict)  # tensor → where the machine holds it
     boundaries: dict[str, Boundary] = field(default_factory=dict)  # tensor → its boundary
     online: dict[str, OnlineSoftmax] = field(default_factory=dict)  # block output → kernel
+    expanded: dict[str, ExpandedAttention] = field(default_factory=dict)  # output → node
 
     def to_json(self) -> dict:
         return {
@@ -112,6 +130,7 @@ class CastPlan:
             "probes": [probe.to_json() for probe in self.probes.values()],
             "boundaries": [boundary.to_json() for boundary in self.boundaries.values()],
             "online_softmax": [entry.to_json() for entry in self.online.values()],
+            "expanded_attention": [entry.to_json() for entry in self.expanded.values()],
         }
 
     @classmethod
@@ -126,6 +145,7 @@ class CastPlan:
                 e["tensor"]: OnlineSoftmax(**{**e, "flips": tuple(e.get("flips", ()))})
                 for e in doc.get("online_softmax", [])
             },
+            {e["tensor"]: ExpandedAttention(**e) for e in doc.get("expanded_attention", [])},
         )
 
     @property

@@ -51,7 +51,14 @@ from dataclasses import replace
 
 import onnx
 
-from onnx2bir.bir.cast_plan import Boundary, CastPlan, CastPoint, OnlineSoftmax, Probe
+from onnx2bir.bir.cast_plan import (
+    Boundary,
+    CastPlan,
+    CastPoint,
+    ExpandedAttention,
+    OnlineSoftmax,
+    Probe,
+)
 from onnx2bir.bir.enums import Dtype, MemoryKind, MemoryType, Opcode
 from onnx2bir.bir.ir import Module, node_of_origin
 from onnx2bir.frontend import attention_block
@@ -110,6 +117,8 @@ def plan_casts(
             online[entry.tensor] = online_hosts[host] = entry
             online_operands[host] = operands
     emulated = {m for host in online_operands for m in members[host]}
+    expanded: dict[str, ExpandedAttention] = {}
+    expanded_nodes: set[str] = set()
     for node, dtype in narrow.items():
         if node in compiled.integer_operands:
             continue  # integers within ±256: exact in bf16, nothing to round
@@ -139,7 +148,16 @@ def plan_casts(
             for tensor in _pe_inputs(source, clone):
                 add(clone, tensor, dtype, "operand")
         else:
-            inside(node, dtype)
+            origin = _source_node(records, node, source)
+            if origin is not None and origin not in expanded_nodes:
+                entry = _expanded_attention(source, origin, dtype)
+                if entry is not None:
+                    expanded[entry.tensor] = entry
+                    expanded_nodes.add(origin)
+                    for tensor in source.node(origin)["inputs"][:3]:
+                        add(origin, tensor, dtype, "operand")
+            if origin not in expanded_nodes:
+                inside(node, dtype)
     for tensor, info in source.tensors.items():
         # (a tensor computed one image at a time is stored as its images, all alike)
         loc = locations.get(tensor) or locations.get(f"{tensor}@image0")
@@ -162,7 +180,12 @@ def plan_casts(
         # narrower than fp32: a rounding inside one ONNX op.
         owner = node_of_origin(name, set(compiled.nx))
         origin = owner if owner in source.nx else _source_node(records, owner or name, source)
-        if origin is not None and origin not in unemulated and origin not in emulated:
+        if (
+            origin is not None
+            and origin not in unemulated
+            and origin not in emulated
+            and origin not in expanded_nodes
+        ):
             op_type = source.node(origin)["op_type"]
             dtype = locations[name].dtype
             unemulated[origin] = f"{op_type} stores values of its own in {dtype} ({name})"
@@ -203,7 +226,7 @@ def plan_casts(
     probes.update(_probes(source, compiled, locations, set(boundaries) - set(probes), homes or {}))
     for tensor, unread in flips.items():
         online[tensor] = replace(online[tensor], flips=tuple(dict.fromkeys(unread)))
-    return CastPlan(tuple(ordered), unemulated, probes, boundaries, online)
+    return CastPlan(tuple(ordered), unemulated, probes, boundaries, online, expanded)
 
 
 def _hoisted_scales(records: Iterable) -> dict[str, set[str]]:
@@ -293,6 +316,29 @@ def _online_softmax(
         tensor, fused[0] if fused else softmax, key_tile, storage, head_dim, seq_k
     )
     return entry, operands, None
+
+
+def _expanded_attention(source: Graph, name: str, dtype: str) -> ExpandedAttention | None:
+    """The plan's entry for fused node `name` when it is an ai.onnx `Attention` the compile
+    decomposed and the oracle can compute through its ONNX function body (one Softmax, then
+    the PV MatMul, in float32), else None."""
+    data = source.node(name)
+    if data["op_type"] != "Attention" or data.get("domain", "") not in ("", "ai.onnx"):
+        return None
+    if source.opset < attention_block.MIN_OPSET:
+        return None
+    outputs = [t for t in data["outputs"] if t]
+    if len(outputs) != 1 or any(source.tensors[t].dtype is not Dtype.FP32 for t in outputs):
+        return None  # a KV cache or qk output: the decomposition does not take those
+    nodes = _fused_body(source, name)
+    softmaxes = [n.name for n in nodes or () if n.op_type == "Softmax"]
+    if len(softmaxes) != 1:
+        return None
+    block, _ = attention_block.read_block(nodes, softmaxes[0])
+    if block is None:
+        return None
+    seq_k = int(source.tensors[data["inputs"][1]].shape[-2])
+    return ExpandedAttention(outputs[0], name, dtype, seq_k)
 
 
 def _as_proto(name: str, data: dict) -> onnx.NodeProto:

@@ -30,10 +30,13 @@ DESIGN.md's contract:
                   "matmul_operand_dtypes": {"<stationary> x <moving>": count} | null},
      "casts": [{"node", "input", "dtype", "kind", "exact", "reason"?}] (the cast plan: node
         reads input rounded to dtype; docs/validation.md#the-emulating-oracle),
-     "cast_plan": {"casts", "unemulated", "probes", "boundaries", "online_softmax"}
+     "cast_plan": {"casts", "unemulated", "probes", "boundaries", "online_softmax",
+                   "expanded_attention"}
         (online_softmax: [{"tensor", "node", "key_tile", "dtype", "head_dim", "seq_k"}], the
         raised attention kernels the oracle computes key tile by key tile,
-        docs/validation.md#online-softmax),
+        docs/validation.md#online-softmax; expanded_attention: [{"tensor", "node", "dtype",
+        "seq_k"}], decomposed Attention nodes it computes through their ONNX function body,
+        docs/validation.md#expanded-attention),
      "memory": the memory planner's decisions (onnx2bir/reporting/memory.py) | null,
      "int64": [{"tensor", "kind", "proven", "range" | null, "reason", "root" | null}] (every
         int64 tensor, narrowed to int32 on the device; onnx2bir/codegen/narrowing.py),
@@ -232,6 +235,7 @@ def cast_plan_json(compilation: Compilation) -> dict:
             "probes": [],
             "boundaries": [],
             "online_softmax": [],
+            "expanded_attention": [],
         }
     return plan.to_json()
 

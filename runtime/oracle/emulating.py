@@ -808,6 +808,7 @@ def emulating_model(
     fused_online = {
         e.node for e in plan.online.values() if graph.node(e.node)["op_type"] == "Attention"
     }
+    fused_online |= {e.node for e in plan.expanded.values()}
     for name, node in zip((n for n, _ in graph.nodes()), proto.node, strict=True):
         for index, tensor in enumerate(node.input):
             if tensor in resync:  # every reader takes the machine's value
@@ -853,6 +854,11 @@ def emulating_model(
             [entry.tensor] if entry.tensor + ACCUMULATION_SUFFIX in wanted else []
         )
         new, consts = _online(nodes, entry, opset, bounded, entry.node in fused_online, set(wanted))
+        proto.initializer.extend(consts)
+        nodes = new
+    for entry in plan.expanded.values():
+        wants = entry.tensor + ACCUMULATION_SUFFIX in wanted
+        new, consts = _expanded(nodes, entry, opset, wants)
         proto.initializer.extend(consts)
         nodes = new
     reductions = [(n, name) for n, name in reductions if n.output[0] not in plan.online]
@@ -969,6 +975,40 @@ def _online(
     kept = [n for n in nodes[:at] if id(n) not in replaced]
     rest = [n for n in nodes[at:] if id(n) not in replaced]
     return [*kept, *new, *rest], consts
+
+
+def _expanded(
+    nodes: list[onnx.NodeProto], entry, opset: int, allowance: bool
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`nodes` with the function body of decomposed `Attention` `entry` (an
+    `ExpandedAttention`) reading its probabilities rounded where the PV product reads them,
+    as the decomposition's MatMul does; with `allowance`, `<output>::accumulation_allowance`:
+    the PV product's summation allowance plus the flips of that rounding
+    (docs/validation.md#expanded-attention)."""
+    found = [
+        n.name for n in nodes if n.op_type == "Softmax" and n.name.startswith(entry.node + "/")
+    ]
+    block, problem = read_block(nodes, found[0]) if len(found) == 1 else (None, "no Softmax")
+    if block is None:  # the plan read the same body
+        raise UserError(f"Attention {entry.node!r}: {problem}")
+    pv = block.pv
+    probabilities = pv.input[0]
+    rounded = f"{probabilities}::{entry.dtype}"
+    new, consts = rounding_nodes(probabilities, rounded, entry.dtype, opset, rounded)
+    pv.input[0] = rounded
+    if allowance:
+        summed, flips = f"{pv.output[0]}::summation", f"{pv.output[0]}::flips"
+        more, made = accumulation_allowance_nodes(pv, entry.seq_k, summed)
+        new, consts = new + more, consts + made
+        more, made = flip_allowance_nodes(pv, 0, probabilities, entry.dtype, flips)
+        new, consts = new + more, consts + made
+        total = f"{pv.output[0]}{ACCUMULATION_SUFFIX}"
+        new.append(helper.make_node("Add", [summed, flips], [total], name=total))
+    at = next(i for i, n in enumerate(nodes) if n is pv)
+    after = [pv]
+    if allowance and pv.output[0] != entry.tensor:
+        after += _carried(nodes, pv.output[0], entry.tensor, total)
+    return [*nodes[:at], *new, *after, *nodes[at + 1 :]], consts
 
 
 _LAYOUT_OPS = ("Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze")

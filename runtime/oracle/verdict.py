@@ -350,7 +350,7 @@ def judge(
     allowances += [
         t + ACCUMULATION_SUFFIX
         for t in dict.fromkeys([*probed, *graph.outputs])
-        if accumulates(graph, t) or t in plan.online
+        if accumulates(graph, t) or t in plan.online or t in plan.expanded
     ]
     wanted = list(dict.fromkeys([*graph.outputs, *probed, *allowances]))
     emulated = run_oracle({}, wanted)

@@ -199,3 +199,45 @@ def test_the_allowance_is_not_what_passes_a_tile_one_percent_off(monkeypatch):
     _scale_one_tile(monkeypatch, 0, 1.005)
     result = validate(fused(1152, False), **RAISE)
     assert not _only(result, "y")["passed"]
+
+
+# --- an Attention the compile decomposes (not raised) ---------------------------------------
+def _projected(seq: int) -> onnx.ModelProto:
+    """x → q, k, v projections → opset-23 Attention (causal) → output projection: the
+    Attention's output is an intermediate the machine stores, so it is a checkpoint."""
+    rng = np.random.default_rng(0)
+    weights = {n: (rng.standard_normal((64, 64)) * 0.125).astype(np.float32) for n in "qkvo"}
+    nodes = [helper.make_node("MatMul", ["x", f"w{n}"], [n]) for n in "qkv"]
+    nodes += [
+        helper.make_node("Attention", ["q", "k", "v"], ["a"], q_num_heads=4, kv_num_heads=4),
+        helper.make_node("MatMul", ["a", "wo"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "projected",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, 64])],
+        [numpy_helper.from_array(w, f"w{n}") for n, w in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+def test_a_decomposed_attention_is_checked_at_the_fp32_bound():
+    result = validate(_projected(96))
+    doc = result.to_json()
+    assert doc["emulation"]["unemulated"] == [] and doc["emulation"]["statistical"] == []
+    attention = _only(result, "a")
+    assert attention["bound"] == "fp32" and attention["passed"] and doc["passed"]
+
+
+def test_a_wrong_decomposition_fails(monkeypatch):
+    from onnx2bir.patterns.attention import decompose_build
+
+    original = decompose_build.Emitter.scalar
+
+    def scalar(self, part, value, dtype):  # every scale 1% large
+        return original(self, part, value * 1.01 if "value" in part else value, dtype)
+
+    monkeypatch.setattr(decompose_build.Emitter, "scalar", scalar)
+    result = validate(_projected(96))
+    assert not _only(result, "a")["passed"] and not result.to_json()["passed"]
