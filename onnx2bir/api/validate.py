@@ -16,7 +16,13 @@ import numpy as np
 import onnx
 
 from onnx2bir import compiler
-from onnx2bir.api.options import DEFAULT_LOCALIZE_BUDGET_MB, ModelSource, compile_options
+from onnx2bir.api.options import (
+    InputOptions,
+    ModelSource,
+    ToleranceOptions,
+    ValidationRunOptions,
+    validate_options,
+)
 from onnx2bir.errors import UserError
 from onnx2bir.options import CompileOptions
 from onnx2bir.reporting.notes import flag_notes, shape_notes
@@ -81,60 +87,50 @@ def validate(
     model: ModelSource,
     inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
     *,
-    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    dims: Mapping[str, int] | None = None,
-    input_values: Mapping[str, object] | None = None,
-    seed: int = 0,
-    atol: float | None = None,
-    rtol: float | None = None,
-    tolerance: Mapping[str, tuple[float | None, float | None]] | None = None,
-    op_tolerance: Mapping[str, tuple[float | None, float | None]] | None = None,
-    tolerance_file: str | os.PathLike | None = None,
-    localize: bool = False,
-    localize_budget: float = DEFAULT_LOCALIZE_BUDGET_MB,
-    progress: bool = False,
-    schedule: str = "program",
-    check_races: bool = False,
-    reference: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
-    max_drift: str | list[str] | Mapping[str, float] | None = None,
-    segments: int | None = None,
-    jobs: int | None = None,
-    use_ray: bool = False,
-    ray_address: str | None = None,
     options: CompileOptions | None = None,
-    **compile_option_values,
+    input_options: InputOptions | None = None,
+    tolerance_options: ToleranceOptions | None = None,
+    run_options: ValidationRunOptions | None = None,
+    **keywords,
 ) -> ValidationResult:
     """Compile `model`, run it on the machine and compare every output with onnxruntime.
 
     `inputs`: an .npz file or an ONNX test_data_set folder, or a {name: array} mapping;
     default seeded random inputs (`seed`). Their shapes fix the model's symbolic dimensions.
-    `tolerance` / `op_tolerance`: {tensor or op type: (atol, rtol)}, None keeping the default.
-    `localize`: compare every intermediate tensor; `localize_budget` caps onnxruntime's
-    intermediates at once, in MB. `schedule`: "program", "random:SEED" or "timeline", the order
-    the engines' streams run in; `check_races`: run the race detector (a race fails).
-    `reference`: outputs to measure drift against instead of plain fp32 onnxruntime (an .npz,
-    a test_data_set folder — whose inputs are used when `inputs` is not given — or arrays);
-    `max_drift`: "cosine=0.999,snr=30,r=1.2" (or {"cosine": 0.999, ...}), limits on the drift
-    that fail the validation (docs/validation.md#drift). `segments`: cut the model into that
-    many pieces and validate each from onnxruntime's values at its inputs, `jobs` processes at
-    a time or as Ray tasks (`use_ray`, `ray_address`; docs/validation.md#segments).
+    The options come in groups (`onnx2bir.api.options`), each given whole or as keywords
+    named as its fields, keywords overriding the group's fields: `options` the compile options
+    (`CompileOptions`); `input_options` the shapes, values and seed (`InputOptions`:
+    `input_shapes`, `dims`, `input_values`, `seed`); `tolerance_options` the bounds
+    (`ToleranceOptions`: `atol`, `rtol`, `tolerance` / `op_tolerance` {tensor or op type:
+    (atol, rtol)}, None keeping the default, `tolerance_file`); `run_options` how the run is
+    checked (`ValidationRunOptions`: `localize` every intermediate within `localize_budget` MB,
+    `progress`, `schedule` "program", "random:SEED" or "timeline" with `check_races`,
+    `reference` outputs to measure drift against instead of plain fp32 onnxruntime (an .npz,
+    a test_data_set folder — whose inputs are used when `inputs` is not given — or arrays),
+    `max_drift` "cosine=0.999,snr=30,r=1.2" (or {"cosine": 0.999, ...}) limits on the drift
+    that fail the validation (docs/validation.md#drift), `segments` pieces validated each from
+    onnxruntime's values at its inputs, `jobs` processes at a time or as Ray tasks (`use_ray`,
+    `ray_address`; docs/validation.md#segments)).
     """
     from onnx2bir.runtime.oracle.tolerance import Partial, TolerancePolicy, load_tolerance_file
     from onnx2bir.runtime.oracle.verdict import parse_max_drift
     from onnx2bir.validation.run import run_validate
 
-    opts = compile_options(options, **compile_option_values)
-    for flag, value in (("atol", atol), ("rtol", rtol)):
+    opts, input_opts, tolerance_opts, run_opts = validate_options(
+        options, (input_options, tolerance_options, run_options), keywords
+    )
+    reference, max_drift = run_opts.reference, run_opts.max_drift
+    for flag, value in (("atol", tolerance_opts.atol), ("rtol", tolerance_opts.rtol)):
         if value is not None and not value >= 0:
             raise UserError(f"--{flag} {value}: must be a number >= 0")
-    if not localize_budget > 0:
-        raise UserError(f"--localize-budget {localize_budget}: must be > 0")
-    policy = TolerancePolicy(atol=atol, rtol=rtol)
-    if tolerance_file:
-        load_tolerance_file(tolerance_file, policy)
-    for name, (a, r) in (tolerance or {}).items():
+    if not run_opts.localize_budget > 0:
+        raise UserError(f"--localize-budget {run_opts.localize_budget}: must be > 0")
+    policy = TolerancePolicy(atol=tolerance_opts.atol, rtol=tolerance_opts.rtol)
+    if tolerance_opts.tolerance_file:
+        load_tolerance_file(tolerance_opts.tolerance_file, policy)
+    for name, (a, r) in (tolerance_opts.tolerance or {}).items():
         policy.tensors[name] = Partial(a, r, f"--tolerance {name}")
-    for name, (a, r) in (op_tolerance or {}).items():
+    for name, (a, r) in (tolerance_opts.op_tolerance or {}).items():
         policy.op_types[name] = Partial(a, r, f"--op-tolerance {name}")
     limits = dict(max_drift) if isinstance(max_drift, Mapping) else parse_max_drift(max_drift)
     if isinstance(max_drift, Mapping):
@@ -143,8 +139,8 @@ def validate(
         reference = str(reference)
         if inputs is None and Path(reference).is_dir():
             inputs = reference  # a test_data_set folder holds the inputs of its outputs
-    shapes = dict(input_shapes or {})
-    values = dict(input_values or {})
+    shapes = dict(input_opts.input_shapes or {})
+    values = dict(input_opts.input_values or {})
     arrays = None
     fixed_notes: list[str] = []
     if inputs is not None:
@@ -157,25 +153,29 @@ def validate(
         arrays = _without_pinned(arrays, values)
         for name, shape in _symbolic_shapes(model, arrays).items():
             shapes.setdefault(name, shape)
-    if segments is not None:
+    if run_opts.segments is not None:
         return _validate_segmented(
             model,
             opts,
             policy,
-            segments,
+            run_opts.segments,
             input_shapes=shapes,
-            dims=dict(dims or {}),
+            dims=dict(input_opts.dims or {}),
             input_values=values,
             inputs=arrays,
             inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
-            seed=seed,
-            jobs=jobs,
-            use_ray=use_ray,
-            ray_address=ray_address,
-            schedule=schedule,
-            check_races=check_races,
-            progress=progress,
-            refused={"--localize": localize, "--reference": reference, "--max-drift": limits},
+            seed=input_opts.seed,
+            jobs=run_opts.jobs,
+            use_ray=run_opts.use_ray,
+            ray_address=run_opts.ray_address,
+            schedule=run_opts.schedule,
+            check_races=run_opts.check_races,
+            progress=run_opts.progress,
+            refused={
+                "--localize": run_opts.localize,
+                "--reference": reference,
+                "--max-drift": limits,
+            },
         )
     compiled: list[compiler.Compilation] = []
     doc, feeds, outputs = run_validate(
@@ -183,22 +183,24 @@ def validate(
         opts,
         policy,
         input_shapes=shapes,
-        dims=dict(dims or {}),
+        dims=dict(input_opts.dims or {}),
         input_values=values,
         inputs=arrays,
         inputs_label=None if isinstance(inputs, Mapping) or inputs is None else str(inputs),
-        seed=seed,
-        localize_nodes=localize,
-        budget_bytes=int(localize_budget * (1 << 20)),
-        progress=progress,
+        seed=input_opts.seed,
+        localize_nodes=run_opts.localize,
+        budget_bytes=int(run_opts.localize_budget * (1 << 20)),
+        progress=run_opts.progress,
         on_compiled=compiled.append,
-        schedule=schedule,
-        check_races=check_races,
+        schedule=run_opts.schedule,
+        check_races=run_opts.check_races,
         reference=dict(reference) if isinstance(reference, Mapping) else reference,
         max_drift=limits,
     )
     details = compiled[0]
-    doc["notes"] = shape_notes(model, dict(input_shapes or {})) + flag_notes(opts, details)
+    doc["notes"] = shape_notes(model, dict(input_opts.input_shapes or {})) + flag_notes(
+        opts, details
+    )
     doc["notes"] += [{"flag": "inputs", "message": text} for text in fixed_notes]
     doc["compile_options"] = {
         **doc.get("compile_options", {}),

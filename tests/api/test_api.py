@@ -99,3 +99,35 @@ def test_run_takes_an_npz_a_schedule_and_the_race_detector(tmp_path):
         inst.deps = []
     with pytest.raises(MachineError, match="race"):
         onnx2bir.run(module, feeds, check_races=True)
+
+
+def test_validate_takes_its_options_as_groups_or_as_keywords():
+    from onnx2bir.api import InputOptions, ToleranceOptions, ValidationRunOptions
+
+    grouped = onnx2bir.validate(
+        SMALL_CNN,
+        input_options=InputOptions(seed=3),
+        tolerance_options=ToleranceOptions(atol=1e-3, tolerance={"logits": (None, 1e-2)}),
+        run_options=ValidationRunOptions(schedule="random:1"),
+    )
+    keywords = onnx2bir.validate(
+        SMALL_CNN, seed=3, atol=1e-3, tolerance={"logits": (None, 1e-2)}, schedule="random:1"
+    )
+    assert grouped.passed and keywords.passed
+    assert _without_timings(grouped.to_json()) == _without_timings(keywords.to_json())
+    assert grouped.to_json()["seed"] == 3 and grouped.to_json()["schedule"] == "random:1"
+
+
+def test_validate_keywords_override_their_group_and_unknown_ones_are_refused():
+    from onnx2bir.api.options import ToleranceOptions, validate_options
+
+    given = validate_options(
+        onnx2bir.CompileOptions(auto_cast="all"),
+        (None, ToleranceOptions(atol=1e-3, rtol=1e-2), None),
+        {"rtol": 0.5, "localize": True, "auto_cast_type": "fp16"},
+    )
+    assert (given.tolerance.atol, given.tolerance.rtol) == (1e-3, 0.5)
+    assert given.run.localize and given.inputs.seed == 0
+    assert (given.compile.auto_cast, given.compile.auto_cast_type) == ("all", "fp16")
+    with pytest.raises(TypeError, match="unknown compile option.*enable_native_kernel_attention"):
+        onnx2bir.validate(SMALL_CNN, enable_attention=True)
