@@ -7,14 +7,15 @@ import json
 import shlex
 import sys
 
+from onnx2bir.cli.flag_groups import COMPILE, INPUTS, add_model_arguments, reproducing_flags
 from onnx2bir.errors import UserError
 from onnx2bir.runtime.oracle.compare import json_safe
 
 EXIT_OK = 0
 
 
-def register(commands, common) -> None:
-    """Add `debug` and its subcommands; `common(parser)` adds the model and compile options."""
+def register(commands) -> None:
+    """Add `debug` and its subcommands, each with the model and the compile options."""
     debug = commands.add_parser(
         "debug",
         help="find what makes a failing model fail (reduce) or drift (precision)",
@@ -34,8 +35,8 @@ def register(commands, common) -> None:
         "inputs) and prints the command that shows the failure. Exit 0: written; 2: bad input, "
         "or MODEL does not fail (nothing to reduce).",
     )
-    common(reduce)
-    _register_precision(tools, common)
+    add_model_arguments(reduce)
+    _register_precision(tools)
     reduce.add_argument(
         "-o", "--output", required=True, metavar="OUT.onnx", help="the reduced model to write"
     )
@@ -71,7 +72,7 @@ def register(commands, common) -> None:
     )
 
 
-def _register_precision(tools, common) -> None:
+def _register_precision(tools) -> None:
     precision = tools.add_parser(
         "precision",
         help="find the nodes to keep in fp32 for the autocast's drift to meet a target",
@@ -82,7 +83,7 @@ def _register_precision(tools, common) -> None:
         "the target holds without. Writes EXCLUDE.txt for --auto-cast-exclude-file. Exit 0: "
         "written (the target is met); 1: not even every node in fp32 meets it; 2: bad input.",
     )
-    common(precision)
+    add_model_arguments(precision)
     precision.add_argument(
         "-o", "--output", required=True, metavar="EXCLUDE.txt", help="the exclusion file to write"
     )
@@ -111,21 +112,7 @@ def _compile_flags(argv: list[str]) -> list[str]:
     """The compile flags of the command line, to repeat in the command that shows the
     failure."""
     keep, words, index = [], list(argv), 0
-    with_value = {
-        "--input-shape",
-        "--dim",
-        "--auto-cast",
-        "--auto-cast-type",
-        "--native-kernel-cast-type",
-        "--target",
-        "--dynamic-dma-sbuf-bytes",
-    }
-    switches = {
-        "--enable-native-kernel-attention",
-        "--enable-native-kernel-attention-bf16",
-        "--experimental-convolution-kernel-match",
-        "--no-memory-plan",
-    }
+    with_value, switches = reproducing_flags()
     while index < len(words):
         word = words[index]
         name = word.split("=", 1)[0]
@@ -160,23 +147,23 @@ def shown_by(doc: dict, argv: list[str], check: str | None) -> str:
     return shlex.join(words)
 
 
-def cmd_debug(args: argparse.Namespace, options: dict) -> int:
-    """`options`: the compile options and shapes of the command line, as API keywords."""
+def cmd_debug(args: argparse.Namespace) -> int:
+    """`debug reduce` and `debug precision`: the flags parsed, then the tool run."""
     from onnx2bir.debug.reduce import reduce_model
-    from onnx2bir.options import CompileOptions
 
-    shapes, dims = options.pop("input_shapes"), options.pop("dims")
-    if options.pop("input_values", None):
+    if args.input_value:
         raise UserError(
             f"debug {args.debug_command} does not take --input-value yet: it cuts and runs "
             "the model as the file has it (validate takes --input-value)"
         )
+    options, sized = COMPILE.options(args), INPUTS.shapes(args)
+    shapes, dims = sized["input_shapes"], sized["dims"]
     progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.debug_command == "precision":
-        return _precision(args, CompileOptions(**options), shapes, dims, progress)
+        return _precision(args, options, shapes, dims, progress)
     doc = reduce_model(
         args.model,
-        CompileOptions(**options),
+        options,
         args.output,
         mode=args.mode,
         check=args.check,

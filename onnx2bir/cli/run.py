@@ -27,34 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx2bir.cli.flag_groups import VALIDATION_RUN
 from onnx2bir.errors import UserError
-from onnx2bir.runtime.machine.schedule import SCHEDULE_HELP
 
 EXIT_OK, EXIT_RACE = 0, 1
 OUTPUT_SUFFIX = ":output"  # the copy of a graph output that is also an input or a constant
-
-
-def add_concurrency_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "concurrency",
-        "Each engine and each DMA queue runs its own in-order stream; only the program's "
-        "dependency edges order one stream against another.",
-    )
-    group.add_argument(
-        "--check-races",
-        action="store_true",
-        help="run the happens-before race detector: two accesses to the same bytes from "
-        "different streams, one writing, that no chain of edges orders are a race (fails)",
-    )
-    group.add_argument(
-        "--schedule",
-        default="program",
-        metavar="S",
-        help=f"execution order: {SCHEDULE_HELP}. program: one global program order; "
-        "random:SEED: a seeded random interleaving of the streams that respects only "
-        "stream order and the edges; timeline: the order the cost model starts "
-        "instructions (default %(default)s)",
-    )
 
 
 def register(commands) -> None:
@@ -85,7 +62,7 @@ def register(commands) -> None:
         "model on onnxruntime rounding where the program rounds (the cast plan and options the "
         "program's metadata records; docs/validation.md#verdict): exit 1 on a mismatch",
     )
-    add_concurrency_options(run)
+    VALIDATION_RUN.add_concurrency_arguments(run)
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
