@@ -87,6 +87,14 @@ class MlpBlock:
         )
 
 
+def _activation_product(graph: Graph, node: str) -> bool:
+    """A product of two computed batched tensors (attention's q·kᵀ or P·v): no weight, so
+    no MLP starts or ends there, and it is not listed as a refused one."""
+    inputs = graph.node(node)["inputs"]
+    w = inputs[1] if len(inputs) > 1 else ""
+    return bool(w) and const_value(graph, w) is None and len(graph.tensors[w].shape) > 2
+
+
 def _dot_operands(graph: Graph, node: str) -> tuple[str, str, int, str] | str:
     """(x, weight, transB, bias) of a MatMul/Gemm with a 2-D weight, else a reason."""
     data = graph.node(node)
@@ -199,12 +207,14 @@ class LowerToNKIKernelCC:
         for node in graph.topological_order():
             if node not in graph.nx or node in claimed:
                 continue
-            if graph.node(node)["op_type"] not in DOTS:
+            if graph.node(node)["op_type"] not in DOTS or _activation_product(graph, node):
                 continue
             region = match_region(graph, node)
             if region is None:
                 continue
             if claimed & set(region.nodes):
+                continue
+            if any(_activation_product(graph, source.dot) for source in region.sources):
                 continue
             block, reason = check_block(graph, region)
             if block is None:
