@@ -19,8 +19,10 @@ Add of an [N] constant bias, whose result is read only through views and selecti
 Transpose, Squeeze, Unsqueeze, Flatten, and Gather, Slice or Split with constant indices).
 Check (`split_refusal`): every tensor where that subgraph ends (read by another node, or a
 graph output) holds exactly one block of columns [c0, c1), narrower than N, the blocks are
-disjoint, and each is a Reshape-then-Transpose of its block. Rewrite: per block, MatMul(x,
-W[:, c0:c1]), the Add of bias[c0:c1], the views; the projection and the subgraph go.
+disjoint, and each is its block split into heads: a Reshape then a Transpose (a fused MLP's
+gate and up projection, read as they are, stays packed: the MLP kernel takes it so).
+Rewrite: per block, MatMul(x, W[:, c0:c1]), the Add of bias[c0:c1], the views; the
+projection and the subgraph go.
 """
 
 from __future__ import annotations
@@ -265,6 +267,9 @@ def split_refusal(blocks: list | None, width: int) -> str | None:
     spans = sorted((c0, c1) for c0, c1, _, _ in blocks)
     if any(spans[i][1] > spans[i + 1][0] for i in range(len(spans) - 1)):
         return "two readers take overlapping columns"
+    if not all(any(kind == "Transpose" for kind, _ in views) for _, _, _, views in blocks):
+        # a fused MLP's gate and up, read as they are: the MLP kernel takes them packed
+        return "a block is read without being split into heads"
     return None
 
 
