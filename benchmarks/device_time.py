@@ -325,6 +325,114 @@ def inf2_markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- every export form of a row (models/inf2_table.py --export-form) -------------------------
+
+
+def form_seconds(name: str, form: str) -> float | None:
+    """In: a row and an export form. Out: the estimated device time of the row's program in
+    that form (an encoder's full depth when exported, else extrapolated from its 1- and 2-layer
+    exports), or None when the form's exports are missing."""
+    row = inf2_table.ROWS[name]
+    full = [p for p in inf2_table.exports_of(name, full=True, form=form) if p.exists()]
+    if not row.encoder:
+        return _seconds(full[0]) if full else None
+    deepest = inf2_table.path_of(name, row.depth, form)
+    if deepest.exists():
+        return _seconds(deepest)
+    one, two = (inf2_table.path_of(name, layers, form) for layers in (1, 2))
+    if not (one.exists() and two.exists()):
+        return None
+    return extrapolate(_seconds(one), _seconds(two), row.depth)
+
+
+def _seconds(path: Path) -> float:
+    return estimate(api.compile(str(path)).module, table=TABLE).total_seconds
+
+
+def form_rows(names: list[str], forms: list[str]) -> list[dict]:
+    """In: rows and export forms. Out: per row, its published latency and the estimate in
+    every form that applies and was exported."""
+    out = []
+    for name in names:
+        applicable = [f for f in forms if f in inf2_table.forms_of(name)]
+        seconds = {form: form_seconds(name, form) for form in applicable}
+        out.append({"name": name, "row": inf2_table.ROWS[name], "seconds": seconds})
+    return out
+
+
+# Rows of one architecture at different depths, shallow to deep: the per-call term is where
+# the line through two of them (published against estimate) meets an estimate of zero.
+DEPTH_FAMILIES = {
+    "ResNet b1": ("resnet18_b1", "resnet34_b1", "resnet50_b1", "resnet101_b1", "resnet152_b1"),
+    "BERT-base encoders b1": ("distilbert_base_b1", "bert_base_b1"),
+}
+
+
+def host_terms(estimates: dict[str, float]) -> list[dict]:
+    """In: the estimate of each row (seconds, default form). Out: per pair of rows of one
+    family, consecutive in depth: the slope published/estimate of the line through them and
+    its intercept, the published latency at an estimate of zero (ms): the per-call term the
+    table's own depth pairs give, device work that grows with depth taken out."""
+    terms = []
+    for family, names in DEPTH_FAMILIES.items():
+        known = [n for n in names if estimates.get(n) is not None]
+        for low, high in zip(known, known[1:], strict=False):
+            p1, p2 = (inf2_table.ROWS[n].published_ms for n in (low, high))
+            e1, e2 = (estimates[n] * 1e3 for n in (low, high))
+            slope = (p2 - p1) / (e2 - e1)
+            intercept = p1 - slope * e1
+            terms.append(
+                {"family": family, "pair": (low, high), "slope": slope, "intercept": intercept}
+            )
+    return terms
+
+
+def forms_markdown(table: list[dict], forms: list[str], terms: list[dict]) -> str:
+    """The per-form table, the host term from the depth pairs, and the targets."""
+    lines = [
+        "| row | published (ms) | "
+        + " | ".join(f"{f} (ms)" for f in forms)
+        + " | worst / best form | published − worst estimate (ms) |",
+        "|---|---|" + "---|" * len(forms) + "---|---|",
+    ]
+    for r in table:
+        known = {f: t for f, t in r["seconds"].items() if t is not None}
+        cells = [
+            f"{r['seconds'][f] * 1e3:.3f}" if r["seconds"].get(f) is not None else "-"
+            for f in forms
+        ]
+        spread = f"{max(known.values()) / min(known.values()):.3f}" if known else "-"
+        margin = f"{r['row'].published_ms - max(known.values()) * 1e3:.3f}" if known else "-"
+        lines.append(
+            f"| {r['name']} | {r['row'].published_ms:.3f} | "
+            + " | ".join(cells)
+            + f" | {spread} | {margin} |"
+        )
+    lines += [
+        "",
+        "The per-call term from the table's own depth pairs: for two rows of one architecture "
+        "at different depths, the line through (estimate, published) and its value at an "
+        "estimate of zero (the default form's estimates).",
+        "",
+        "| family | pair | slope published / estimate | per-call term, intercept (ms) |",
+        "|---|---|---|---|",
+    ]
+    for t in terms:
+        lines.append(
+            f"| {t['family']} | {t['pair'][0]} → {t['pair'][1]} | {t['slope']:.2f} "
+            f"| {t['intercept']:.3f} |"
+        )
+    if terms:
+        values = sorted(t["intercept"] for t in terms)
+        median = (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+        lines += [
+            "",
+            f"Per-call term: median {median:.3f} ms, spread {values[0]:.3f} to "
+            f"{values[-1]:.3f} ms over {len(values)} pairs.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", metavar="OUT.md", help="also write the table here")
@@ -336,9 +444,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the other Inf2 rows (models/inf2_table.py) with their breakdown",
     )
+    parser.add_argument(
+        "--export-form",
+        action="append",
+        choices=[*inf2_table.FORMS, "all"],
+        help="with --inf2: the estimate of each row under these export forms "
+        "(models/inf2_table.py --export-form; 'all': every form) and the per-call term of the "
+        "depth pairs, instead of the breakdown",
+    )
     parser.add_argument("names", nargs="*", help="models, or with --inf2 rows (default all)")
     args = parser.parse_args(argv)
-    if args.inf2:
+    if args.inf2 and args.export_form:
+        names = args.names or list(inf2_table.ROWS)
+        forms = list(inf2_table.FORMS) if "all" in args.export_form else args.export_form
+        table = form_rows(names, forms)
+        default = {r["name"]: r["seconds"].get(inf2_table.DEFAULT_FORM) for r in table}
+        family = [n for f in DEPTH_FAMILIES.values() for n in f if n not in default]
+        for r in form_rows(family, [inf2_table.DEFAULT_FORM]):
+            default[r["name"]] = r["seconds"].get(inf2_table.DEFAULT_FORM)
+        text = forms_markdown(table, forms, host_terms(default))
+    elif args.inf2:
         names = args.names or list(inf2_table.ROWS)
         unknown = [n for n in names if n not in inf2_table.ROWS]
         if unknown:
