@@ -29,9 +29,11 @@ Statistics over the elements where both sides are finite:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+
+from onnx2bir.runtime.oracle.blas_dot import dots
 
 # Defaults for the fp32 generic path, kept here for existing callers; the policy that picks a
 # tolerance per tensor is `onnx2bir.runtime.oracle.tolerance`.
@@ -137,7 +139,14 @@ def compare_output(
     atol: float = FP32_ATOL,
     rtol: float = FP32_RTOL,
     tolerance_source: str = "",
+    allowance: np.ndarray | None = None,
 ) -> OutputComparison:
+    """In: the machine's array, the reference, the bound. Out: their comparison (module
+    docstring). `allowance`, an array of the reference's shape, is added to each element's
+    bound for the verdict alone (`passed`, `mismatches`): the statistics, the worst element
+    and the smallest tolerances stay those of atol and rtol (a kernel boundary's flips and a
+    reduction's summation order, docs/validation.md#kernel-boundaries); NaN and ±inf pass as
+    they do without it. An allowance of another shape is not applied."""
     reference = np.asarray(reference)
     actual = np.asarray(actual)
     if actual.shape != reference.shape:
@@ -160,6 +169,43 @@ def compare_output(
             shape_error=f"machine shape {tuple(actual.shape)} != onnxruntime shape "
             f"{tuple(reference.shape)}",
         )
+    if allowance is not None and np.shape(allowance) != reference.shape:
+        allowance = None
+    extra = None if allowance is None else np.asarray(allowance, np.float64).reshape(-1)
+    finite_only = _compare_finite(name, actual, reference, atol, rtol, tolerance_source, extra)
+    if finite_only is not None:
+        return finite_only
+    result = _compare_general(name, actual, reference, atol, rtol, tolerance_source)
+    if extra is None:
+        return result
+    bad = _mismatches_with_allowance(actual, reference, atol, rtol, extra.reshape(reference.shape))
+    return replace(result, passed=not bool(bad.any()), mismatches=int(bad.sum()))
+
+
+def _mismatches_with_allowance(
+    actual: np.ndarray, reference: np.ndarray, atol: float, rtol: float, allowance: np.ndarray
+) -> np.ndarray:
+    """The elements outside atol + rtol·|reference| + allowance, in the values' own float64
+    (a float64 array is not rounded to float32 first, as the statistics are); a non-finite
+    pair is outside unless both are NaN or the same infinity."""
+    o = np.asarray(reference, np.float64)
+    m = np.asarray(actual, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = atol + rtol * np.abs(o) + allowance
+        finite = np.isfinite(m) & np.isfinite(o)
+        return np.where(finite, np.abs(m - o) > bound, ~((np.isnan(m) & np.isnan(o)) | (m == o)))
+
+
+def _compare_general(
+    name: str,
+    actual: np.ndarray,
+    reference: np.ndarray,
+    atol: float,
+    rtol: float,
+    tolerance_source: str,
+) -> OutputComparison:
+    """In: two arrays of one shape, any values. Out: their comparison (module docstring), NaN
+    and ±inf included, in whole-array passes: the rule every faster path must equal."""
     a = _as_float64(actual)
     r = _as_float64(reference)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -228,6 +274,231 @@ def compare_output(
         zero_references=zero_references,
         reference_rms=_rms(r if all_finite else r[np.isfinite(r)]),
     )
+
+
+# A comparison where more than this share of the elements differ works on the whole arrays
+# rather than on the positions that differ.
+DENSE_SHARE = 0.5
+QUANTILES = np.array([0.5, 0.99])  # median and p99, nearest rank (`np.quantile`'s "nearest")
+
+
+def _compare_finite(
+    name: str,
+    actual: np.ndarray,
+    reference: np.ndarray,
+    atol: float,
+    rtol: float,
+    tolerance_source: str,
+    allowance: np.ndarray | None = None,
+) -> OutputComparison | None:
+    """In: two arrays of one shape, and the flat allowance or None. Out: their comparison, the
+    same to the bit as `_compare_general`'s (and `_mismatches_with_allowance`'s), when every
+    pair is finite, atol and rtol are finite and >= 0, an allowance is >= 0 and the values are
+    not float64 (whose statistics round to float32 where the allowance's rule does not): the
+    usual case. None otherwise.
+
+    How it saves passes: the sums of products are computed once each (a·a, r·r, a·r and the
+    squared error: cosine, SNR and the reference's RMS share them; `blas_dot.dots`, numpy's
+    own dot without waking BLAS threads), and their finiteness is the finiteness test (a NaN
+    or ±inf makes a sum of squares non-finite). An element where
+    the two sides are equal has error 0: it never mismatches, has share 0, contributes
+    nothing to min_atol, min_rtol or the ULP distance, and is a 0 in the error's order
+    statistics; so those figures are computed over the elements that differ (`Changed`), and
+    the medians and p99s by counting the zeros and partitioning only the rest. The means,
+    which numpy sums pairwise over the whole array, are taken over the whole arrays."""
+    if not (reference.size and 0 <= atol < np.inf and 0 <= rtol < np.inf):
+        return None
+    if allowance is not None and not (
+        _widens_exactly(actual.dtype)
+        and _widens_exactly(reference.dtype)
+        and allowance.size
+        and allowance.min() >= 0
+    ):
+        return None
+    a = _as_float64(actual).reshape(-1)
+    r = _as_float64(reference).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diff = np.subtract(a, r)
+        np.abs(diff, out=diff)
+        # (a − r)·(a − r) as |a − r|·|a − r|: the same products
+        sum_aa, sum_rr, sum_ar, sum_ee = dots((a, a), (r, r), (a, r), (diff, diff))
+        if not (np.isfinite(sum_aa) and np.isfinite(sum_rr)):
+            return None
+        nonzero = r != 0
+        zero_references = int(r.size - np.count_nonzero(nonzero))
+        rel = np.divide(diff, r)
+        np.abs(rel, out=rel)  # |d / r| = d / |r|, both rounded once
+        rel_nonzero = rel[nonzero] if zero_references else rel
+        changed = Changed(diff, r, rel, atol, rtol, allowance)
+    flat = changed.worst()
+    worst = {
+        "index": [int(i) for i in np.unravel_index(flat, reference.shape)],
+        "machine": float(a[flat]),
+        "onnxruntime": float(r[flat]),
+        "abs_err": float(diff[flat]),
+        "rel_err": float(rel[flat]) if r[flat] != 0 else None,
+    }
+    return OutputComparison(
+        name=name,
+        shape=tuple(reference.shape),
+        max_abs_err=changed.max_abs(),
+        max_rel_err=changed.max_rel(),
+        cosine=_cosine_of(sum_aa, sum_rr, sum_ar, a, r),
+        atol=atol,
+        rtol=rtol,
+        passed=changed.bad == 0,
+        mismatches=changed.bad,
+        size=int(reference.size),
+        dtype=str(reference.dtype),
+        tolerance_source=tolerance_source,
+        abs_err=changed.summary(diff, changed.diff_nonzero, changed.max_abs()),
+        rel_err=changed.summary(rel_nonzero, changed.rel_nonzero, changed.max_rel()),
+        worst=worst,
+        min_atol=min_atol(changed.diff, changed.abs_ref, rtol),
+        min_rtol=min_rtol(changed.diff, changed.abs_ref, atol),
+        nonfinite={"machine": _no_nonfinite(), "onnxruntime": _no_nonfinite()},
+        nonfinite_mismatches=0,
+        max_ulp=changed.max_ulp(actual, reference),
+        snr_db=_snr_db_of(float(sum_ee), float(sum_rr)),
+        finite_pairs=int(reference.size),
+        zero_references=zero_references,
+        reference_rms=float(np.sqrt(sum_rr / r.size)),
+    )
+
+
+class Changed:
+    """The elements of a finite comparison where the two sides differ (error > 0): their
+    errors and relative errors (`diff_nonzero`, `rel_nonzero`), and the working arrays the
+    mismatches, shares and smallest tolerances are computed on: those elements, or every
+    element when more than DENSE_SHARE of them differ (`positions` None then).
+
+    In: the errors |a − r|, the reference, the relative errors |a − r| / |r|, the tolerance,
+    and the flat allowance >= 0 added to the bound for the mismatch count (`bad`), or None."""
+
+    def __init__(self, diff, r, rel, atol: float, rtol: float, extra=None):
+        positions = np.flatnonzero(diff > 0)  # (numpy finds a bool array's far faster)
+        self.count = positions.size
+        self.diff_nonzero, ref = diff[positions], r[positions]
+        self.rel_nonzero = rel[positions][ref != 0]
+        self.positions = None if positions.size > DENSE_SHARE * diff.size else positions
+        if self.positions is None:
+            self.diff, ref = diff, r
+        else:
+            self.diff = self.diff_nonzero
+        self.abs_ref = np.abs(ref)
+        allowance = atol + rtol * self.abs_ref
+        if extra is not None:  # the verdict's bound (an element that does not differ passes)
+            more = extra if self.positions is None else extra[self.positions]
+            self.bad = int(np.count_nonzero(self.diff > allowance + more))
+        else:
+            self.bad = int(np.count_nonzero(self.diff > allowance))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if atol > 0:
+                self.share = self.diff / allowance
+            else:
+                self.share = np.where(
+                    allowance > 0, self.diff / allowance, np.where(self.diff > 0, np.inf, 0.0)
+                )
+
+    def worst(self) -> int:
+        """The flat index of the first element of the largest share; elements that do not
+        differ have share 0, so it is 0 when no element differs by a positive share."""
+        if not self.share.size:
+            return 0
+        best = int(np.argmax(self.share))
+        if self.positions is None:
+            return best
+        return int(self.positions[best]) if self.share[best] > 0 else 0
+
+    def max_abs(self) -> float:
+        """The largest error (0 when none differs: the errors are >= 0)."""
+        return float(self.diff_nonzero.max()) if self.count else 0.0
+
+    def max_rel(self) -> float:
+        """The largest relative error where the reference is not 0."""
+        return float(self.rel_nonzero.max()) if self.rel_nonzero.size else 0.0
+
+    @staticmethod
+    def summary(values: np.ndarray, nonzero: np.ndarray, largest: float) -> dict:
+        """`_summary(values)` for values >= 0, `nonzero` the ones that are not 0 (in any
+        order) and `largest` their maximum."""
+        if not values.size:
+            return _summary(values)
+        with np.errstate(invalid="ignore", over="ignore"):
+            mean = float(values.mean())
+        # np.quantile's "nearest" ranks; the values at them do not depend on how they are found
+        ranks = np.around((values.size - 1) * QUANTILES).astype(np.intp)
+        median, p99 = _nearest_ranks(nonzero, values.size, ranks)
+        return {
+            "max": largest,
+            "mean": mean if not np.isnan(mean) else float("inf"),
+            "median": median,
+            "p99": p99,
+        }
+
+    def max_ulp(self, actual: np.ndarray, reference: np.ndarray) -> int | None:
+        """`_max_ulp` over every pair: over those that differ (the others are 0 ULPs apart)."""
+        if self.positions is None:
+            return _max_ulp(actual, reference, None)
+        if not self.count:
+            return None if _ulp_integers(reference.dtype) is None else 0
+        picked = self.positions
+        return _max_ulp(actual.reshape(-1)[picked], reference.reshape(-1)[picked], None)
+
+
+def _nearest_ranks(nonzero: np.ndarray, size: int, ranks: np.ndarray) -> list[float]:
+    """In: `nonzero`, the values among `size` values >= 0 that are not 0 (or all of them),
+    and ascending ranks. Out: the value at each rank of the whole sorted."""
+    zeros = size - nonzero.size
+    above = [int(k) - zeros for k in ranks if k >= zeros]
+    return [0.0] * (len(ranks) - len(above)) + _select(nonzero, above)
+
+
+SELECT_DIRECTLY = 4096  # fewer values than this are partitioned whole
+BUCKET_SHIFT = 44  # a bucket: the sign, exponent and top 8 mantissa bits of a float64
+
+
+def _select(values: np.ndarray, ranks: list[int]) -> list[float]:
+    """The values at `ranks` of float64 values >= 0 sorted. The errors take few distinct
+    values (multiples of small powers of two), which makes a partition of all of them slow;
+    so the values are put in buckets by the leading bits of their representation, which sort
+    as the values do, counted, and only the bucket that holds a rank is partitioned."""
+    if not ranks:
+        return []
+    if values.size <= SELECT_DIRECTLY:
+        return [float(v) for v in np.partition(values, ranks)[ranks]]
+    keys = np.ascontiguousarray(values).view(np.int64) >> BUCKET_SHIFT
+    keys -= keys.min()
+    counts = np.bincount(keys)
+    ends = np.cumsum(counts)
+    chosen = []
+    for rank in ranks:
+        bucket = int(np.searchsorted(ends, rank, side="right"))
+        inside = values[keys == bucket]
+        rank -= int(ends[bucket] - counts[bucket])
+        chosen.append(float(np.partition(inside, rank)[rank]))
+    return chosen
+
+
+def _no_nonfinite() -> dict:
+    return {"nan": 0, "posinf": 0, "neginf": 0, "first": []}
+
+
+def _cosine_of(aa, bb, ab, a: np.ndarray, b: np.ndarray) -> float:
+    """`_cosine(a, b)` from its three sums of products."""
+    norm = float(np.sqrt(aa * bb))
+    if norm == 0.0:
+        return 1.0 if not a.any() and not b.any() else 0.0
+    return float(ab / norm)
+
+
+def _snr_db_of(noise: float, signal: float) -> float:
+    """`_snr_db` from the squared error's and the reference's sums of squares."""
+    if noise == 0.0:
+        return float("inf")
+    if signal == 0.0:
+        return float("-inf")
+    return 10.0 * float(np.log10(signal / noise))
 
 
 def nonfinite_count(result: OutputComparison, side: str) -> int:
@@ -323,13 +594,13 @@ def _max_ulp(actual: np.ndarray, reference: np.ndarray, finite: np.ndarray | Non
     """Largest distance in units in the last place of the reference's float format, over the
     pairs where both are finite (`finite`; None: every pair)."""
     dtype = reference.dtype
-    if dtype.kind not in "fV" or dtype.itemsize not in (2, 4):
+    ints = _ulp_integers(dtype)
+    if ints is None:
         return None
     if finite is not None:
         if not finite.any():
             return None
         actual, reference = actual[finite], reference[finite]
-    ints = np.int32 if dtype.itemsize == 4 else np.int16
     magnitude = ints(np.iinfo(ints).max)  # every bit but the sign
 
     def ordered(values: np.ndarray) -> np.ndarray:
@@ -339,6 +610,19 @@ def _max_ulp(actual: np.ndarray, reference: np.ndarray, finite: np.ndarray | Non
 
     distance = np.subtract(ordered(actual), ordered(reference), dtype=np.int64)
     return int(np.max(np.abs(distance))) if distance.size else None
+
+
+def _widens_exactly(dtype: np.dtype) -> bool:
+    """Whether `_as_float64` gives the values as they are: every dtype but float64 and wider,
+    which it rounds to float32 first."""
+    return not (dtype.kind in "fc" and dtype.itemsize > 4)
+
+
+def _ulp_integers(dtype: np.dtype):
+    """The signed integer type of a 2- or 4-byte float format's bits; None for others."""
+    if dtype.kind not in "fV" or dtype.itemsize not in (2, 4):
+        return None
+    return np.int32 if dtype.itemsize == 4 else np.int16
 
 
 def _rms(values: np.ndarray) -> float:
