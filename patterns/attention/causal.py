@@ -571,6 +571,18 @@ def causal_problem(
         value = Reader(graph).value(tensor)
     except NotStructural as exc:
         return f"not structural: {exc}"
+    return value_problem(value, seq_q, seq_k, fill, fill_on_true)
+
+
+def value_problem(
+    value: Value,
+    seq_q: int,
+    seq_k: int,
+    fill: float | None = None,
+    fill_on_true: bool = True,
+) -> str | None:
+    """`causal_problem` for a value already read: None when the step it describes masks exactly
+    the keys above the diagonal, else the reason."""
     if isinstance(value, Affine):
         return f"the mask is an index ({describe(value)})"
     if fill is not None:

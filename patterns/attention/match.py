@@ -36,6 +36,7 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.graph import Graph
 from onnx2bir.patterns.attention.causal import causal_problem, looks_causal
 from onnx2bir.patterns.attention.layout import plan_layout
+from onnx2bir.patterns.attention.padding import PaddingSplit, describe_split, padding_split
 from onnx2bir.patterns.builder import PatternOps, expand
 from onnx2bir.patterns.matcher import find_matches, validity_problem
 from onnx2bir.patterns.queries import (
@@ -103,6 +104,9 @@ class AttentionBlock:
     post_steps: list[dict] = field(default_factory=list)
     variant: list[str] = field(default_factory=list)
     causal: bool = False  # the score mask is the causal triangle (the kernel applies it itself)
+    # Per score step index, a mask read as causal (or nothing) and key padding
+    # (patterns/attention/padding.py): the raise splits that step in two.
+    splits: dict[int, PaddingSplit] = field(default_factory=dict)
     seq_q: int = 0
     seq_k: int = 0
     head_dim: int = 0
@@ -223,11 +227,16 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
             block.causal = True
             block.variant.append("causal mask (structural)")
         else:
+            split, split_why = _split(graph, block, mask is None, other)
+            if split is not None:
+                return None
             kind = "causal " if {"Trilu", "LessOrEqual", "Less"} & cone_ops(graph, other) else ""
             source = "runtime" if cone_reaches_input(graph, other) else "constant"
             block.variant.append(f"additive {kind}mask/bias ({source})")
             if mask is None and looks_causal(graph, other):
                 block.variant.append(f"not the causal triangle: {why}")
+            if split_why and source == "runtime":
+                block.variant.append(f"no causal/padding split: {split_why}")
         return None
     if op == "Where":
         inputs = data["inputs"]
@@ -268,12 +277,38 @@ def _read_step(graph: Graph, node: str, current: str, block: AttentionBlock) -> 
             block.causal = True
             block.variant.append(f"causal masked_fill Where({fill:g}) (structural)")
         else:
+            split, split_why = _split(graph, block, cond is None, inputs[0], fill, on_true)
+            if split is not None:
+                return None
             causal = "causal " if "Trilu" in cone_ops(graph, inputs[0]) else ""
             block.variant.append(f"{causal}masked_fill Where({fill:g})")
             if cond is None and looks_causal(graph, inputs[0]):
                 block.variant.append(f"not the causal triangle: {why}")
+            if split_why and cone_reaches_input(graph, inputs[0]):
+                block.variant.append(f"no causal/padding split: {split_why}")
         return None
     return f"unexpected op {op}"
+
+
+def _split(
+    graph: Graph,
+    block: AttentionBlock,
+    computed: bool,
+    tensor: str,
+    fill: float | None = None,
+    on_true: bool = True,
+) -> tuple[PaddingSplit | None, str | None]:
+    """The last step's mask (or condition) read as causal and key padding
+    (docs/attention.md#padding-split), recorded on the block; or None and the reason. A folded
+    mask is not split: it costs nothing to compute."""
+    if not computed:
+        return None, None
+    split, why = padding_split(graph, tensor, block.seq_q, block.seq_k, fill, on_true)
+    if split is not None:
+        block.splits[len(block.steps) - 1] = split
+        block.causal = block.causal or split.causal
+        block.variant.append(describe_split(split))
+    return split, why
 
 
 def _is_causal_step(graph: Graph, step: dict, tensor: str, block: AttentionBlock) -> bool:
@@ -348,6 +383,51 @@ def _classify_paths(graph: Graph, block: AttentionBlock) -> None:
             break
     if any(d["op_type"] == "Expand" for n in ("k", "v") for _, d in paths[n]):
         block.variant.append("grouped-query K/V (Expand)")
+    caches = [_cache_input(graph, tensor) for tensor in (block.kt, block.v)]
+    if all(caches):
+        block.variant.append(f"K/V cache: past {caches[0]!r}, {caches[1]!r} + new keys (Concat)")
+
+
+_CACHE_PATH = ("Transpose", "Reshape", "Expand", "Unsqueeze", "Identity", "Cast")
+
+
+def _cache_input(graph: Graph, tensor: str) -> str | None:
+    """The graph input a K or V is concatenated from along the keys, past before new (a KV
+    cache: `present = Concat(past, new)`), through the head-repeat and Kᵀ views."""
+    for _ in range(8):
+        node = graph.producer(tensor)
+        if node is None:
+            return None
+        data = graph.node(node)
+        if data["op_type"] == "Concat":
+            rank = len(graph.tensors[tensor].shape)
+            if data["attrs"].get("axis") % rank != rank - 2 or len(data["inputs"]) < 2:
+                return None
+            return _input_behind(graph, data["inputs"][0])
+        if data["op_type"] not in _CACHE_PATH:
+            return None
+        tensor = data["inputs"][0]
+    return None
+
+
+def _input_behind(graph: Graph, tensor: str) -> str | None:
+    """The graph input `tensor` is, or is a copy of: a one-input Concat, an Identity, a Slice
+    that keeps every element (a sliding-window cache longer than the past)."""
+    for _ in range(4):
+        if tensor in graph.inputs:
+            return tensor
+        node = graph.producer(tensor)
+        if node is None:
+            return None
+        data = graph.node(node)
+        source = data["inputs"][0]
+        whole = graph.tensors[source].shape == graph.tensors[tensor].shape
+        if not whole or data["op_type"] not in ("Concat", "Identity", "Slice"):
+            return None
+        if data["op_type"] == "Concat" and len(data["inputs"]) != 1:
+            return None
+        tensor = source
+    return None
 
 
 def find_blocks(graph: Graph) -> list[tuple[AttentionBlock | None, dict, str | None]]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -62,6 +62,7 @@ from onnx2bir.patterns.attention.match import PATTERNS as PATTERNS
 from onnx2bir.patterns.attention.match import AttentionBlock, _is_causal_step, find_blocks
 from onnx2bir.patterns.attention.match import _is_causal_mask as _is_causal_mask
 from onnx2bir.patterns.attention.match import check_block as check_block
+from onnx2bir.patterns.attention.padding import build_padding, split_steps
 from onnx2bir.patterns.findings import BlockFinding, Idiom
 from onnx2bir.patterns.passes import PassResult, Statistic
 
@@ -135,6 +136,7 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     output reshaped back (docs/attention_kernel.md#packaging). Identity Reshapes and
     Transposes cost nothing: the code generator drops them."""
     storage = storage_dtype(block, options)
+    block = split_padding(graph, block)
     steps = list(block.steps)
     dropped: list[str] = []
     if target == CAUSAL_ATTENTION_WITHOUT_SWAP:
@@ -197,6 +199,26 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     graph.add_node(
         f"{anchor}/cast_out", "Cast", [viewed], [output], {"to": _onnx_type(out_info.dtype)}
     )
+
+
+def split_padding(graph: Graph, block: AttentionBlock) -> AttentionBlock:
+    """The block with each causal-and-padding mask step split in two
+    (docs/attention.md#padding-split): the padding step on a [B, 1, 1, Sk] operand built
+    beside the mask, then the kernel's causal step. The mask is then read by no step, and the
+    raise drops it with the subgraph that computed it."""
+    if not block.splits:
+        return block
+    steps, extras, spaces = [], list(block.extras), list(block.extra_spaces)
+    for index, step in enumerate(block.steps):
+        split = block.splits.get(index)
+        if split is None:
+            steps.append(step)
+            continue
+        mask = block.extras[step["input"]]
+        extras.append(build_padding(graph, split, mask))
+        spaces.append(block.extra_spaces[step["input"]])
+        steps.extend(split_steps(split, step, len(extras) - 1))
+    return replace(block, steps=steps, extras=extras, extra_spaces=spaces, splits={})
 
 
 def _reshape(
