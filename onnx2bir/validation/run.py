@@ -290,26 +290,74 @@ def _import_rewrite_check(
 
 def oracle_runner(prepared, feeds: dict[str, np.ndarray]):
     """The emulating oracle of a prepared model on `feeds`, as `runtime/oracle/verdict.py`'s `judge`
-    calls it: run(machine_values, wanted) → arrays by name. The weights' roundings are
-    computed on the first run and fed to the others (`emulating.round_weights`)."""
-    plan = prepared.compilation.cast_plan
-    rounded: dict[str, np.ndarray] = {}
+    calls it: run(machine_values, wanted) → arrays by name (`emulation_runner`)."""
+    return emulation_runner(
+        prepared.folded,
+        prepared.pristine,
+        prepared.weights,
+        prepared.compilation.cast_plan,
+        feeds,
+    )
+
+
+def emulation_runner(
+    folded, graph, weights: dict[str, np.ndarray], plan: CastPlan, feeds, rounded=None
+):
+    """run(machine_values, wanted) → arrays by name: the emulating oracle of `folded`
+    (`emulating.run_emulating`), resynchronised at the tensors of `machine_values`, plain when
+    it is empty. The weights' roundings (`rounded`, else computed on the first run) are fed to
+    every run (`emulating.round_weights`).
+
+    The plain run of a verdict with probes computes the model's own tensors it is asked for
+    (the graph outputs and the probes) and not the allowances: the resynchronisation decision
+    and the drift read only those, and the allowances are read from it only when no probe is
+    fed on, when one more run computes them as it would have (`PlainEmulation`). On light
+    resnet50 that is every convolution's allowance copy left out of the first run."""
+    weights_rounded = None if rounded is None else dict(rounded)
 
     def run(machine_values, wanted):
-        if not rounded:
-            rounded.update(round_weights(prepared.folded, prepared.weights, plan))
-        return run_emulating(
-            prepared.folded,
-            prepared.pristine,
-            prepared.weights,
-            plan,
-            feeds,
-            machine_values,
-            wanted,
-            rounded,
-        )
+        nonlocal weights_rounded
+        if weights_rounded is None:
+            weights_rounded = round_weights(folded, weights, plan)
+
+        def emulate(names):
+            return run_emulating(
+                folded, graph, weights, plan, feeds, machine_values, names, weights_rounded
+            )
+
+        own = [t for t in wanted if t in graph.tensors]
+        if machine_values or len(own) == len(wanted) or set(own) <= set(graph.outputs):
+            return emulate(wanted)
+        return PlainEmulation(emulate(own), lambda: emulate(wanted))
 
     return run
+
+
+class PlainEmulation(dict):
+    """The plain emulation's values of the model's own tensors; the other tensors asked of it
+    (allowances) come from one more run, made when one of them is first read."""
+
+    def __init__(self, values: dict[str, np.ndarray], complete):
+        super().__init__(values)
+        self._complete = complete
+
+    def _fill(self) -> None:
+        if self._complete is not None:
+            complete, self._complete = self._complete, None
+            for name, value in complete().items():
+                self.setdefault(name, value)  # the values already read stay as they were
+
+    def __missing__(self, name):
+        self._fill()
+        return dict.__getitem__(self, name)
+
+    def __contains__(self, name) -> bool:
+        if not dict.__contains__(self, name):
+            self._fill()
+        return dict.__contains__(self, name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
 
 
 def check_program(
@@ -378,12 +426,7 @@ def check_program(
     )
 
     rounded = round_weights(imported.folded, imported.weights, plan)
-
-    def run_oracle(machine_values, wanted):
-        return run_emulating(
-            imported.folded, graph, imported.weights, plan, feeds, machine_values, wanted, rounded
-        )
-
+    run_oracle = emulation_runner(imported.folded, graph, imported.weights, plan, feeds, rounded)
     outputs, checkpoints, emulation = judge(
         graph, plan, evidence, policy or TolerancePolicy(), run_oracle, max_drift
     )
