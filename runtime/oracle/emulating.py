@@ -14,8 +14,10 @@ where round_d is onnxruntime's own Cast to the narrow type and back for bfloat16
 and later) and float16 — it rounds to nearest, ties to even, as the machine does — and an
 exact arithmetic rounding otherwise (`rounding_nodes`): float8 e4m3 (which Cast reaches only
 from opset 19, without the device's saturation), tfloat32 (which has no ONNX type), and
-bfloat16 before opset 13. Roundings need opset 9 (Where, IsNaN); a model older than that cannot
-be emulated (`MIN_OPSET`).
+bfloat16 before opset 13. A model older than 13 that rounds to bfloat16 is emulated in a copy
+raised to opset 13 where every node means the same there (runtime/oracle/cast_opset.py), so
+that its roundings are Cast pairs too; else it keeps the arithmetic form. Roundings need opset
+9 (Where, IsNaN); a model older than that cannot be emulated (`MIN_OPSET`).
 
 A recurrent op (LSTM, GRU, RNN) with cast points, or whose outputs' allowances are asked for,
 is computed step by step, as the program computes it: an ONNX Scan whose body is one step in
@@ -52,6 +54,7 @@ from onnx2bir.frontend.attention_block import read_block
 from onnx2bir.frontend.function_expansion import inlined_body
 from onnx2bir.graph import Graph
 from onnx2bir.op_traits import traits
+from onnx2bir.runtime.oracle.cast_opset import raised_to_cast_opset
 from onnx2bir.runtime.oracle.ort import run_onnxruntime
 from onnx2bir.runtime.oracle.tolerance import RECURRENT_OPS, reduction_length
 
@@ -777,13 +780,12 @@ def emulating_model(
     rounded copies (`<tensor>::<dtype>`, with their shapes) fed as graph inputs instead of
     computed (`round_weights`)."""
     prerounded = prerounded or {}
-    model = onnx.ModelProto()
-    model.CopyFrom(folded)
+    resync = set(resync)
+    model = _raised(folded, graph, plan, resync, prerounded)
     proto = model.graph
     opset = next(
         (entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0
     )
-    resync = set(resync)
     if (plan.points or plan.boundaries) and opset < MIN_OPSET:
         raise UserError(
             f"the model's opset {opset} predates the ops the emulating oracle rounds with "
@@ -912,6 +914,39 @@ def emulating_model(
             elem = helper.np_dtype_to_tensor_dtype(info.dtype.numpy)
             proto.output.append(helper.make_tensor_value_info(tensor, elem, list(info.shape)))
     return model
+
+
+def _raised(
+    folded: onnx.ModelProto,
+    graph: Graph,
+    plan: CastPlan,
+    resync: set[str],
+    prerounded: dict[str, tuple[int, ...]],
+) -> onnx.ModelProto:
+    """A copy of `folded` to build the emulating model in: raised to opset 13 when it is older
+    and rounds some value to bfloat16 in its graph, so that the rounding is a Cast pair
+    (runtime/oracle/cast_opset.py), where every node means the same there; else as it is."""
+    opset = next((e.version for e in folded.opset_import if e.domain in ("", "ai.onnx")), 0)
+    in_graph = any(
+        point.dtype == "bfloat16"
+        and (f"{point.input}::{point.dtype}" not in prerounded or point.input in resync)
+        for point in plan.points
+    )
+    if MIN_OPSET <= opset < CAST_OPSET_BF16 and in_graph:
+        raised = raised_to_cast_opset(folded, lambda tensor: _rank(graph, tensor))
+        if raised is not None:
+            return raised
+    model = onnx.ModelProto()
+    model.CopyFrom(folded)
+    return model
+
+
+def _rank(graph: Graph, tensor: str) -> int | None:
+    info = graph.tensors.get(tensor)
+    try:
+        return len(info.shape) if info is not None and info.shape is not None else None
+    except TypeError:
+        return None
 
 
 def _fused_body(node: onnx.NodeProto, graph: Graph, name: str, opset: int) -> list:
@@ -1154,8 +1189,9 @@ def run_emulating(
     wanted = list(outputs) if outputs is not None else list(graph.outputs)
     shapes = {name: tuple(value.shape) for name, value in prerounded.items()}
     model = emulating_model(folded, graph, plan, machine_values, wanted, shapes)
-    extra = {  # in the tensor's own dtype (float32, or a float16/bfloat16/float64 model's)
-        tensor + MACHINE_SUFFIX: np.asarray(value).astype(graph.tensors[tensor].dtype.numpy)
+    extra = {  # in the tensor's own dtype (float32, or a float16/bfloat16/float64 model's),
+        # converted only when the machine holds it in another (no copy of an fp32 value)
+        tensor + MACHINE_SUFFIX: np.asarray(value, graph.tensors[tensor].dtype.numpy)
         for tensor, value in machine_values.items()
     }
     fed = {**feeds, **weights, **extra, **prerounded}
