@@ -158,24 +158,22 @@ def generate_bir(graph: Graph, options: CompileOptions) -> tuple[Module, MemoryP
     first = BirCodeGen(
         graph, options, GENERIC_LOWERINGS, kernels, planning_run=True, derived_constants=derived
     )
-    function = first.run().functions[0]
-    plan = plan_memory(
-        function, graph, first.arena_need, first.reserved_bytes, first.weight_requests
-    )
+    planned, needs = first.generate()
+    plan = plan_memory(planned.functions[0], graph, needs)
     second = BirCodeGen(
         graph, options, GENERIC_LOWERINGS, kernels, memory_plan=plan, derived_constants=derived
     )
-    module = second.run()
+    module, used = second.generate()
     # The plan placed the homes under the arenas the first pass measured: the second pass
     # must allocate exactly those.
-    for item, need in second.arena_need.items():
-        if need != first.arena_need.get(item):
+    for item, need in used.sbuf.items():
+        if need != needs.sbuf.get(item):
             raise CompileError(
-                f"node {second.item_nodes[item]!r}: the memory plan's second pass allocated "
+                f"node {used.nodes[item]!r}: the memory plan's second pass allocated "
                 f"{need} SBUF bytes per partition where the first allocated "
-                f"{first.arena_need.get(item)} (docs/memory_planner.md#two-passes)"
+                f"{needs.sbuf.get(item)} (docs/memory_planner.md#two-passes)"
             )
-    plan.psum_high_water = max(second.psum_need.values(), default=0)
+    plan.psum_high_water = max(used.psum.values(), default=0)
     store_in_cast_dtype(module, module.functions[0], options)
     return module, plan
 

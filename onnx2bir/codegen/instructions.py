@@ -1,8 +1,8 @@
 """One builder per opcode: the typed way lowerings and kernels emit BIR instructions.
 
-`BirCodeGen` inherits these; each builds the operands and attributes of one opcode (the table
-in `onnx2bir.bir.opcodes`) and hands the instruction to `emit`, the driver's finalizer. DMA
-instructions take the DMA queues in turn.
+`BirCodeGen` and the `Emitter` inherit these; each builds the operands and attributes of one
+opcode (the table in `onnx2bir.bir.opcodes`) and hands the instruction to `emit`. DMA
+instructions take the DMA queues in turn (`next_dma_queue`).
 """
 
 from __future__ import annotations
@@ -24,19 +24,17 @@ def _immediate(value) -> int | float:
 
 
 class InstructionBuilders:
-    """Mixin: needs `emit(opcode, engine, dst, srcs, **attrs)` and `_dma_queue`."""
+    """Mixin: needs `emit(opcode, engine, dst, srcs, **attrs)` and `next_dma_queue()`."""
 
     def dma(self, dst: AccessPattern, src: AccessPattern) -> Instruction:
-        queue = self._dma_queue
-        self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
+        queue = self.next_dma_queue()
         return self.emit(Opcode.DMA_COPY, Engine.DMA, dst, {"in": src}, queue=queue)
 
     def dma_gather(
         self, dst: AccessPattern, table: AccessPattern, indices: AccessPattern
     ) -> Instruction:
         """dst[p, :] = table[indices[p], :]: an indirect DMA (one descriptor per row)."""
-        queue = self._dma_queue
-        self._dma_queue = (queue + 1) % NUM_DMA_QUEUES
+        queue = self.next_dma_queue()
         return self.emit(
             Opcode.DMA_GATHER, Engine.DMA, dst, {"in": table, "indices": indices}, queue=queue
         )

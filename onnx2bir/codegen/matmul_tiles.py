@@ -174,7 +174,7 @@ def load_tile(
 def weight_copy(cg: BirCodeGen, tile: MemoryLocation, copies: int, stride: int, size: int) -> int:
     """Which of `copies` weight copies in `tile` (`stride` elements apart, `size` elements
     each) a node loads: the one that overlaps least the bytes of the weights the last node
-    that loaded some holds (`BirCodeGen.last_weights`), the first on a tie; those bytes then
+    that loaded some holds (`Arena.last_weights`), the first on a tie; those bytes then
     become the last weights. So nodes in a row alternate their copies, and a node's weight
     loads need not wait for the previous node's matmuls (docs/buffers.md#weights)."""
     itemsize = tile.dtype.itemsize
@@ -184,13 +184,13 @@ def weight_copy(cg: BirCodeGen, tile: MemoryLocation, copies: int, stride: int, 
         return start, start + size * itemsize
 
     def overlap(copy: int) -> int:
-        if cg.last_weights is None:
+        if cg.arena.last_weights is None:
             return 0
-        (start, end), (last_start, last_end) = span(copy), cg.last_weights
+        (start, end), (last_start, last_end) = span(copy), cg.arena.last_weights
         return max(0, min(end, last_end) - max(start, last_start))
 
     chosen = min(range(copies), key=overlap)
-    cg.last_weights = span(chosen)
+    cg.arena.loaded_weights(*span(chosen))
     return chosen
 
 

@@ -1,11 +1,11 @@
 """The on-chip memory planner (docs/memory_planner.md).
 
 In: the BIR of a first code-generation pass in which every tensor lives in DRAM, and what
-that pass measured: the SBUF arena each node used (`arena_need`, bytes per partition, keyed
-by the node's position in the entry block) and the bytes reserved below the arenas (the
-identity tile). Out: a `MemoryPlan` saying, for every Internal DRAM tensor (graph
-intermediates and node scratch), whether it lives in SBUF between its producer and its last
-consumer, where, and why not when it does not.
+its arenas needed (`ArenaNeeds`, codegen/arena.py): the SBUF arena each node used (bytes per
+partition, keyed by the node's position in the entry block), the bytes reserved below the
+arenas (the identity tile) and the weights nodes load whole. Out: a `MemoryPlan` saying, for
+every Internal DRAM tensor (graph intermediates and node scratch), whether it lives in SBUF
+between its producer and its last consumer, where, and why not when it does not.
 
 The rule, per tensor:
 - pattern: an Internal DRAM location (not a weight, constant, graph input or output);
@@ -85,13 +85,25 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class WeightRequest:
     """A node's whole copy of a constant, as the code generator asked for it
-    (`BirCodeGen.weight_tile`): `key` names the constant and the way it is loaded, so two
+    (`Arena.weight_tile`): `key` names the constant and the way it is loaded, so two
     requests with one key fill their tiles with the same bytes."""
 
     item: int  # position of the node's scope in the entry block
     key: tuple
     partitions: int
     nbytes: int  # bytes per partition
+
+
+@dataclass
+class ArenaNeeds:
+    """What a code-generation pass allocated (`Arena.needs`), by the position of each node's
+    scope in the entry block: the planner's input, and the second pass's check on the first."""
+
+    sbuf: dict[int, int] = field(default_factory=dict)  # bytes per partition
+    psum: dict[int, int] = field(default_factory=dict)  # bytes per partition
+    nodes: dict[int, str] = field(default_factory=dict)  # the node of each item
+    reserved: int = 0  # SBUF bytes per partition below every arena
+    weights: list[WeightRequest] = field(default_factory=list)  # every `weight_tile`
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,15 +426,10 @@ def _no_room(
     )
 
 
-def plan_memory(
-    fn: Function,
-    graph: Graph,
-    arena_need: dict[int, int],
-    reserved: int,
-    weight_requests: list[WeightRequest] = (),
-) -> MemoryPlan:
+def plan_memory(fn: Function, graph: Graph, needs: ArenaNeeds) -> MemoryPlan:
     """Decide a home for every Internal DRAM tensor of the first pass's function `fn`, then
-    for every constant several nodes load whole (`weight_requests`) in the room left."""
+    for every constant several nodes load whole (`needs.weights`) in the room left."""
+    arena_need, reserved = needs.sbuf, needs.reserved
     candidates = _candidates(fn)
     accesses, refused = _collect(fn, candidates)
     homes: dict[str, Home] = {}
@@ -466,7 +473,7 @@ def plan_memory(
         for name, home in homes.items()
     ]
     plan.weight_homes, plan.weight_refusals = _place_weight_homes(
-        weight_requests, placed, arena_need, reserved
+        needs.weights, placed, arena_need, reserved
     )
     placed += [
         (home.first, home.last, home.address, home.address + home.nbytes)

@@ -28,7 +28,7 @@ from onnx import TensorProto, helper  # noqa: E402
 from reference_deps import DependencyTracker as ReferenceTracker  # noqa: E402
 
 from onnx2bir.bir.ir import DoWhile, DynamicLoop, Function, Loop  # noqa: E402
-from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, driver  # noqa: E402
+from onnx2bir.codegen import GENERIC_LOWERINGS, BirCodeGen, emitter  # noqa: E402
 from onnx2bir.compiler import (  # noqa: E402
     compile_model,
     import_graph,
@@ -75,12 +75,12 @@ def _compile(path: Path, tracker: type) -> tuple[Function, float]:
             for name in ("add", "open_loop", "close_loop", "define_axis")
         },
     )
-    original = driver.DependencyTracker
-    driver.DependencyTracker = timed_tracker
+    original = emitter.DependencyTracker
+    emitter.DependencyTracker = timed_tracker
     try:
         module = compile_model(path).module
     finally:
-        driver.DependencyTracker = original
+        emitter.DependencyTracker = original
     return module.functions[0], spent[0]
 
 
@@ -150,7 +150,7 @@ def compare_functions(reference: Function, new: Function) -> str | None:
 def compare(path: Path) -> Comparison:
     """Compile `path` with both analyses and compare what they order."""
     reference, reference_s = _compile(path, ReferenceTracker)
-    new, new_s = _compile(path, driver.DependencyTracker)
+    new, new_s = _compile(path, emitter.DependencyTracker)
     return Comparison(
         path.name,
         sum(1 for _ in new.instructions()),

@@ -47,7 +47,8 @@ def _walk(extent: int, size: int, copies: int, **kw) -> tuple[BirCodeGen, list]:
     cg.before_function()
     seen = []
     for tile in tiles(cg, extent, size, "t", buffers=copies, **kw):
-        predicate = cg._predicates[-1] if cg._predicates else None
+        predicates = cg.emitter.predicates
+        predicate = predicates[-1] if predicates else None
         seen.append((tile, {a: cg.axis_ranges[a] for a in cg.loopnest}, predicate))
     return cg, seen
 

@@ -18,7 +18,7 @@ import pytest
 
 from onnx2bir.bir.enums import Dtype, Engine
 from onnx2bir.bir.ir import AccessPattern, Function, MemoryLocation, RuntimeValue, runtime_loops
-from onnx2bir.codegen import driver
+from onnx2bir.codegen import emitter
 from onnx2bir.codegen.tiling import Affine
 from onnx2bir.runtime.machine.program import unroll
 from onnx2bir.runtime.machine.races import RaceDetector
@@ -109,13 +109,13 @@ class _Builder:
 
 
 def _build(seed: int, tracker: type) -> Function:
-    original = driver.DependencyTracker
-    driver.DependencyTracker = tracker
+    original = emitter.DependencyTracker
+    emitter.DependencyTracker = tracker
     try:
         builder = _Builder(seed)
         builder.program()
     finally:
-        driver.DependencyTracker = original
+        emitter.DependencyTracker = original
     return builder.cg.function
 
 
@@ -129,7 +129,7 @@ def _races(function: Function, trips: int) -> list:
 
 @pytest.mark.parametrize("seed", range(100))
 def test_a_random_program_is_ordered_as_by_the_reference_and_race_free(seed):
-    new = _build(seed, driver.DependencyTracker)
+    new = _build(seed, emitter.DependencyTracker)
     reference = _build(seed, ReferenceTracker)
     assert compare_functions(reference, new) is None
     assert not _races(new, 0) and not _races(new, 2)

@@ -96,7 +96,7 @@ def test_axis_names_stay_unique_when_a_hint_ends_in_a_digit():
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     graph = import_model(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]))
     cg = BirCodeGen(graph, CompileOptions(), GENERIC_LOWERINGS, kernel_table())
-    names = [cg._axis_name("h") for _ in range(21)]  # h0 .. h20
-    later = cg._axis_name("h2")  # would spell "h20" again
+    names = [cg.emitter.axis_name("h") for _ in range(21)]  # h0 .. h20
+    later = cg.emitter.axis_name("h2")  # would spell "h20" again
     assert later not in names
     assert len(set(names)) == 21 and later.startswith("h2")

@@ -9,7 +9,7 @@ from conftest import assert_matches_onnxruntime, make_model
 from onnx import helper
 
 from onnx2bir.bir.enums import Opcode
-from onnx2bir.codegen import driver
+from onnx2bir.codegen.arena import Arena
 from onnx2bir.codegen.planner import WeightRequest, _place_weight_homes
 from onnx2bir.compiler import compile_graph, import_graph
 from onnx2bir.errors import MachineError
@@ -115,14 +115,14 @@ def test_a_conv_kernel_holds_several_output_tiles_whole_to_share_them(monkeypatc
 
 def test_a_home_its_first_reader_does_not_load_is_caught(small_spill, monkeypatch):
     """Had the first clone skipped its load, the others would read bytes never written."""
-    weight_tile = driver.BirCodeGen.weight_tile
+    weight_tile = Arena.weight_tile
 
     def never_load(self, *args, **kwargs):
         tile, load = weight_tile(self, *args, **kwargs)
-        homes = self.memory_plan.weight_homes if self.memory_plan else []
+        homes = self.plan.weight_homes if self.plan else []
         return tile, load and tile.name not in {home.name for home in homes}
 
-    monkeypatch.setattr(driver.BirCodeGen, "weight_tile", never_load)
+    monkeypatch.setattr(Arena, "weight_tile", never_load)
     with pytest.raises(MachineError, match="that nothing wrote"):
         assert_matches_onnxruntime(_net())
 

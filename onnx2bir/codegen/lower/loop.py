@@ -163,7 +163,7 @@ class _LoopBody:
         with self._in_body_graph():
             for name in self.sub.topological_order():
                 cg.transform_node(name)
-            cg.origin = origin
+            cg.emitter.origin = origin
             self._update_state()
             if self._needs_counter():
                 counter = cg.sb_tile("counter", 1, 1, Dtype.INT64)

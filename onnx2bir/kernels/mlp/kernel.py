@@ -553,7 +553,7 @@ class MlpTiles:
         self.w2 = self._weight(cg, "w2", a.h // P * a.n, pe, 1)
         # The next node with two copies of its weights loads the one away from these
         # (docs/buffers.md#weights).
-        cg.last_weights = (self.w1.address, self.w2.address + self.w2.bytes_per_partition)
+        cg.arena.loaded_weights(self.w1.address, self.w2.address + self.w2.bytes_per_partition)
         return True
 
     def grouped(self, views: list[MatrixView], width: int) -> int:
