@@ -136,6 +136,11 @@ def traits(op_type: str) -> OpTraits:
     return TRAITS.get(op_type, NONE)
 
 
+# Ops that only move elements: the output holds exactly the input's elements, none computed, so
+# folding one on a constant costs no more memory than the constant itself.
+ELEMENT_MOVES = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
 def ops_with(**wanted) -> frozenset[str]:
     """The op types whose traits have the given values (`ops_with(layout=Layout.ROW)`)."""
     return frozenset(

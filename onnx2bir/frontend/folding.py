@@ -30,6 +30,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx2bir.errors import UserError
 from onnx2bir.frontend.vendor_shapes import add_vendor_shapes
+from onnx2bir.op_traits import ELEMENT_MOVES
 
 # Ops whose outputs vary between runs: never folded even with constant inputs.
 _NONDETERMINISTIC = {
@@ -266,9 +267,14 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
         a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
     ):
         return None
-    for name in node.output:
-        if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
-            return None
+    # A large value is folded only when it moves a constant's elements (a weight's Transpose,
+    # a tied embedding read as the head's weight): computing a broadcast or an arange this
+    # size would hold a tensor no initializer did; moving one holds one more copy of a weight,
+    # which the device then reads laid out, instead of laying it out on every run.
+    if not _moves_stored_elements(node, constants):
+        for name in node.output:
+            if name in shapes and int(np.prod(shapes[name])) > _FOLD_MAX_ELEMENTS:
+                return None
     feeds = {name: constants[name] for name in node.input if name}
     try:
         evaluator = ReferenceEvaluator(_one_node_model(node, feeds, opsets))
@@ -281,6 +287,15 @@ def _fold_node(node, constants, shapes, opsets) -> list[np.ndarray] | None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         _LOG.info("node %r (%s) not folded: %s", node.name, node.op_type, first[:300])
         return None
+
+
+def _moves_stored_elements(node: onnx.NodeProto, constants: dict[str, np.ndarray]) -> bool:
+    """Whether `node` only moves the elements of a constant that holds them (not a fill's
+    zero-stride view, which a moved copy would materialise)."""
+    if node.op_type not in ELEMENT_MOVES or not node.input:
+        return False
+    data = np.asarray(constants[node.input[0]])
+    return 0 not in data.strides or data.size <= 1
 
 
 def _one_node_model(node: onnx.NodeProto, feeds: dict, opsets: dict[str, int]):
