@@ -91,7 +91,8 @@ class ValidationRunOptions:
     onnxruntime, and `max_drift` ("cosine=0.999,snr=30,r=1.2", a list of such, or
     {"cosine": 0.999}) makes drift a gate; `segments` cuts the model into that many pieces,
     `jobs` processes at a time or as Ray tasks (`use_ray`, `ray_address`;
-    docs/validation.md#segments).
+    docs/validation.md#segments); `memory_limit` (bytes) refuses a run whose estimated peak
+    exceeds it, before any work (default: the memory available; docs/input_contracts.md#memory).
     """
 
     localize: bool = False
@@ -105,6 +106,7 @@ class ValidationRunOptions:
     jobs: int | None = None
     use_ray: bool = False
     ray_address: str | None = None
+    memory_limit: int | None = None
 
 
 VALIDATE_GROUPS = (InputOptions, ToleranceOptions, ValidationRunOptions)

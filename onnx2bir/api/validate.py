@@ -196,6 +196,7 @@ def validate(
         check_races=run_opts.check_races,
         reference=dict(reference) if isinstance(reference, Mapping) else reference,
         max_drift=limits,
+        memory_limit=run_opts.memory_limit,
     )
     details = compiled[0]
     doc["notes"] = shape_notes(model, dict(input_opts.input_shapes or {})) + flag_notes(

@@ -11,7 +11,8 @@ hands the API:
 - `ToleranceArgs`: --atol, --rtol, --tolerance, --op-tolerance, --tolerance-file (a
   `ToleranceOptions`);
 - `ValidationRunArgs`: --reference, --max-drift, --localize, --localize-budget, --segments,
-  --jobs, --ray, --check-races, --schedule, --no-progress (a `ValidationRunOptions`);
+  --jobs, --ray, --memory-limit, --check-races, --schedule, --no-progress (a
+  `ValidationRunOptions`);
 - `ValidationOutputArgs`: --save-inputs, --save-outputs and validate's --html (the files
   written).
 
@@ -460,7 +461,7 @@ class ValidationRunArgs:
         ]
 
     def add_segment_arguments(self, parser: argparse.ArgumentParser) -> list[argparse.Action]:
-        """--segments, --jobs, --ray."""
+        """--segments, --jobs, --ray, --memory-limit."""
         flags = self.SEGMENTS.of(parser)
         return [
             flags.add_argument(
@@ -483,6 +484,14 @@ class ValidationRunArgs:
                 metavar="ADDRESS",
                 help="run each segment as a Ray task (a local Ray instance without ADDRESS); "
                 "needs the extra onnx2bir[ray]",
+            ),
+            flags.add_argument(
+                "--memory-limit",
+                type=flag_values.byte_size,
+                metavar="SIZE",
+                help="refuse to start (exit 2) when the estimated peak memory exceeds SIZE, "
+                "e.g. 6GiB (default: the memory available now); the message says how many "
+                "--segments to use instead",
             ),
         ]
 

@@ -113,6 +113,36 @@ def exclude_list(text: str) -> list[str]:
     return names
 
 
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes, with an optional unit: 6GiB, 512MiB, 8GB, 2e9 (`--memory-limit`)."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = match and _UNITS.get(match.group(2).lower())
+    try:
+        value = float(match.group(1)) * unit if unit else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a size such as 6GiB, 512MiB or 8GB (units B, KB, MB, GB, TB, "
+            "KiB, MiB, GiB, TiB)"
+        )
+    return int(value)
+
+
 def count(text: str) -> int:
     """A positive integer (`--jobs`)."""
     return _positive_int(text, "N", text)

@@ -1,8 +1,8 @@
 """Byte-size contracts: every tensor fits the modelled device, and validate fits the host.
 
 `check_tensor_sizes` (at import, every command) refuses a model with a tensor larger than the
-modelled device DRAM, `DEVICE_DRAM_BYTES`; `check_host_memory` (validate, before any input is
-made) refuses a run whose arrays would not fit the host's physical memory. Both run before
+modelled device DRAM, `DEVICE_DRAM_BYTES`; `check_validate_fits` (validate, before any input
+is made) refuses a run whose estimated peak would not fit the memory available. Both run before
 anything of that size is allocated. Figures and reasons: `docs/input_contracts.md#memory`.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -64,34 +65,109 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def validate_host_bytes(
-    sizes: dict[str, int], inputs: list[str], outputs: list[str], probes: tuple[str, ...] = ()
-) -> int:
-    """About what validate holds at once: the machine's DRAM (every tensor, once),
-    onnxruntime's copies of the inputs and outputs, the comparison's float64 copies of both
-    sides of each output (twice the bytes of an fp32 output, each), and for each probed
-    intermediate the machine's copy, the emulating oracle's value and its allowance."""
-    machine = sum(sizes.values())
-    oracle = sum(sizes.get(name, 0) for name in [*inputs, *outputs])
-    comparison = 4 * sum(sizes.get(name, 0) for name in outputs)
-    probed = 3 * sum(sizes.get(name, 0) for name in probes)
-    return machine + oracle + comparison + probed
+def available_memory_bytes() -> int | None:
+    """The memory the kernel says a new process may take now without swapping
+    (/proc/meminfo's MemAvailable), else the host's physical memory."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return host_memory_bytes()
 
 
-def check_host_memory(needed: int, available: int | None = None) -> None:
-    available = host_memory_bytes() if available is None else available
-    if available is not None and needed > available:
-        raise UserError(
-            f"validate would hold about {_gib(needed)} of arrays; this host has "
-            f"{_gib(available)} of memory"
+# The comparison of one tensor works on about a dozen float64 arrays of its size at once (both
+# sides, the errors, the relative errors, the bounds, the positions that differ).
+COMPARISON_BYTES_PER_ELEMENT = 12 * 8
+
+
+@dataclass(frozen=True)
+class PeakEstimate:
+    """What validate holds at its peak, by part (docs/input_contracts.md#memory)."""
+
+    weights: int  # the model's constants as the compiler holds them
+    machine_constants: int  # the machine's copies of them in another dtype or layout
+    intermediates: int  # every tensor computed at run time, once
+    reference: int  # plain onnxruntime: its copy of the weights and its intermediates
+    oracle: int  # the emulating oracle: the weights' roundings, its intermediates, the probes
+    comparison: int  # the float64 working arrays of the largest comparison
+
+    @property
+    def total(self) -> int:
+        held = self.weights + self.machine_constants
+        return held + max(self.intermediates, self.reference, self.oracle + self.comparison)
+
+    def describe(self) -> str:
+        return (
+            f"weights {_gib(self.weights)}, the machine's copies {_gib(self.machine_constants)}, "
+            f"plain onnxruntime {_gib(self.reference)}, the emulating oracle "
+            f"{_gib(self.oracle)}, the comparison {_gib(self.comparison)}"
         )
 
 
-def check_validate_fits(graph, probes=()) -> None:
-    """Refuse a validate run of `graph` (an `onnx2bir.graph.Graph`) that the host cannot hold;
-    `probes`: the intermediates the run reads from the machine (the cast plan's)."""
+def initializer_bytes(model: str | os.PathLike | onnx.ModelProto) -> int:
+    """The bytes of a model's initializers, read from its graph alone (external data is not
+    loaded): what onnxruntime loads of it."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    return sum(
+        math.prod(int(d) for d in init.dims) * element_bytes(init.data_type)
+        for init in model.graph.initializer
+    )
+
+
+def estimate_validate_peak(graph, probes, constants, file_weights: int) -> PeakEstimate:
+    """In: the compiler's graph (`onnx2bir.graph.Graph`), the probed tensors, the machine's
+    constants by name, the bytes of the weights onnxruntime loads from the model file. Out:
+    the estimate of validate's peak, part by part."""
     sizes = {
         name: math.prod(int(d) for d in info.shape) * np.dtype(info.dtype.numpy).itemsize
         for name, info in graph.tensors.items()
     }
-    check_host_memory(validate_host_bytes(sizes, graph.inputs, graph.outputs, tuple(probes)))
+    held = {name: info.const for name, info in graph.tensors.items() if info.is_const}
+    weights = sum(np.asarray(value).nbytes for value in held.values() if value is not None)
+    copies, rounded = 0, 0
+    for name, value in constants.items():
+        mine = held.get(name)
+        if mine is not None and np.shares_memory(np.asarray(mine), value):
+            continue
+        copies += value.nbytes
+        if mine is not None and value.dtype.itemsize < np.asarray(mine).dtype.itemsize:
+            rounded += np.asarray(mine).nbytes  # the oracle's fp32 copy of a narrowed weight
+    intermediates = sum(size for name, size in sizes.items() if name not in held)
+    probed = sum(sizes.get(name, 0) for name in probes)
+    compared = [*probes, *graph.outputs]
+    largest = max((sizes.get(name, 0) // 4 for name in compared), default=0)
+    return PeakEstimate(
+        weights=weights,
+        machine_constants=copies,
+        intermediates=intermediates,
+        reference=file_weights + intermediates,
+        # the machine's probe values, the plain and the resynchronised runs', the allowances
+        oracle=rounded + intermediates + 4 * probed,
+        comparison=COMPARISON_BYTES_PER_ELEMENT * largest,
+    )
+
+
+def check_validate_fits(
+    graph, probes=(), constants=None, file_weights: int = 0, limit: int | None = None
+) -> PeakEstimate:
+    """Refuse a validate run of `graph` whose estimated peak exceeds `limit` (default: the
+    memory available now), before any input or machine array is made; `probes`: the
+    intermediates the run reads from the machine, `constants` the machine's (the program's
+    `module.constants`). The estimate is returned."""
+    estimate = estimate_validate_peak(graph, tuple(probes), constants or {}, file_weights)
+    given = limit is not None
+    limit = limit if given else available_memory_bytes()
+    if limit is not None and estimate.total > limit:
+        where = "--memory-limit" if given else "the memory available now"
+        pieces = max(2, math.ceil(estimate.weights / max(1, limit // 2)))
+        raise UserError(
+            f"validate would need about {_gib(estimate.total)} at its peak "
+            f"({estimate.describe()}), more than {_gib(limit)} ({where}); validate the model "
+            f"in pieces instead: --segments {pieces} runs each piece in its own process, "
+            "holding about its share of the weights (docs/validation.md#segments)"
+        )
+    return estimate

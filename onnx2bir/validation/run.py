@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx2bir.bir.cast_plan import CastPlan
-from onnx2bir.frontend.memory_contracts import check_validate_fits
+from onnx2bir.frontend.memory_contracts import check_validate_fits, initializer_bytes
 from onnx2bir.frontend.opset_upgrade import oracle_source
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine import interpreter
@@ -95,6 +95,7 @@ def run_validate(
     check_races: bool = False,
     reference: str | dict[str, np.ndarray] | None = None,
     max_drift: dict[str, float] | None = None,
+    memory_limit: int | None = None,
 ) -> tuple[dict, dict, dict]:
     """(document, feeds, machine outputs); the CLI prints and saves them.
 
@@ -107,6 +108,7 @@ def run_validate(
     .npz file, a test_data_set folder, or arrays by output name), which replace plain fp32
     onnxruntime as what drift is measured against;
     `max_drift`: limits that make drift fail the verdict (`runtime/oracle/verdict.py`).
+    `memory_limit`: the bytes the estimated peak may reach (default: the memory available).
     """
     plan_order = parse_schedule(schedule)
     if localize_nodes:
@@ -114,7 +116,13 @@ def run_validate(
         options = dataclasses.replace(options, memory_plan=False)
     prepared = prepare(model, options, input_shapes, dims, input_values=input_values)
     # Before any input or machine array is made.
-    check_validate_fits(prepared.pristine, prepared.compilation.cast_plan.probes)
+    check_validate_fits(
+        prepared.pristine,
+        prepared.compilation.cast_plan.probes,
+        prepared.compilation.module.constants,
+        initializer_bytes(model),
+        memory_limit,
+    )
     if on_compiled is not None:
         on_compiled(prepared.compilation)
     compilation, graph = prepared.compilation, prepared.pristine

@@ -141,20 +141,35 @@ def test_negative_constant_indices_in_range_are_accepted():
     assert import_model(model).outputs == ["y"]
 
 
-def test_host_memory_figure():
-    with pytest.raises(UserError, match=r"about 2 GiB of arrays; this host has 1 GiB"):
-        contracts_memory.check_host_memory(2 << 30, available=1 << 30)
-    contracts_memory.check_host_memory(1 << 20, available=1 << 30)
+def test_validate_refuses_a_peak_over_the_limit_before_any_work(tmp_path, capsys):
+    """A small limit: exit 2, the estimate by part and the --segments advice, and nothing run
+    (no outputs written)."""
+    model = _model([RELU], {"x": [1 << 20]}, {"y": [1 << 20]})
+    path = tmp_path / "relu.onnx"
+    path.write_bytes(model.SerializeToString())
+    saved = tmp_path / "outputs.npz"
+    argv = ["validate", str(path), "--no-progress", "--save-outputs", str(saved)]
+    assert main([*argv, "--memory-limit", "1MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "validate would need about" in err and "more than 0.000977 GiB (--memory-limit)" in err
+    assert "the comparison" in err and "--segments 2" in err
+    assert not saved.exists()
+    assert main([*argv, "--memory-limit", "1GiB"]) == 0
 
 
-def test_validate_host_bytes_counts_machine_oracle_and_comparison():
-    sizes = {"x": 100, "h": 1000, "y": 10}
-    # machine 1110 + onnxruntime (x and y) 110 + comparison 4 x 10
-    assert contracts_memory.validate_host_bytes(sizes, ["x"], ["y"]) == 1110 + 110 + 40
-    # A probed intermediate: the machine's copy, the oracle's value and its allowance.
-    assert contracts_memory.validate_host_bytes(sizes, ["x"], ["y"], ("h",)) == (
-        1110 + 110 + 40 + 3 * sizes["h"]
-    )
+def test_the_peak_estimate_counts_each_part():
+    """One 4 MiB intermediate, probed and compared: the oracle holds it four times (machine,
+    plain, resynchronised, allowance) beside its intermediates, the comparison twelve float64
+    arrays of its elements."""
+    model = _model([RELU], {"x": [1 << 20]}, {"y": [1 << 20]})
+    graph = import_model(model)
+    estimate = contracts_memory.estimate_validate_peak(graph, ("y",), {}, 0)
+    size = 4 << 20
+    assert estimate.weights == 0 and estimate.machine_constants == 0
+    assert estimate.intermediates == 2 * size  # x and y
+    assert estimate.oracle == 2 * size + 4 * size
+    assert estimate.comparison == 12 * 8 * (1 << 20)
+    assert estimate.total == 6 * size + 12 * 8 * (1 << 20)
 
 
 def test_the_device_figure_is_named(tmp_path, capsys):
@@ -229,3 +244,22 @@ def _ort_runs(model, feeds) -> bool:
     except Exception:
         return False
     return True
+
+
+@pytest.mark.parametrize(
+    "text, size", [("6GiB", 6 << 30), ("512MiB", 512 << 20), ("8GB", 8 * 10**9), ("2e9", 2 * 10**9)]
+)
+def test_memory_limit_sizes(text, size):
+    from onnx2bir.cli.flag_values import byte_size
+
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["0", "6XB", "GiB", "-1GiB", "nan", "inf"])
+def test_memory_limit_refuses_what_is_not_a_size(text):
+    import argparse
+
+    from onnx2bir.cli.flag_values import byte_size
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a size"):
+        byte_size(text)
