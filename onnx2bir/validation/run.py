@@ -45,7 +45,11 @@ from pathlib import Path
 import numpy as np
 
 from onnx2bir.bir.cast_plan import CastPlan
-from onnx2bir.frontend.memory_contracts import check_validate_fits, initializer_bytes
+from onnx2bir.frontend.memory_contracts import (
+    check_validate_fits,
+    check_weights_fit,
+    initializer_bytes,
+)
 from onnx2bir.frontend.opset_upgrade import oracle_source
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.machine import interpreter
@@ -114,13 +118,15 @@ def run_validate(
     if localize_nodes:
         # Every intermediate must have a DRAM copy to compare (docs/memory_planner.md#localize).
         options = dataclasses.replace(options, memory_plan=False)
+    file_weights = initializer_bytes(model)
+    check_weights_fit(file_weights, memory_limit)  # before the model is read whole
     prepared = prepare(model, options, input_shapes, dims, input_values=input_values)
     # Before any input or machine array is made.
     check_validate_fits(
         prepared.pristine,
         prepared.compilation.cast_plan.probes,
         prepared.compilation.module.constants,
-        initializer_bytes(model),
+        file_weights,
         memory_limit,
     )
     if on_compiled is not None:

@@ -157,6 +157,24 @@ def test_validate_refuses_a_peak_over_the_limit_before_any_work(tmp_path, capsys
     assert main([*argv, "--memory-limit", "1GiB"]) == 0
 
 
+def test_weights_over_the_limit_are_refused_before_the_compile(tmp_path, capsys, monkeypatch):
+    """Twice the file's weights over the limit: refused before the model is read whole."""
+    import onnx2bir.validation.run as validation_run
+
+    weight = np.ones((1024, 1024), np.float32)  # 4 MiB
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    model = _model([node], {"x": [1, 1024]}, {"y": [1, 1024]}, {"w": weight})
+    path = tmp_path / "matmul.onnx"
+    path.write_bytes(model.SerializeToString())
+
+    def compiled(*args, **kwargs):
+        raise AssertionError("compiled before the memory check")
+
+    monkeypatch.setattr(validation_run, "prepare", compiled)
+    assert main(["validate", str(path), "--no-progress", "--memory-limit", "6MiB"]) == 2
+    assert "(the compile alone), more than 0.00586 GiB" in capsys.readouterr().err
+
+
 def test_the_peak_estimate_counts_each_part():
     """One 4 MiB intermediate, probed and compared: the oracle holds it four times (machine,
     plain, resynchronised, allowance) beside its intermediates, the comparison twelve float64
