@@ -44,7 +44,7 @@ Two methods write a file:
   is moved next to the ``.onnx`` (one file; the TorchScript exporter's per-tensor files are
   gathered into one).
 
-``stitch`` (the default for mistral-7b, whose 7.2 G parameters are 28.9 GB in fp32 and do not
+``stitch`` (the default for mistral-7b, whose 7.24 G parameters are 29.0 GB in fp32 and do not
   fit in memory next to torch): a 2-layer model of the same width is exported as above (the
   template). Each of its initializers is matched by value to the torch parameter it holds,
   as it is or transposed (the exporter folds the Transpose of each Linear weight into a new
