@@ -195,7 +195,7 @@ def emit_elementwise(
     `shapes` overrides the shape an input broadcasts from (same elements, e.g. a [C] slope
     seen as [C, 1, 1] where an old opset broadcasts along the channel axis). With `direct`,
     inputs and output the memory plan keeps in SBUF are `compute`'s operands themselves
-    (`BirCodeGen.read_operand`); `like(dst, scratch)` then addresses the scratch tile where
+    (`Residency.read_operand`); `like(dst, scratch)` then addresses the scratch tile where
     the output tile would be.
     With `psum_rows`, an fp32 input that is one row repeated down the partitions (a bias) may
     be handed to `compute` in PSUM (`_row_on_pe`): only for a compute whose instructions all

@@ -30,6 +30,7 @@ trip count or condition (it never ends), nested subgraphs inside the body.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -83,9 +84,7 @@ class _LoopBody:
             out if out else f"{self.prefix}state{k}" for k, out in enumerate(outputs[:count])
         ]
         self.outer = cg.graph
-        self.sub, self.cond_in, self.cond_out, self.iteration, self.results = _import_body(
-            cg, node, self.states
-        )
+        self.body = _import_body(cg, node, self.states)
         self.locals: list[str] = []
         self._continue: str | None = None
 
@@ -97,18 +96,18 @@ class _LoopBody:
     def _condition_trivial(self) -> bool:
         cond = self._const(self.cond)
         cond_true = self.cond is None or (cond is not None and bool(cond))
-        source = self._identity_source(self.cond_out)
-        out = self.sub.tensors[source]
-        out_true = source == self.cond_in or (out.is_const and bool(out.const.reshape(-1)[0]))
+        source = self._identity_source(self.body.cond_out)
+        out = self.body.graph.tensors[source]
+        out_true = source == self.body.cond_in or (out.is_const and bool(out.const.reshape(-1)[0]))
         return cond_true and out_true
 
     def _identity_source(self, tensor: str) -> str:
         """The tensor `tensor` copies through a chain of Identity nodes (itself if none)."""
         while True:
-            producer = self.sub.producer(tensor)
-            if producer is None or self.sub.node(producer)["op_type"] != "Identity":
+            producer = self.body.graph.producer(tensor)
+            if producer is None or self.body.graph.node(producer)["op_type"] != "Identity":
                 return tensor
-            tensor = self.sub.node(producer)["inputs"][0]
+            tensor = self.body.graph.node(producer)["inputs"][0]
 
     def static_trips(self) -> int | None:
         """The trip count when it is known at compile time (a static Loop), else None."""
@@ -132,7 +131,7 @@ class _LoopBody:
 
     def _tracks_condition(self) -> bool:
         """Whether the body's condition input must hold the current condition."""
-        return self._is_while() or bool(self.sub.consumers(self.cond_in))
+        return self._is_while() or bool(self.body.graph.consumers(self.body.cond_in))
 
     # --- emission ------------------------------------------------------------------------------
     def initialize(self) -> None:
@@ -144,14 +143,14 @@ class _LoopBody:
             if self._needs_counter():
                 counter = cg.sb_tile("counter", 1, 1, Dtype.INT64)
                 cg.memset(cg.ap(counter), 0)
-                cg.dma(self._dram1(self.iteration), cg.ap(counter))
+                cg.dma(self._dram1(self.body.iteration), cg.ap(counter))
             if self._tracks_condition():
                 if self.cond is None:
                     true = cg.sb_tile("true", 1, 1, Dtype.INT32)
                     cg.memset(cg.ap(true), 1)
-                    cg.dma(self._dram1(self.cond_in), cg.ap(true))
+                    cg.dma(self._dram1(self.body.cond_in), cg.ap(true))
                 else:
-                    self._copy(self.cond_in, self.cond)
+                    self._copy(self.body.cond_in, self.cond)
             if self._is_while():
                 self._update_condition(first=True)
 
@@ -161,17 +160,17 @@ class _LoopBody:
         before = set(cg.function.memory_locations)
         origin = cg.origin
         with self._in_body_graph():
-            for name in self.sub.topological_order():
+            for name in self.body.graph.topological_order():
                 cg.transform_node(name)
             cg.emitter.origin = origin
             self._update_state()
             if self._needs_counter():
                 counter = cg.sb_tile("counter", 1, 1, Dtype.INT64)
-                cg.dma(cg.ap(counter), self._dram1(self.iteration))
+                cg.dma(cg.ap(counter), self._dram1(self.body.iteration))
                 cg.tensor_scalar(cg.ap(counter), cg.ap(counter), "add", 1)
-                cg.dma(self._dram1(self.iteration), cg.ap(counter))
-            if self._tracks_condition() and self.cond_out != self.cond_in:
-                self._copy(self.cond_in, self.cond_out)
+                cg.dma(self._dram1(self.body.iteration), cg.ap(counter))
+            if self._tracks_condition() and self.body.cond_out != self.body.cond_in:
+                self._copy(self.body.cond_in, self.body.cond_out)
             if self._continue is not None:
                 self._update_condition(first=False)
         locations = cg.function.memory_locations
@@ -189,18 +188,18 @@ class _LoopBody:
         return self._continue
 
     def _needs_counter(self) -> bool:
-        reads_iteration = bool(self.sub.consumers(self.iteration))
+        reads_iteration = bool(self.body.graph.consumers(self.body.iteration))
         bounded_while = self.m is not None and not self._condition_trivial()
         return reads_iteration or bounded_while
 
     def _update_state(self) -> None:
         """state_k ← result_k; results that are themselves states are staged first."""
         staged = []
-        for k, (result, state) in enumerate(zip(self.results, self.states, strict=True)):
+        for k, (result, state) in enumerate(zip(self.body.results, self.states, strict=True)):
             if result == state:
                 continue
             if result in self.states:
-                info = self.sub.tensors[result]
+                info = self.body.graph.tensors[result]
                 scratch = self.cg.dram_scratch(f"stage{k}", info.shape, info.dtype)
                 self._copy(scratch.name, result)
                 result = scratch.name
@@ -214,7 +213,7 @@ class _LoopBody:
         if self._continue is None:
             self._continue = cg.dram_scratch("continue", (1,), Dtype.INT32).name
         flag = cg.sb_tile("continue", 1, 1, Dtype.INT32)
-        cg.dma(cg.ap(flag), self._dram1(self.cond_in))
+        cg.dma(cg.ap(flag), self._dram1(self.body.cond_in))
         if self.m is not None:
             bound = cg.sb_tile("trip_count", 1, 1, Dtype.INT64)
             trips = cg.sb_tile("trips", 1, 1, Dtype.INT64)
@@ -222,7 +221,7 @@ class _LoopBody:
             if first:
                 cg.memset(cg.ap(trips), 0)
             else:
-                cg.dma(cg.ap(trips), self._dram1(self.iteration))
+                cg.dma(cg.ap(trips), self._dram1(self.body.iteration))
             below = cg.sb_tile("below", 1, 1, Dtype.INT32)
             cg.tensor_tensor(cg.ap(below), cg.ap(trips), cg.ap(bound), "is_lt")
             cg.tensor_tensor(cg.ap(flag), cg.ap(flag), cg.ap(below), "logical_and")
@@ -251,13 +250,22 @@ class _LoopBody:
 
     def _in_body_graph(self) -> _LoopBody._Swap:
         """The code generator sees the body's nodes and the tensors of both graphs."""
-        return self._Swap(self.cg, self.sub)
+        return self._Swap(self.cg, self.body.graph)
 
 
 # --- importing the body ------------------------------------------------------------------------
-def _import_body(cg: BirCodeGen, node: Node, states: list[str]):
-    """The body as a Graph over the merged tensor table, and the names of its special tensors:
-    (graph, condition input, condition output, iteration number, loop-carried results)."""
+class _BodyGraph(NamedTuple):
+    """A Loop's body as a Graph over the merged tensor table, and its special tensors."""
+
+    graph: Graph
+    cond_in: str  # the condition input
+    cond_out: str  # the condition output
+    iteration: str  # the iteration number
+    results: list[str]  # the loop-carried results
+
+
+def _import_body(cg: BirCodeGen, node: Node, states: list[str]) -> _BodyGraph:
+    """The body of Loop `node`, imported (`_BodyGraph`)."""
     from onnx2bir.frontend.folding import fold_constants
     from onnx2bir.frontend.importer import build_graph
 
@@ -354,7 +362,7 @@ def _import_body(cg: BirCodeGen, node: Node, states: list[str]):
         if state not in merged.tensors:
             merged.tensors[state] = TensorInfo(state, *_shape_dtype(outer, initial[k]))
     body_outputs = [rename.get(v.name, v.name) for v in body.output]
-    return (
+    return _BodyGraph(
         merged,
         f"{prefix}cond_in",
         body_outputs[0],
