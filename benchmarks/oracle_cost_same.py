@@ -42,8 +42,8 @@ CHAIN_FOLDER = Path(tempfile.gettempdir()) / "oracle_cost_same"  # one chain fil
 
 
 def models() -> list[str]:
-    zoo = sorted(str(p) for p in (ROOT / "models").glob("*.onnx"))
-    hf = sorted(str(p) for p in (ROOT / "models" / "hf").glob("*.onnx"))
+    zoo = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "models").glob("*.onnx"))
+    hf = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "models" / "hf").glob("*.onnx"))
     return [*zoo, *hf, *BENCHMARK_MODELS]
 
 
@@ -74,6 +74,8 @@ def documents(names: list[str], sets: list[str], out: Path) -> None:
             if not path.exists():
                 oracle_cost.chain_model(int(name.removeprefix("chain:")), CHAIN_FOLDER)
             keywords = {}
+        elif name.endswith(".onnx") and not Path(name).is_absolute():
+            path, keywords = ROOT / name, {}  # this tree's copy
         else:
             path, keywords = oracle_cost.resolve(name, CHAIN_FOLDER)
         for label in sets:

@@ -17,9 +17,16 @@ computed here as those chunks' ddots on one thread, added in that order. Before 
 trusted for a thread count T, the split is checked once against `np.dot` itself on vectors of
 several lengths; where it does not agree (another BLAS, another ddot), or threadpoolctl is
 missing, `np.dot` is called as it is.
+
+Threads of ours (`one_thread`): comparisons run two at a time (runtime/oracle/verdict.py) with
+BLAS held on one thread for the whole block, so that one comparison's `dots` cannot see the
+thread count another has lowered; `dots` then splits as for the count BLAS had before, and the
+sums are the same bits as outside the block.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -31,6 +38,11 @@ _state: dict = {}  # "blas": the OpenBLAS controller or None; thread count -> sp
 
 def dots(*pairs: tuple[np.ndarray, np.ndarray]) -> list[np.float64]:
     """`np.dot(x, y)` of each pair (module docstring)."""
+    pinned = _state.get("pinned")
+    if pinned is not None:  # inside `one_thread`: BLAS is on one thread, the split agrees
+        if pinned <= 1:
+            return [np.dot(x, y) for x, y in pairs]
+        return [_split_dot(x, y, pinned) for x, y in pairs]
     blas = _openblas()
     threads = blas.get_num_threads() if blas is not None else 1
     if threads <= 1 or all(x.size <= ONE_THREAD for x, _ in pairs) or not _agrees(threads):
@@ -40,6 +52,31 @@ def dots(*pairs: tuple[np.ndarray, np.ndarray]) -> list[np.float64]:
         return [_split_dot(x, y, threads) for x, y in pairs]
     finally:
         blas.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """A block in which BLAS runs on one thread and `dots` still gives `np.dot`'s bits at the
+    thread count BLAS had before (module docstring). It yields whether that holds; when it
+    does not (the split disagrees with this BLAS), nothing is changed and False is yielded:
+    the caller must then not compute sums of products from several threads."""
+    if _state.get("pinned") is not None:
+        yield True
+        return
+    blas = _openblas()
+    threads = blas.get_num_threads() if blas is not None else 1
+    if threads > 1 and not _agrees(threads):
+        yield False
+        return
+    if threads > 1:
+        blas.set_num_threads(1)
+    _state["pinned"] = threads
+    try:
+        yield True
+    finally:
+        _state["pinned"] = None
+        if threads > 1:
+            blas.set_num_threads(threads)
 
 
 def _split_dot(x: np.ndarray, y: np.ndarray, threads: int) -> np.float64:

@@ -627,13 +627,12 @@ def _ulp_integers(dtype: np.dtype):
 
 def _rms(values: np.ndarray) -> float:
     flat = values.reshape(-1)
-    return float(np.sqrt(np.dot(flat, flat) / flat.size)) if flat.size else 0.0
+    return float(np.sqrt(dots((flat, flat))[0] / flat.size)) if flat.size else 0.0
 
 
 def _snr_db(a: np.ndarray, r: np.ndarray) -> float:
     e = a - r
-    noise = float(np.dot(e, e))
-    signal = float(np.dot(r, r))
+    noise, signal = (float(total) for total in dots((e, e), (r, r)))
     if noise == 0.0:
         return float("inf")
     if signal == 0.0:
@@ -642,7 +641,8 @@ def _snr_db(a: np.ndarray, r: np.ndarray) -> float:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    norm = float(np.sqrt(np.dot(a, a) * np.dot(b, b)))
+    aa, bb, ab = dots((a, a), (b, b), (a, b))
+    norm = float(np.sqrt(aa * bb))
     if norm == 0.0:
         return 1.0 if not a.any() and not b.any() else 0.0
-    return float(np.dot(a, b) / norm)
+    return float(ab / norm)

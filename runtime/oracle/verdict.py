@@ -38,6 +38,8 @@ machine's error is the casts'). It changes the verdict only through `--max-drift
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,7 +49,8 @@ from onnx2bir.bir.dtypes import store_as
 from onnx2bir.bir.enums import Dtype
 from onnx2bir.errors import UserError
 from onnx2bir.graph import Graph
-from onnx2bir.runtime.oracle.blas_dot import dots
+from onnx2bir.runtime.oracle import ort
+from onnx2bir.runtime.oracle.blas_dot import dots, one_thread
 from onnx2bir.runtime.oracle.compare import OutputComparison, compare_output
 from onnx2bir.runtime.oracle.emulating import ACCUMULATION_SUFFIX, ALLOWANCE_SUFFIX, accumulates
 from onnx2bir.runtime.oracle.tolerance import (
@@ -354,16 +357,18 @@ def judge(
     wanted = list(dict.fromkeys([*graph.outputs, *probed, *allowances]))
     emulated = run_oracle({}, wanted)
     first = taints(graph, plan, set(probed))
-    resync = {
-        tensor
-        for tensor in probed
-        if same_nonfinite(evidence.probes[tensor], emulated[tensor])
-        and unverifiable_reason(
-            bound_for(policy, graph, tensor, emulated[tensor], first.get(tensor))[0],
-            emulated[tensor],
+
+    def fed_on(tensor: str) -> bool:
+        return (
+            same_nonfinite(evidence.probes[tensor], emulated[tensor])
+            and unverifiable_reason(
+                bound_for(policy, graph, tensor, emulated[tensor], first.get(tensor))[0],
+                emulated[tensor],
+            )
+            is None
         )
-        is None
-    }
+
+    resync = {tensor for tensor, fed in zip(probed, _each(fed_on, probed), strict=True) if fed}
     oracle = run_oracle({t: evidence.probes[t] for t in resync}, wanted) if resync else emulated
     emulated = {name: emulated[name] for name in graph.outputs}  # for drift; the rest is freed
     final = taints(graph, plan, resync)
@@ -372,7 +377,8 @@ def judge(
         readers.setdefault(point.input, []).append(point.node)
     checkpoints = []
     rank = {name: index for index, (name, _) in enumerate(graph.nodes())}
-    for tensor in sorted(probed, key=lambda t: rank.get(graph.producer(t), len(rank))):
+
+    def checked(tensor: str):
         tol, kind = bound_for(policy, graph, tensor, oracle[tensor], final.get(tensor))
         stored = evidence.stored.get(tensor, Dtype.FP32)
         allowance = _allowance(oracle, tensor)
@@ -390,6 +396,10 @@ def judge(
                 tol.source,
                 allowance,
             )
+        return tol, kind, stored, result
+
+    ordered = sorted(probed, key=lambda t: rank.get(graph.producer(t), len(rank)))
+    for tensor, (tol, kind, stored, result) in zip(ordered, _each(checked, ordered), strict=True):
         entry = _record(result)
         entry.update(_allowance_record(oracle, tensor))
         why = None if tensor in resync else unverifiable_reason(tol, oracle[tensor])
@@ -407,7 +417,7 @@ def judge(
             entry["passed"] = True  # not judged here: its error reaches a checked tensor
         checkpoints.append(entry)
     reach = _downstream_outputs(graph, [c["name"] for c in checkpoints if not c["passed"]])
-    rounded = _downstream_outputs(graph, _outputs_of(graph, {p.node for p in plan.points}))
+    rounded = _reached_outputs(graph, _outputs_of(graph, {p.node for p in plan.points}))
     outputs = []
     for name in graph.outputs:
         tol, kind = bound_for(policy, graph, name, oracle[name], final.get(name))
@@ -464,6 +474,28 @@ def judge(
     return outputs, checkpoints, summary
 
 
+def _each(function, items: list) -> list:
+    """[function(item) for item in items], two at a time where two cores are ours: each
+    comparison is numpy on its own arrays, which lets the other run (`blas_dot.one_thread`
+    keeps their sums of products the bits one thread at a time gives)."""
+    workers = min(len(items), _workers())
+    if workers < 2:
+        return [function(item) for item in items]
+    with one_thread() as parallel:
+        if not parallel:
+            return [function(item) for item in items]
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(function, items))
+
+
+def _workers() -> int:
+    """Threads for the comparisons: the cores this process may use, at most two, or the
+    share onnxruntime was given (`ort.share_cores`: processes that share the cores)."""
+    shared = ort._THREADS
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(2, shared if shared is not None else (cores or 1)))
+
+
 def _allowance(oracle: dict[str, np.ndarray], tensor: str) -> np.ndarray | None:
     """The allowance added to each element's bound: a kernel boundary's flips and a
     reduction's summation order, where the oracle computed them."""
@@ -512,6 +544,24 @@ def _downstream_outputs(graph: Graph, tensors: list[str]) -> dict[str, list[str]
                 found.setdefault(tensor, []).append(start)
             for node, _ in graph.consumers(tensor):
                 stack.extend(t for t in graph.node(node)["outputs"] if t)
+    return found
+
+
+def _reached_outputs(graph: Graph, tensors: list[str]) -> set[str]:
+    """The graph outputs computed from any tensor of `tensors`: the keys of
+    `_downstream_outputs`, in one walk whatever their number (every tensor of a 20,000-node
+    chain under --auto-cast all is rounded)."""
+    outputs, seen, stack = set(graph.outputs), set(), list(tensors)
+    found = set()
+    while stack:
+        tensor = stack.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        if tensor in outputs:
+            found.add(tensor)
+        for node, _ in graph.consumers(tensor):
+            stack.extend(t for t in graph.node(node)["outputs"] if t)
     return found
 
 

@@ -148,3 +148,28 @@ def test_order_statistics_by_buckets_are_those_of_a_sort(kind):
     }[kind]
     ranks = [0, 1, 24_999, 49_500, 49_999]
     assert compare._select(values, ranks) == [float(v) for v in np.sort(values)[ranks]]
+
+
+def test_comparisons_two_at_a_time_give_the_figures_of_one_at_a_time():
+    """The verdict compares its checkpoints in two threads (`verdict._each`) with BLAS held
+    on one thread (`blas_dot.one_thread`): every record is the one a lone comparison gives,
+    NaN and ±inf included (the general path's own sums of products)."""
+    from onnx2bir.runtime.oracle import blas_dot, verdict
+
+    rng = np.random.default_rng(11)
+    pairs = []
+    for size in (100, 30_000, 1_000_003):
+        r = rng.standard_normal(size).astype(np.float32)
+        a = (r + rng.standard_normal(size).astype(np.float32) * 1e-4).astype(np.float32)
+        pairs.append((a, r))
+        special = a.copy()
+        special[:3] = [np.nan, np.inf, -np.inf]
+        pairs.append((special, r))
+    alone = [compare_output("t", a, r).to_json() for a, r in pairs]
+    together = verdict._each(lambda pair: compare_output("t", *pair).to_json(), pairs)
+    for x, y in zip(alone, together, strict=True):
+        assert not _differences(x, y)
+    x, y = rng.standard_normal(1_000_003), rng.standard_normal(1_000_003)
+    with blas_dot.one_thread():
+        held = blas_dot.dots((x, y))[0]
+    assert held == np.dot(x, y)
