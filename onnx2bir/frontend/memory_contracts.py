@@ -109,9 +109,13 @@ class PeakEstimate:
 
 def initializer_bytes(model: str | os.PathLike | onnx.ModelProto) -> int:
     """The bytes of a model's initializers, read from its graph alone (external data is not
-    loaded): what onnxruntime loads of it."""
+    loaded): what onnxruntime loads of it. 0 for a file that cannot be read as a model: the
+    import then says why."""
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
+        try:
+            model = onnx.load(str(model), load_external_data=False)
+        except Exception:  # any unreadable file: the import's own error names the problem
+            return 0
     return sum(
         math.prod(int(d) for d in init.dims) * element_bytes(init.data_type)
         for init in model.graph.initializer
