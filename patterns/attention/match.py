@@ -36,7 +36,12 @@ from onnx2bir.bir.enums import Dtype
 from onnx2bir.graph import Graph
 from onnx2bir.patterns.attention.causal import causal_problem, looks_causal
 from onnx2bir.patterns.attention.layout import plan_layout
-from onnx2bir.patterns.attention.padding import PaddingSplit, describe_split, padding_split
+from onnx2bir.patterns.attention.padding import (
+    PaddingSplit,
+    describe_split,
+    padding_split,
+    rows_problem,
+)
 from onnx2bir.patterns.builder import PatternOps, expand
 from onnx2bir.patterns.matcher import find_matches, validity_problem
 from onnx2bir.patterns.queries import (
@@ -144,6 +149,7 @@ def check_block(
         if reason:
             return None, f"{graph.node(match[key])['op_type']} {match[key]!r}: {reason}"
         current = graph.node(match[key])["outputs"][0]
+    _settle_splits(graph, block)
     if "guard" in match:
         guard = graph.node(match["guard"])
         if scalar_const(graph, guard["inputs"][1]) != 0.0:
@@ -309,6 +315,28 @@ def _split(
         block.causal = block.causal or split.causal
         block.variant.append(describe_split(split))
     return split, why
+
+
+def _settle_splits(graph: Graph, block: AttentionBlock) -> None:
+    """Refuse, once every step is read, a split whose rows that keep no key the raise could not
+    give the model's answer for (`padding.rows_problem`: another masking step around it): the
+    mask is then read whole, and the block is causal only if another step is."""
+    refused = False
+    for index, split in list(block.splits.items()):
+        why = rows_problem(split, block.steps, index)
+        if why is None:
+            continue
+        del block.splits[index]
+        at = block.variant.index(describe_split(split))
+        block.variant[at] = f"no causal/padding split: {why}"
+        refused = True
+    if refused:
+        block.causal = any(s.causal for s in block.splits.values()) or any(
+            step["op"] in ("add", "masked_fill")
+            and index not in block.splits
+            and _is_causal_step(graph, step, block.extras[step["input"]], block)
+            for index, step in enumerate(block.steps)
+        )
 
 
 def _is_causal_step(graph: Graph, step: dict, tensor: str, block: AttentionBlock) -> bool:

@@ -62,7 +62,12 @@ from onnx2bir.patterns.attention.match import PATTERNS as PATTERNS
 from onnx2bir.patterns.attention.match import AttentionBlock, _is_causal_step, find_blocks
 from onnx2bir.patterns.attention.match import _is_causal_mask as _is_causal_mask
 from onnx2bir.patterns.attention.match import check_block as check_block
-from onnx2bir.patterns.attention.padding import build_padding, split_steps
+from onnx2bir.patterns.attention.padding import (
+    build_padding,
+    no_key_rows,
+    split_steps,
+    uniform_average,
+)
 from onnx2bir.patterns.findings import BlockFinding, Idiom
 from onnx2bir.patterns.passes import PassResult, Statistic
 
@@ -136,7 +141,7 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     output reshaped back (docs/attention_kernel.md#packaging). Identity Reshapes and
     Transposes cost nothing: the code generator drops them."""
     storage = storage_dtype(block, options)
-    block = split_padding(graph, block)
+    block, no_key = split_padding(graph, block)
     steps = list(block.steps)
     dropped: list[str] = []
     if target == CAUSAL_ATTENTION_WITHOUT_SWAP:
@@ -160,7 +165,7 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     # What the kernel no longer reads: the repeat of a grouped-query K or V, a causal mask
     # the kernel computes itself. Never computed.
     unread = [t for t in (block.q, block.kt, block.v, *block.extras) if t not in read]
-    operands = []
+    operands, laid_as = [], {}
     for operand, shape in laid:
         tensor = _reshape(graph, operand.source, shape, f"{anchor}/layout_{operand.role}")
         if operand.role in ("q", "kt", "v"):
@@ -171,6 +176,8 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
             tensor = _transpose(graph, tensor, perm, f"{anchor}/layout_{operand.role}")
             tensor = _cast(graph, tensor, storage, f"{anchor}/cast_{operand.role}")
         operands.append(tensor)
+        laid_as.setdefault(operand.source, (tensor, shape))
+        laid_as.setdefault(operand.role, (tensor, shape))
     output = block.output
     kernel_out = f"{output}@kernel"
     graph.tensors[kernel_out] = TensorInfo(kernel_out, layout.output_shape, storage)
@@ -192,6 +199,9 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     )
     graph.remove_dead_producers(unread)
     out_info = graph.tensors[output]
+    if no_key:
+        _fix_rows_without_keys(graph, block, no_key, laid_as, kernel_out, storage, options)
+        return
     if out_info.dtype is storage:
         _reshape(graph, kernel_out, out_info.shape, f"{anchor}/layout_out", into=output)
         return
@@ -201,13 +211,18 @@ def raise_block(graph: Graph, block: AttentionBlock, target: str, options: Compi
     )
 
 
-def split_padding(graph: Graph, block: AttentionBlock) -> AttentionBlock:
+def split_padding(
+    graph: Graph, block: AttentionBlock
+) -> tuple[AttentionBlock, list[tuple[str, str]]]:
     """The block with each causal-and-padding mask step split in two
     (docs/attention.md#padding-split): the padding step on a [B, 1, 1, Sk] operand built
     beside the mask, then the kernel's causal step. The mask is then read by no step, and the
-    raise drops it with the subgraph that computed it."""
+    raise drops it with the subgraph that computed it. Also, per split whose rows that keep no
+    key the model spreads over all keys, (the [..., Sq, 1] condition of those rows, the padding
+    operand it is laid out as)."""
     if not block.splits:
-        return block
+        return block, []
+    no_key = []
     steps, extras, spaces = [], list(block.extras), list(block.extra_spaces)
     for index, step in enumerate(block.steps):
         split = block.splits.get(index)
@@ -218,7 +233,70 @@ def split_padding(graph: Graph, block: AttentionBlock) -> AttentionBlock:
         extras.append(build_padding(graph, split, mask))
         spaces.append(block.extra_spaces[step["input"]])
         steps.extend(split_steps(split, step, len(extras) - 1))
-    return replace(block, steps=steps, extras=extras, extra_spaces=spaces, splits={})
+        if split.uniform_rows:
+            rows = no_key_rows(graph, split, mask, block.seq_q, block.seq_k)
+            no_key.append((rows, extras[-1]))
+    block = replace(block, steps=steps, extras=extras, extra_spaces=spaces, splits={})
+    return block, no_key
+
+
+def _fix_rows_without_keys(
+    graph: Graph,
+    block: AttentionBlock,
+    no_key: list[tuple[str, str]],
+    laid_as: dict[str, tuple[str, tuple[int, ...]]],
+    kernel_out: str,
+    storage: Dtype,
+    options: CompileOptions,
+) -> None:
+    """The block's output with the rows that keep no key replaced by the mean of V, the model's
+    answer there (docs/attention.md#padding-split): `Where(no key, mean of V, O)` in the
+    kernel's layout — the condition laid out as the padding operand is (its batch dims, then
+    [Sq, 1]), the mean of V as V is (a grouped V once per group) — in the output's dtype, then
+    viewed as the block's output. Every other row is the kernel's, untouched."""
+    anchor = block.match["pv"]
+    out_info = graph.tensors[block.output]
+    laid_shape = tuple(graph.tensors[kernel_out].shape)
+    result = kernel_out
+    if out_info.dtype is not storage:
+        result = f"{kernel_out}@{out_info.dtype}"
+        graph.tensors[result] = TensorInfo(result, laid_shape, out_info.dtype)
+        to = _onnx_type(out_info.dtype)
+        graph.add_node(f"{anchor}/cast_out", "Cast", [kernel_out], [result], {"to": to})
+    rank = len(laid_shape)
+    conditions = []
+    for index, (rows, padding) in enumerate(no_key):
+        # Laid out as the padding operand (its own shape when no step reads it).
+        lead = laid_as.get(padding, (rows, graph.tensors[rows].shape))[1][:-2]
+        shape = _fit_rank((*lead, block.seq_q, 1), rank)
+        conditions.append(_reshape(graph, rows, shape, f"{anchor}/no_key{index}"))
+    condition = conditions[0]
+    for index, other in enumerate(conditions[1:], 1):
+        shape = np.broadcast_shapes(graph.tensors[condition].shape, graph.tensors[other].shape)
+        either = f"{anchor}/no_key_or{index}"
+        graph.tensors[either] = TensorInfo(either, tuple(shape), Dtype.BOOL)
+        graph.add_node(either, "Or", [condition, other], [either])
+        condition = either
+    v = laid_as["v"][0]
+    round_storage = options.what_to_cast == "all"
+    name = f"{anchor}/no_key_mean"
+    mean = uniform_average(graph, v, block.seq_k, storage, out_info.dtype, round_storage, name)
+    mean = _reshape(graph, mean, _fit_rank(graph.tensors[mean].shape, rank), name)
+    fixed = f"{anchor}/no_key_fixed"
+    graph.tensors[fixed] = TensorInfo(fixed, laid_shape, out_info.dtype)
+    graph.add_node(f"{anchor}/no_key_where", "Where", [condition, mean, result], [fixed])
+    _reshape(graph, fixed, out_info.shape, f"{anchor}/layout_out", into=block.output)
+
+
+def _fit_rank(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """`shape` with leading unit dims dropped or added to `rank` dims: it broadcasts to a
+    tensor of that rank as before, and the result keeps that rank."""
+    shape = tuple(shape)
+    while len(shape) > rank and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) > rank:
+        raise AssertionError(f"{list(shape)} broadcasts beyond rank {rank}")
+    return (1,) * (rank - len(shape)) + shape
 
 
 def _reshape(
