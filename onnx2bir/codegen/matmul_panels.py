@@ -114,7 +114,7 @@ def emit_gemm_panels(
     copies, accumulators = fit
     b_stride = copy_stride(k_tiles * b.cols, dtype)
     whole_b = cg.sb_tile("b_whole", p, (b_copies - 1) * b_stride + k_tiles * b.cols, dtype)
-    b_base = weight_copy(cg, whole_b, b_copies, b_stride, k_tiles * b.cols) * b_stride
+    b_base = weight_copy(cg.arena, whole_b, b_copies, b_stride, k_tiles * b.cols) * b_stride
     flips = FlipTiles(cg, copies)
     panel_stride = copy_stride(k_tiles * p, dtype)
     panel = cg.sb_tile("panel", p, copies * panel_stride, dtype)

@@ -13,6 +13,7 @@ import numpy as np
 from onnx2bir.bir.enums import ActFunc, AluOp, Dtype
 from onnx2bir.bir.ir import AccessPattern, MemoryLocation
 from onnx2bir.bir.opcodes import MATMUL_MAX_MOVING_FREE, NUM_PARTITIONS, PSUM_BANK_BYTES
+from onnx2bir.codegen.arena import Arena
 from onnx2bir.codegen.casting import pe_operand_dtype
 from onnx2bir.codegen.driver import BirCodeGen
 from onnx2bir.codegen.tiling import Affine, Tile, copy_stride
@@ -171,7 +172,7 @@ def load_tile(
     return dst
 
 
-def weight_copy(cg: BirCodeGen, tile: MemoryLocation, copies: int, stride: int, size: int) -> int:
+def weight_copy(arena: Arena, tile: MemoryLocation, copies: int, stride: int, size: int) -> int:
     """Which of `copies` weight copies in `tile` (`stride` elements apart, `size` elements
     each) a node loads: the one that overlaps least the bytes of the weights the last node
     that loaded some holds (`Arena.last_weights`), the first on a tie; those bytes then
@@ -184,13 +185,13 @@ def weight_copy(cg: BirCodeGen, tile: MemoryLocation, copies: int, stride: int, 
         return start, start + size * itemsize
 
     def overlap(copy: int) -> int:
-        if cg.arena.last_weights is None:
+        if arena.last_weights is None:
             return 0
-        (start, end), (last_start, last_end) = span(copy), cg.arena.last_weights
+        (start, end), (last_start, last_end) = span(copy), arena.last_weights
         return max(0, min(end, last_end) - max(start, last_start))
 
     chosen = min(range(copies), key=overlap)
-    cg.arena.loaded_weights(*span(chosen))
+    arena.loaded_weights(*span(chosen))
     return chosen
 
 
