@@ -70,11 +70,11 @@ def available_memory_bytes() -> int | None:
     (/proc/meminfo's MemAvailable), else the host's physical memory."""
     try:
         with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+            lines = [line.split() for line in info if line.startswith("MemAvailable:")]
+    except OSError:  # no /proc (not Linux)
+        lines = []
+    if lines and len(lines[0]) >= 2 and lines[0][1].isdigit():
+        return int(lines[0][1]) * 1024
     return host_memory_bytes()
 
 
