@@ -89,7 +89,9 @@ class ValidationRunOptions:
     `check_races` runs the race detector (a race fails); `reference` (an .npz, a
     test_data_set folder or arrays) is what drift is measured against instead of plain fp32
     onnxruntime, and `max_drift` ("cosine=0.999,snr=30,r=1.2", a list of such, or
-    {"cosine": 0.999}) makes drift a gate; `segments` cuts the model into that many pieces,
+    {"cosine": 0.999}) makes drift a gate; `segments` cuts the model into that many pieces
+    (`segment_memory`, bytes: into as many as it takes for each to fit that;
+    docs/validation.md#segment-memory),
     `jobs` processes at a time or as Ray tasks (`use_ray`, `ray_address`;
     docs/validation.md#segments); `memory_limit` (bytes) refuses a run whose estimated peak
     exceeds it, before any work (default: the memory available; docs/input_contracts.md#memory).
@@ -103,6 +105,7 @@ class ValidationRunOptions:
     reference: str | os.PathLike | Mapping[str, np.ndarray] | None = None
     max_drift: str | list[str] | Mapping[str, float] | None = None
     segments: int | None = None
+    segment_memory: int | None = None
     jobs: int | None = None
     use_ray: bool = False
     ray_address: str | None = None

@@ -153,12 +153,14 @@ def validate(
         arrays = _without_pinned(arrays, values)
         for name, shape in _symbolic_shapes(model, arrays).items():
             shapes.setdefault(name, shape)
-    if run_opts.segments is not None:
+    if run_opts.segments is not None or run_opts.segment_memory is not None:
         return _validate_segmented(
             model,
             opts,
             policy,
             run_opts.segments,
+            segment_memory=run_opts.segment_memory,
+            memory_limit=run_opts.memory_limit,
             input_shapes=shapes,
             dims=dict(input_opts.dims or {}),
             input_values=values,

@@ -11,7 +11,7 @@ hands the API:
 - `ToleranceArgs`: --atol, --rtol, --tolerance, --op-tolerance, --tolerance-file (a
   `ToleranceOptions`);
 - `ValidationRunArgs`: --reference, --max-drift, --localize, --localize-budget, --segments,
-  --jobs, --ray, --memory-limit, --check-races, --schedule, --no-progress (a
+  --segment-memory, --jobs, --ray, --memory-limit, --check-races, --schedule, --no-progress (a
   `ValidationRunOptions`);
 - `ValidationOutputArgs`: --save-inputs, --save-outputs and validate's --html (the files
   written).
@@ -461,14 +461,23 @@ class ValidationRunArgs:
         ]
 
     def add_segment_arguments(self, parser: argparse.ArgumentParser) -> list[argparse.Action]:
-        """--segments, --jobs, --ray, --memory-limit."""
+        """--segments, --segment-memory, --jobs, --ray, --memory-limit."""
         flags = self.SEGMENTS.of(parser)
         return [
             flags.add_argument(
                 "--segments",
                 type=flag_values.segment_count,
                 metavar="N",
-                help="validate in N segments; each one's error and wall time are reported",
+                help="validate in N segments; each one's error, wall time and peak memory are "
+                "reported",
+            ),
+            flags.add_argument(
+                "--segment-memory",
+                type=flag_values.byte_size,
+                metavar="SIZE",
+                help="validate in as many segments as it takes for each to need at most SIZE "
+                "(e.g. 6GiB) by the plan, and refuse a segment whose own estimate exceeds it "
+                "(with --segments N: at least N)",
             ),
             flags.add_argument(
                 "--jobs",

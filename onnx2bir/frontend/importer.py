@@ -53,8 +53,13 @@ from onnx2bir.frontend.view_chains import collapse_view_chains
 from onnx2bir.graph import Graph, TensorInfo
 
 
-def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
-    """Read a model (and its external data, which must live inside the model's folder)."""
+def read_model(source: str | Path | onnx.ModelProto, weights: bool = True) -> onnx.ModelProto:
+    """Read a model (and its external data, which must live inside the model's folder).
+
+    With `weights=False` the external data is checked but its large tensors are not read:
+    each keeps its reference, the location made absolute, so that `external_array` maps it
+    and `load_external_weights` reads it wherever a piece of the model travels (the skeleton
+    `validate --segments` plans with, docs/validation.md#segments)."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
@@ -81,7 +86,7 @@ def read_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     if model.ir_version == 0 or not model.HasField("graph"):
         raise UserError(f"{path}: not an ONNX model (no IR version or no graph)")
     contracts.check_text(model, str(path))
-    _load_external_data(model, path.parent, path)
+    _load_external_data(model, path.parent, path, weights)
     return model
 
 
@@ -101,7 +106,12 @@ def split_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             kept.append(init)
             continue
         try:
-            weights[init.name] = numpy_helper.to_array(init)
+            if external_data_helper.uses_external_data(init):  # a skeleton's: read_model
+                weights[init.name] = external_array(init)
+            else:
+                weights[init.name] = numpy_helper.to_array(init)
+        except UserError:
+            raise
         except Exception as exc:
             raise UserError(f"initializer {init.name!r} cannot be read: {exc}") from exc
         if init.name not in listed:
@@ -148,9 +158,10 @@ def _without_shapeless_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
-    """Read and check a model; external data must live inside the model's folder."""
-    model = read_model(source)
+def load_model(source: str | Path | onnx.ModelProto, weights: bool = True) -> onnx.ModelProto:
+    """Read and check a model; external data must live inside the model's folder
+    (`weights`: as in `read_model`)."""
+    model = read_model(source, weights)
     skeleton = onnx.ModelProto()
     skeleton.CopyFrom(model)
     split_weights(skeleton)
@@ -194,8 +205,9 @@ def _inference_message(exc: Exception) -> str:
     return text.replace("[ShapeInferenceError] Inference error(s): ", "")
 
 
-def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> None:
+def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path, weights: bool) -> None:
     root = base_dir.resolve()
+    referenced = []
     for tensor in external_data_helper._get_all_tensors(model):
         if not external_data_helper.uses_external_data(tensor):
             continue
@@ -212,10 +224,79 @@ def _load_external_data(model: onnx.ModelProto, base_dir: Path, path: Path) -> N
                 f"{path}: external data file {info.location!r} of tensor {tensor.name!r} is missing"
             )
         contracts.check_external_data(tensor, target, path)
+        referenced.append((tensor, target))
+    if not weights:
+        initializers = model.graph.initializer
+        large = {init.name for init in initializers if _elements(init) >= WEIGHT_ELEMENTS}
+        for tensor, target in referenced:
+            _set_location(tensor, str(target))
+            if tensor.name not in large:  # small ones are read now: shapes and constants
+                _read_external(tensor)
+        return
     try:
         external_data_helper.load_external_data_for_model(model, str(base_dir))
     except Exception as exc:
         raise UserError(f"{path}: could not read external data ({exc})") from exc
+
+
+def _elements(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims, dtype=np.int64))
+
+
+def _set_location(tensor: onnx.TensorProto, location: str) -> None:
+    for entry in tensor.external_data:
+        if entry.key == "location":
+            entry.value = location
+
+
+def _external_span(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:
+    info = external_data_helper.ExternalDataInfo(tensor)
+    length = info.length if info.length else None
+    return info.location, int(info.offset or 0), length
+
+
+def _read_external(tensor: onnx.TensorProto) -> None:
+    """Read one tensor's external bytes (its location absolute, as `read_model(...,
+    weights=False)` leaves it) into the tensor itself."""
+    location, offset, length = _external_span(tensor)
+    try:
+        with open(location, "rb") as data:
+            data.seek(offset)
+            raw = data.read(-1 if length is None else length)
+    except OSError as exc:
+        raise UserError(f"tensor {tensor.name!r}: cannot read its external data ({exc})") from exc
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = raw
+
+
+def load_external_weights(model: onnx.ModelProto) -> int:
+    """Read the external data of every initializer of `model` that still refers to it (a
+    skeleton's piece: only its own weights); returns the bytes read."""
+    read = 0
+    for tensor in model.graph.initializer:
+        if external_data_helper.uses_external_data(tensor):
+            _read_external(tensor)
+            read += len(tensor.raw_data)
+    return read
+
+
+def external_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """A read-only array of an initializer still in its external-data file: memory-mapped
+    when its elements are whole bytes (float32, bfloat16, int8, ...), else read (int4)."""
+    location, offset, length = _external_span(tensor)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    shape = tuple(int(d) for d in tensor.dims)
+    if length is None or length == _elements(tensor) * dtype.itemsize:
+        try:
+            return np.memmap(location, dtype=dtype, mode="r", offset=offset, shape=shape)
+        except (OSError, ValueError) as exc:
+            message = f"tensor {tensor.name!r}: cannot map its external data ({exc})"
+            raise UserError(message) from exc
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    _read_external(copy)
+    return numpy_helper.to_array(copy)
 
 
 @dataclass

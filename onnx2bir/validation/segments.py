@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import resource
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -39,7 +40,7 @@ import onnx
 from onnx2bir.errors import MachineError, UserError
 from onnx2bir.options import CompileOptions
 from onnx2bir.runtime.oracle.tolerance import TolerancePolicy
-from onnx2bir.validation.subgraph import Cutter, all_values
+from onnx2bir.validation.subgraph import Cut, Cutter
 
 # What one weight element costs a segment's validation, in multiply-accumulates: the weight is
 # cast, stored and sent to the segment's process, and the oracle rounds it once (a dozen
@@ -131,29 +132,152 @@ def choose_cuts(costs: list[int], crossing: list[int], segments: int) -> list[in
     return cuts
 
 
+# --- how much memory a segment needs -------------------------------------------------------
+# A segment's validate holds its weights about 2.5 times (the arrays, the machine's narrowed
+# copies, the oracle's roundings) and each tensor it computes about 5 times (the machine's
+# values, plain onnxruntime's, the emulating oracle's, its resynchronised run's, the
+# probes'): the parts of `memory_contracts.PeakEstimate` with the machine's copies at half
+# the weights and every intermediate probed. On top, the process itself: Python, numpy,
+# onnx and onnxruntime loaded (docs/validation.md#segment-memory).
+PLANNED_WEIGHT_COPIES = 2.5
+PLANNED_TENSOR_COPIES = 5
+PROCESS_BYTES = 600 << 20
+
+
+def node_bytes(model: onnx.ModelProto, sizes: dict[str, int]):
+    """(weights, written): for each node, the bytes of the initializers it reads (by name, so
+    that a segment counts a weight once) and the bytes of the tensors it writes. `sizes`:
+    every tensor's bytes, as the import found them."""
+    from onnx2bir.frontend.memory_contracts import element_bytes
+
+    stored = {
+        init.name: int(np.prod(init.dims, dtype=np.int64)) * element_bytes(init.data_type)
+        for init in model.graph.initializer
+    }
+    weights, written = [], []
+    for node in model.graph.node:
+        weights.append({t: stored[t] for t in node.input if t in stored})
+        written.append(sum(sizes.get(t, 0) for t in node.output if t))
+    return weights, written
+
+
+def planned_peak(weights: list[dict[str, int]], written: list[int], first: int, last: int) -> int:
+    """The planned peak of validating nodes first..last on their own (the factors above)."""
+    held = {}
+    for reads in weights[first : last + 1]:
+        held.update(reads)
+    made = sum(written[first : last + 1])
+    return int(
+        PROCESS_BYTES + PLANNED_WEIGHT_COPIES * sum(held.values()) + PLANNED_TENSOR_COPIES * made
+    )
+
+
+def plan_for_memory(
+    model: onnx.ModelProto,
+    sizes: dict[str, int],
+    crossing: list[int],
+    limit: int,
+    at_least: int = 2,
+) -> list[int]:
+    """The fewest cuts (at least `at_least` segments) whose every segment's planned peak is
+    within `limit` bytes: cuts balance the planned bytes as `choose_cuts` balances work."""
+    weights, written = node_bytes(model, sizes)
+    n = len(weights)
+    costs = [
+        max(1, int(PLANNED_WEIGHT_COPIES * sum(w.values()) + PLANNED_TENSOR_COPIES * m))
+        for w, m in zip(weights, written, strict=True)
+    ]
+    heaviest = max(range(n), key=lambda i: planned_peak(weights, written, i, i))
+    if planned_peak(weights, written, heaviest, heaviest) > limit:
+        node = model.graph.node[heaviest]
+        raise UserError(
+            f"--segment-memory {_gib(limit)}: node {node.name or heaviest} ({node.op_type}) "
+            f"alone is planned to need {_gib(planned_peak(weights, written, heaviest, heaviest))}"
+            " (docs/validation.md#segment-memory); give more"
+        )
+    whole = planned_peak(weights, written, 0, n - 1) - PROCESS_BYTES
+    count = max(at_least, 2, -(-whole // max(1, limit - PROCESS_BYTES)))
+    while count <= n:
+        cuts = choose_cuts(costs, crossing, count)
+        bounds = list(zip([0, *cuts], [c - 1 for c in cuts] + [n - 1], strict=True))
+        if all(planned_peak(weights, written, a, b) <= limit for a, b in bounds):
+            return cuts
+        count += 1
+    return list(range(1, n))  # one node a segment (each fits: checked above)
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.3g} GiB"
+
+
 # --- one segment ---------------------------------------------------------------------------
 @dataclasses.dataclass
+class SegmentPlan:
+    """What every worker of one run shares: the model (without its large external weights,
+    which stay references to the external-data file: `importer.read_model(weights=False)`),
+    the graph inputs' values, and each segment's first and last node."""
+
+    skeleton: bytes
+    feeds: dict[str, np.ndarray]
+    bounds: list[tuple[int, int]]
+
+    def cut(self, index: int, values: dict[str, np.ndarray]) -> Cut:
+        """Segment `index` as a model of its own, its weights still references; `values`:
+        onnxruntime's values of the tensors it reads from earlier segments."""
+        cutter = Cutter(onnx.load_from_string(self.skeleton), self.feeds, values)
+        return cutter.segment(*self.bounds[index])
+
+
+def _merged(earlier: tuple[dict, ...]) -> dict[str, np.ndarray]:
+    values: dict[str, np.ndarray] = {}
+    for found in earlier:
+        values.update(found)
+    return values
+
+
+def segment_values(plan: SegmentPlan, index: int, *earlier: dict) -> dict[str, np.ndarray]:
+    """onnxruntime's values of every tensor segment `index` makes that a later segment or the
+    graph reads, run on the segment alone (its own weights read from the external data) from
+    the values of the earlier segments it reads (`earlier`, one dict each)."""
+    from onnx2bir.frontend.importer import load_external_weights
+    from onnx2bir.runtime.oracle.ort import run_onnxruntime
+
+    cut = plan.cut(index, _merged(earlier))
+    load_external_weights(cut.model)
+    return run_onnxruntime(cut.model, cut.feeds)
+
+
+@dataclasses.dataclass
 class SegmentTask:
-    """What a worker needs to validate one segment (picklable: the model as bytes)."""
+    """What a worker needs to validate one segment (picklable). `model` and `feeds`: the
+    segment already cut (its large weights may still be external references); else the
+    worker cuts it from the plan it is given."""
 
     index: int
-    model: bytes
-    feeds: dict[str, np.ndarray]
+    model: bytes | None
+    feeds: dict[str, np.ndarray] | None
     options: CompileOptions
     policy: TolerancePolicy
     schedule: str
     check_races: bool
     threads: int | None = None  # onnxruntime's threads in the worker (None: its default)
+    memory_limit: int | None = None  # --segment-memory: the segment's own estimate must fit
+    frozen: list[str] = dataclasses.field(default_factory=list)  # of `model`: cut tensors
 
 
-def validate_segment(task: SegmentTask) -> dict:
-    """Validate one segment; never raises for the model's own failures: {"index", "document"
-    (the validate document, or None), "error" ({"kind", "message"} or None), "outputs" (the
-    machine's), "wall_seconds"}."""
+def validate_segment(task: SegmentTask, plan: SegmentPlan | None = None, *earlier: dict) -> dict:
+    """Validate one segment (`task.model`, or cut from `plan` with the values of the earlier
+    segments it reads and its own, `earlier`); never raises for the model's own failures:
+    {"index", "document" (the validate document, or None), "error" ({"kind", "message"} or
+    None), "outputs" (the machine's), "cut" (its inputs, outputs and frozen tensors),
+    "weight_bytes" (read from the external data), "wall_seconds", "peak_bytes" (the worker's
+    resident peak)}."""
+    from onnx2bir.frontend.importer import load_external_weights
     from onnx2bir.runtime.machine.blas import blas_threads
     from onnx2bir.runtime.oracle.ort import share_cores
     from onnx2bir.validation.run import run_validate
 
+    _reset_peak()
     limits = contextlib.nullcontext()
     if task.threads is not None:
         # Workers share the cores: idle BLAS and onnxruntime threads that spin while they wait
@@ -161,18 +285,30 @@ def validate_segment(task: SegmentTask) -> dict:
         share_cores(task.threads)
         limits = blas_threads(task.threads)
     start = time.perf_counter()
-    document, outputs, error = None, {}, None
+    document, outputs, error, shape, read = None, {}, None, {}, 0
     try:
+        if task.model is not None:
+            model, feeds, frozen = onnx.load_from_string(task.model), task.feeds, task.frozen
+        else:
+            cut = plan.cut(task.index, _merged(earlier))
+            model, feeds, frozen = cut.model, cut.feeds, cut.frozen
+        shape = {
+            "inputs": [i.name for i in model.graph.input],
+            "outputs_cut": [o.name for o in model.graph.output],
+            "frozen": frozen,
+        }
+        read = load_external_weights(model)
         with limits:
             document, _, outputs = run_validate(
-                onnx.load_from_string(task.model),
-                task.options,
-                task.policy,
-                input_shapes={name: tuple(v.shape) for name, v in task.feeds.items()},
-                inputs=task.feeds,
+                model,
+                _segment_options(task.options, model),
+                _segment_policy(task.policy, model),
+                input_shapes={name: tuple(v.shape) for name, v in feeds.items()},
+                inputs=feeds,
                 inputs_label="onnxruntime's values at the cut",
                 schedule=task.schedule,
                 check_races=task.check_races,
+                memory_limit=task.memory_limit,
             )
     except (UserError, MachineError) as exc:
         error = {"kind": str(exc.kind), "message": str(exc)}
@@ -183,8 +319,29 @@ def validate_segment(task: SegmentTask) -> dict:
         "document": document,
         "error": error,
         "outputs": outputs,
+        "cut": shape,
+        "weight_bytes": read,
         "wall_seconds": time.perf_counter() - start,
+        "peak_bytes": _peak_bytes(),
     }
+
+
+def _reset_peak() -> None:
+    """Start the process's resident peak afresh (Linux: /proc/self/clear_refs), so that a
+    worker that ran another segment before reports this one's."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+
+
+def _peak_bytes() -> int | None:
+    """The process's resident peak since `_reset_peak` (VmHWM), else its lifetime peak."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _segment_policy(policy: TolerancePolicy, model: onnx.ModelProto) -> TolerancePolicy:
@@ -209,49 +366,84 @@ def _segment_options(options: CompileOptions, model: onnx.ModelProto) -> Compile
 
 
 # --- the whole -----------------------------------------------------------------------------
-# The tasks of the running `_run_processes`: forked workers inherit them, so a task travels to
-# its worker as an index rather than as a pickle of its model and arrays.
-_FORKED_TASKS: list[SegmentTask] = []
+def earlier_segments(cutter: Cutter, bounds: list[tuple[int, int]]) -> list[list[int]]:
+    """For each segment, the earlier segments that make a tensor it reads."""
+    made_in = {}
+    for index, (first, last) in enumerate(bounds):
+        for node in cutter.nodes[first : last + 1]:
+            made_in.update({t: index for t in node.output if t})
+    found = []
+    for index, (first, last) in enumerate(bounds):
+        reads = {t for r in cutter.reads[first : last + 1] for t in r}
+        found.append(sorted({made_in[t] for t in reads if made_in.get(t, index) < index}))
+    return found
 
 
-def _validate_inherited(index: int) -> dict:
-    return validate_segment(_FORKED_TASKS[index])
+def _chain_values(plan: SegmentPlan, needs: list[list[int]], progress) -> list[dict]:
+    """Each segment's values, one segment after another in this process."""
+    made: list[dict] = []
+    for index in range(len(plan.bounds)):
+        made.append(segment_values(plan, index, *(made[j] for j in needs[index])))
+        progress(f"onnxruntime: segment {index + 1}/{len(plan.bounds)} run")
+    return made
 
 
 def _run_processes(tasks: list[SegmentTask], jobs: int, done) -> None:
-    # Forked: the worker starts with onnx2bir imported and the tasks in memory.
+    # Forked: the worker starts with onnx2bir imported; a task carries its own segment only.
     context = multiprocessing.get_context("fork")
-    _FORKED_TASKS[:] = tasks
-    try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
-            for result in pool.map(_validate_inherited, range(len(tasks))):
-                done(result)
-    finally:
-        _FORKED_TASKS.clear()
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
+        for result in pool.map(validate_segment, tasks):
+            done(result)
 
 
-def _run_ray(tasks: list[SegmentTask], address: str | None, done) -> None:
+def _run_ray(
+    plan: SegmentPlan, tasks: list[SegmentTask], needs, address, jobs, memory, done, progress
+):
+    """The values and then the validations as Ray tasks: a segment's values travel from the
+    task that made them to the tasks that read them through Ray's object store."""
     from onnx2bir.ray_cluster import connect
 
     ray = connect(address)
-    remote = ray.remote(validate_segment)
-    refs = [remote.options(num_cpus=1, max_retries=0).remote(task) for task in tasks]
-    for task, ref in zip(tasks, refs, strict=True):
+    resources = {"num_cpus": 1, "max_retries": 0}
+    if memory:
+        resources["memory"] = memory  # Ray places a task only where this much is free
+    shared = ray.put(plan)
+    make_values = ray.remote(segment_values)
+    values = []
+    for index in range(len(plan.bounds)):
+        earlier = [values[j] for j in needs[index]]
+        values.append(make_values.options(**resources).remote(shared, index, *earlier))
+    validate = ray.remote(validate_segment)
+    pending, waiting = {}, list(range(len(tasks)))
+    while waiting or pending:
+        while waiting and (not jobs or len(pending) < jobs):
+            index = waiting.pop(0)
+            earlier = [values[j] for j in [*needs[index], index]]  # its own type its outputs
+            call = validate.options(**resources).remote(tasks[index], shared, *earlier)
+            pending[call] = index
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        index = pending.pop(ready[0])
         try:
-            done(ray.get(ref))
-        except Exception as exc:  # the task's worker died
-            error = {"kind": "internal", "message": f"Ray task failed: {type(exc).__name__}"}
-            done({"index": task.index, "document": None, "error": error, "outputs": {}})
+            done(ray.get(ready[0]))
+        except Exception as exc:  # the task's worker died, or the values before it failed
+            message = f"Ray task failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            done({"index": index, "document": None, "error": _internal(message), "outputs": {}})
+
+
+def _internal(message: str) -> dict:
+    return {"kind": "internal", "message": message}
 
 
 def validate_segments(
     model: onnx.ModelProto,
     feeds: dict[str, np.ndarray],
-    shapes: dict[str, tuple[int, ...]],
+    graph,
     options: CompileOptions,
     policy: TolerancePolicy,
-    segments: int,
+    segments: int | None,
     *,
+    segment_memory: int | None = None,
+    memory_limit: int | None = None,
     jobs: int | None = None,
     ray_address: str | None = None,
     use_ray: bool = False,
@@ -259,53 +451,66 @@ def validate_segments(
     check_races: bool = False,
     progress=lambda line: None,
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """(the segmented document, the machine's values of the graph outputs). `shapes`: every
-    tensor's shape, as the import found them."""
-    if segments < 2:
-        raise UserError(f"--segments {segments}: must be at least 2")
+    """(the segmented document, the machine's values of the graph outputs). `model`: as
+    `read_model(weights=False)` reads it; `graph`: its import (`onnx2bir.graph.Graph`), for
+    each tensor's shape and type; `segment_memory`: plan the count so that each segment's
+    planned peak fits (with `segments`, at least that many), and refuse a segment whose own
+    estimate exceeds it; else `memory_limit` (or the memory available) is each segment's."""
     nodes = len(model.graph.node)
-    if segments > nodes:
+    if segments is not None and segments < 2:
+        raise UserError(f"--segments {segments}: must be at least 2")
+    if segments is not None and segments > nodes:
         raise UserError(f"--segments {segments}: the model has only {nodes} nodes")
-    cutter = Cutter(model, feeds, None)
+    cutter = Cutter(model, feeds, {})
+    shapes = {name: tuple(info.shape) for name, info in graph.tensors.items()}
+    sizes = {
+        name: int(np.prod(info.shape, dtype=np.int64)) * np.dtype(info.dtype.numpy).itemsize
+        for name, info in graph.tensors.items()
+    }
     costs = node_costs(model, shapes)
-    cuts = choose_cuts(costs, crossings(cutter), segments)
+    crossing = crossings(cutter)
+    if segment_memory is not None:
+        cuts = plan_for_memory(model, sizes, crossing, segment_memory, segments or 2)
+    else:
+        cuts = choose_cuts(costs, crossing, segments)
     bounds = list(zip([0, *cuts], [c - 1 for c in cuts] + [nodes - 1], strict=True))
-    # onnxruntime's values of what crosses a cut: each segment's inputs and outputs.
-    start = time.perf_counter()
-    cutter.values = all_values(model, feeds, crossing_tensors(cutter, cuts))
-    ort_seconds = time.perf_counter() - start
+    plan = SegmentPlan(model.SerializeToString(), feeds, bounds)
+    needs = earlier_segments(cutter, bounds)
     cores = os.cpu_count() or 1
-    workers = min(jobs or cores, segments)
+    workers = min(jobs or cores, len(bounds))
     threads = 1 if use_ray else max(1, cores // workers)  # a Ray task asks for one CPU
-    tasks, pieces = [], []
-    for index, (first, last) in enumerate(bounds):
-        cut = cutter.segment(first, last)
-        tasks.append(
-            SegmentTask(
-                index,
-                cut.model.SerializeToString(),
-                cut.feeds,
-                _segment_options(options, cut.model),
-                _segment_policy(policy, cut.model),
-                schedule,
-                check_races,
-                threads,
-            )
+    tasks = [
+        SegmentTask(
+            index, None, None, options, policy, schedule, check_races, threads, segment_memory
         )
-        pieces.append(
-            {
-                "index": index + 1,
-                "first_node": first,
-                "last_node": last,
-                "nodes": last - first + 1,
-                "first_name": cutter.nodes[first].name,
-                "last_name": cutter.nodes[last].name,
-                "work_share": round(sum(costs[first : last + 1]) / sum(costs), 4),
-                "inputs": [i.name for i in cut.model.graph.input],
-                "outputs_cut": [o.name for o in cut.model.graph.output],
-                "frozen": cut.frozen,
-            }
-        )
+        for index in range(len(bounds))
+    ]
+    start = time.perf_counter()
+    if not use_ray:
+        # onnxruntime's values of what crosses a cut, segment after segment, each reading only
+        # its own weights; then each segment is cut here and sent to its worker alone.
+        made = _chain_values(plan, needs, progress)
+        for index, task in enumerate(tasks):
+            # its own values too: they type its outputs
+            cut = plan.cut(index, _merged(tuple(made[j] for j in [*needs[index], index])))
+            task.model, task.feeds = cut.model.SerializeToString(), cut.feeds
+            task.frozen = cut.frozen
+        del made
+    ort_seconds = time.perf_counter() - start
+    weights, written = node_bytes(model, sizes)
+    pieces = [
+        {
+            "index": index + 1,
+            "first_node": first,
+            "last_node": last,
+            "nodes": last - first + 1,
+            "first_name": cutter.nodes[first].name,
+            "last_name": cutter.nodes[last].name,
+            "work_share": round(sum(costs[first : last + 1]) / sum(costs), 4),
+            "planned_peak_bytes": planned_peak(weights, written, first, last),
+        }
+        for index, (first, last) in enumerate(bounds)
+    ]
     results: dict[int, dict] = {}
 
     def done(result: dict) -> None:
@@ -314,14 +519,16 @@ def validate_segments(
         verdict = "error" if result["error"] else "ok"
         if result["document"] is not None and not result["document"]["passed"]:
             verdict = "FAIL"
+        peak = result.get("peak_bytes")
         progress(
             f"segment {piece['index']}/{len(pieces)} (nodes {piece['first_node']}-"
             f"{piece['last_node']}): {verdict} in {result.get('wall_seconds', 0):.1f} s"
+            + (f", peak {_gib(peak)}" if peak else "")
         )
 
     start = time.perf_counter()
     if use_ray:
-        _run_ray(tasks, ray_address, done)
+        _run_ray(plan, tasks, needs, ray_address, jobs, segment_memory, done, progress)
     else:
         _run_processes(tasks, workers, done)
     wall = time.perf_counter() - start
@@ -330,10 +537,16 @@ def validate_segments(
     for piece in pieces:
         result = results[piece["index"] - 1]
         doc, error = result["document"], result["error"]
+        cut = result.get("cut") or {}
         piece.update(
+            inputs=cut.get("inputs", []),
+            outputs_cut=cut.get("outputs_cut", []),
+            frozen=cut.get("frozen", []),
             passed=bool(doc and doc["passed"]),
             error=error,
             wall_seconds=round(result.get("wall_seconds", 0.0), 3),
+            peak_bytes=result.get("peak_bytes"),
+            weight_bytes=result.get("weight_bytes"),
             outputs=doc["outputs"] if doc else [],
             checkpoints=doc["checkpoints"] if doc else [],
             timings=doc["timings"] if doc else {},
@@ -351,11 +564,13 @@ def validate_segments(
         "segments": pieces,
         "segmenting": {
             "requested": segments,
+            "segment_memory": segment_memory,
             "runner": "ray" if use_ray else "processes",
-            "workers": None if use_ray else workers,
+            "workers": jobs if use_ray else workers,
             "work": "multiply-accumulates of MatMul/Gemm/Conv/ConvTranspose, elements "
             "written by other nodes",
-            "onnxruntime_seconds": round(ort_seconds, 3),
+            # with Ray, the values are made in the cluster's tasks, not timed here
+            "onnxruntime_seconds": None if use_ray else round(ort_seconds, 3),
             "segments_wall_seconds": round(wall, 3),
         },
         "internal_errors": [
@@ -371,7 +586,7 @@ def run_segmented(
     source,
     options: CompileOptions,
     policy: TolerancePolicy,
-    segments: int,
+    segments: int | None,
     *,
     input_shapes=None,
     dims=None,
@@ -389,7 +604,9 @@ def run_segmented(
     from onnx2bir.runtime.oracle import ort as oracle
     from onnx2bir.validation.inputs import check_policy_names, describe_inputs, model_feeds
 
-    model = load_model(source)
+    # The model without its large external weights: the import below maps them from the file
+    # (it needs their shapes, and reads few values); each segment reads its own.
+    model = load_model(source, weights=False)
     # Fixed inputs become constants of the model itself: every segment and its onnxruntime
     # session see them so.
     pin_input_values(model, input_values or {}, runtime_inputs(model), input_shapes)
@@ -398,8 +615,7 @@ def run_segmented(
     check_exclusions(graph, options.auto_cast_exclude)
     feeds, sources = model_feeds(graph, inputs, inputs_label, seed)
     start = time.perf_counter()
-    shapes = {name: tuple(info.shape) for name, info in graph.tensors.items()}
-    document, outputs = validate_segments(model, feeds, shapes, options, policy, segments, **how)
+    document, outputs = validate_segments(model, feeds, graph, options, policy, segments, **how)
     document = {
         "model": source if isinstance(source, str) else "<ModelProto>",
         **document,

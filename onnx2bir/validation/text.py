@@ -257,7 +257,7 @@ def format_segments_text(doc: dict) -> str:
     lines.append(f"  autocast: {doc['autocast']}; schedule: {doc['schedule']}")
     lines.append(
         f"  {'segment':<8}{'nodes':<16}{'work':>6}  {'in':>3} {'out':>4}  {'verdict':<9}"
-        f"{'worst |m - o| (tensor)':<42}{'wall':>7}"
+        f"{'worst |m - o| (tensor)':<42}{'wall':>7}{'peak':>10}"
     )
     for piece in pieces:
         lines.append(_segment_line(piece))
@@ -273,8 +273,13 @@ def format_segments_text(doc: dict) -> str:
         lines += ["", *block]
     lines += [
         "",
-        f"  timings: onnxruntime (every tensor, once) {how['onnxruntime_seconds']:.3f}s, "
-        f"segments {how['segments_wall_seconds']:.3f}s, total {doc['timings']['total']:.3f}s",
+        "  timings: onnxruntime (the cut tensors, segment by segment) "
+        + (
+            "in the Ray tasks, "
+            if how["onnxruntime_seconds"] is None
+            else f"{how['onnxruntime_seconds']:.3f}s, "
+        )
+        + f"segments {how['segments_wall_seconds']:.3f}s, total {doc['timings']['total']:.3f}s",
     ]
     return "\n".join(lines)
 
@@ -288,8 +293,12 @@ def _segment_line(piece: dict) -> str:
     return (
         f"  {piece['index']:<8}{span:<16}{piece['work_share'] * 100:>5.1f}%  "
         f"{len(piece['inputs']):>3} {len(piece['outputs_cut']):>4}  {verdict:<9}{where:<42}"
-        f"{piece['wall_seconds']:>6.1f}s"
+        f"{piece['wall_seconds']:>6.1f}s{_size(piece.get('peak_bytes')):>10}"
     )
+
+
+def _size(size: int | None) -> str:
+    return "-" if not size else f"{size / (1 << 30):.2f} GiB"
 
 
 def _emulation_text(doc: dict) -> list[str]:
