@@ -146,7 +146,8 @@ def validate(
     if inputs is not None:
         from onnx2bir.frontend.importer import read_model, refuse_unsupported_types
 
-        refuse_unsupported_types(read_model(model), inputs_only=True)  # before reading files
+        # before reading files; the graph's inputs alone, so the weights are not read
+        refuse_unsupported_types(read_model(model, weights=False), inputs_only=True)
         arrays = read_input_arrays(inputs, model)
         fixed, fixed_notes = _compile_time_values(model, arrays, values)
         values.update(fixed)
@@ -249,7 +250,7 @@ def _compile_time_values(model: ModelSource, arrays, values) -> tuple[dict, list
     from onnx2bir.frontend.compile_time_inputs import fixed_from_inputs
     from onnx2bir.frontend.importer import read_model
 
-    return fixed_from_inputs(read_model(model), arrays, set(values))
+    return fixed_from_inputs(read_model(model, weights=False), arrays, set(values))
 
 
 def _without_pinned(
@@ -280,7 +281,7 @@ def read_input_arrays(
 
     path = Path(source)
     if path.is_dir():
-        names = [v.name for v in runtime_inputs(read_model(model))]
+        names = [v.name for v in runtime_inputs(read_model(model, weights=False))]
         # The folder reader maps unnamed input_K.pb files by position in graph-input order.
         return oracle._read_test_data_set(path, SimpleNamespace(inputs=names))
     from onnx2bir.runtime.oracle import input_files
@@ -288,7 +289,7 @@ def read_input_arrays(
     input_files.check_inputs_source(path)
     # Headers first: a wrong dtype or an array larger than the host's memory is refused before
     # any data is read. Shapes are compared once --input-shape and the arrays have fixed them.
-    names = [value.name for value in runtime_inputs(read_model(model))]
+    names = [value.name for value in runtime_inputs(read_model(model, weights=False))]
     return input_files.read_npz(path, dict.fromkeys(names))
 
 
@@ -297,7 +298,7 @@ def _symbolic_shapes(model: ModelSource, arrays: dict[str, np.ndarray]) -> dict[
     from onnx2bir.frontend.importer import read_model, runtime_inputs
 
     shapes = {}
-    for value in runtime_inputs(read_model(model)):
+    for value in runtime_inputs(read_model(model, weights=False)):
         dims = value.type.tensor_type.shape.dim
         static = all(d.HasField("dim_value") and d.dim_value > 0 for d in dims) and len(dims)
         if value.name in arrays and not static:

@@ -181,7 +181,8 @@ def _run_against_model(args: argparse.Namespace, module, feeds: dict[str, np.nda
     from onnx2bir.validation.run import check_program, save_outputs
     from onnx2bir.validation.text import format_text
 
-    read_model(args.model)  # a missing or unreadable model is bad input, said before the run
+    # a missing or unreadable model is bad input, said before the run
+    read_model(args.model, weights=False)
     doc, outputs = check_program(
         module, feeds, args.model, schedule=args.schedule, check_races=args.check_races
     )

@@ -154,7 +154,7 @@ def shape_notes(model, input_shapes: dict) -> list[dict]:
     from onnx2bir.frontend.importer import read_model, runtime_inputs
 
     notes = []
-    for value in runtime_inputs(read_model(model)):
+    for value in runtime_inputs(read_model(model, weights=False)):
         dims = value.type.tensor_type.shape.dim
         declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
         wanted = input_shapes.get(value.name)

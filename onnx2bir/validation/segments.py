@@ -10,14 +10,18 @@ Out: the segmented validate document (docs/validation.md#segments).
    segment's work either side, the cut that the fewest tensors cross wins — between two
    encoder layers or two residual blocks one tensor crosses, inside an attention block several
    do, so a cut rarely splits an idiom the passes would raise whole.
-2. **Values.** onnxruntime runs the whole model once, the tensors that cross a cut its outputs
-   (`subgraph.all_values`).
+2. **Values.** onnxruntime's values of the tensors that cross a cut, segment after segment:
+   each segment run alone from the values of the earlier ones it reads, loading only its own
+   weights (`segment_values`). The parent reads the model without its large external weights
+   (`read_model(weights=False)`); with `--segment-memory` the count is planned so that each
+   segment fits (`plan_for_memory`).
 3. **Segments.** Each piece is a model of its own (`Cutter.segment`): a tensor made before it
    is a graph input fed with onnxruntime's value (a float that depends on the inputs) or a
    constant; every tensor it makes that a later piece or the graph reads is an output. Each is
    validated as `validate` validates a model, so its error is its own: its inputs are
    onnxruntime's, not the previous segment's machine values.
-4. **Parallel.** Segments run in forked processes (`jobs` at a time), or as Ray tasks.
+4. **Parallel.** Segments run in forked processes (`jobs` at a time), or as Ray tasks whose
+   values travel through Ray's object store.
 
 The verdict is PASS when every segment passes. Drift is each segment's own (what its casts
 cost, from fp32 inputs), so `--max-drift` is refused with segments, as are `--localize` and
