@@ -176,7 +176,9 @@ def _refuse_over(needed: int, limit: int | None, weights: int, what: str) -> Non
     raise UserError(
         f"validate would need about {_gib(needed)} at its peak ({what}), more than "
         f"{_gib(limit)} ({where}); validate the model in pieces instead: --segments {pieces} "
-        "runs each piece in its own process, holding about its share of the weights "
+        "runs each piece in its own process, holding about its share of the weights, and "
+        f"--segment-memory {limit / (1 << 30):.3g}GiB --jobs 1 picks as many pieces as it "
+        "takes for each to fit, run one at a time "
         "(docs/validation.md#segments)"
     )
 
