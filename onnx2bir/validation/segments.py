@@ -137,15 +137,19 @@ def choose_cuts(costs: list[int], crossing: list[int], segments: int) -> list[in
 
 
 # --- how much memory a segment needs -------------------------------------------------------
-# A segment's validate holds its weights about 2.5 times (the arrays, the machine's narrowed
-# copies, the oracle's roundings) and each tensor it computes about 5 times (the machine's
-# values, plain onnxruntime's, the emulating oracle's, its resynchronised run's, the
-# probes'): the parts of `memory_contracts.PeakEstimate` with the machine's copies at half
-# the weights and every intermediate probed. On top, the process itself: Python, numpy,
-# onnx and onnxruntime loaded (docs/validation.md#segment-memory).
-PLANNED_WEIGHT_COPIES = 2.5
+# A segment's validate holds its weights several times (the arrays, the machine's narrowed
+# copies, the oracle's roundings, onnxruntime's sessions) and each tensor it computes about 5
+# times (the machine's values, plain onnxruntime's, the emulating oracle's, its resynchronised
+# run's, the probes'). The weight factor is the measured one with a margin: a 7B-class
+# decoder's two-layer segments peaked at about 3.2x their weights plus the process
+# (docs/validation.md#segment-memory). On top, the process itself: Python, numpy, onnx and
+# onnxruntime loaded.
+PLANNED_WEIGHT_COPIES = 3.5
 PLANNED_TENSOR_COPIES = 5
 PROCESS_BYTES = 600 << 20
+# onnxruntime is given each segment as one serialized model, its weights inside: protobuf
+# refuses a message over 2 GiB, so a segment's weights stay below this (room for the rest).
+SERIALIZED_WEIGHT_BYTES = 1900 << 20
 
 
 def node_bytes(model: onnx.ModelProto, sizes: dict[str, int]):
@@ -167,47 +171,68 @@ def node_bytes(model: onnx.ModelProto, sizes: dict[str, int]):
 
 def planned_peak(weights: list[dict[str, int]], written: list[int], first: int, last: int) -> int:
     """The planned peak of validating nodes first..last on their own (the factors above)."""
+    held = segment_weight_bytes(weights, first, last)
+    made = sum(written[first : last + 1])
+    return int(PROCESS_BYTES + PLANNED_WEIGHT_COPIES * held + PLANNED_TENSOR_COPIES * made)
+
+
+def segment_weight_bytes(weights: list[dict[str, int]], first: int, last: int) -> int:
     held = {}
     for reads in weights[first : last + 1]:
         held.update(reads)
-    made = sum(written[first : last + 1])
-    return int(
-        PROCESS_BYTES + PLANNED_WEIGHT_COPIES * sum(held.values()) + PLANNED_TENSOR_COPIES * made
-    )
+    return sum(held.values())
 
 
 def plan_for_memory(
     model: onnx.ModelProto,
     sizes: dict[str, int],
     crossing: list[int],
-    limit: int,
+    limit: int | None,
     at_least: int = 2,
 ) -> list[int]:
-    """The fewest cuts (at least `at_least` segments) whose every segment's planned peak is
-    within `limit` bytes: cuts balance the planned bytes as `choose_cuts` balances work."""
+    """The fewest cuts (at least `at_least` segments) whose every segment's weights serialize
+    (`SERIALIZED_WEIGHT_BYTES`) and, with a `limit`, whose planned peak is within `limit`
+    bytes: the cuts balance the planned bytes as `choose_cuts` balances work."""
     weights, written = node_bytes(model, sizes)
     n = len(weights)
+
+    def fits(a: int, b: int) -> bool:
+        if segment_weight_bytes(weights, a, b) > SERIALIZED_WEIGHT_BYTES:
+            return False
+        return limit is None or planned_peak(weights, written, a, b) <= limit
+
     costs = [
         max(1, int(PLANNED_WEIGHT_COPIES * sum(w.values()) + PLANNED_TENSOR_COPIES * m))
         for w, m in zip(weights, written, strict=True)
     ]
-    heaviest = max(range(n), key=lambda i: planned_peak(weights, written, i, i))
-    if planned_peak(weights, written, heaviest, heaviest) > limit:
-        node = model.graph.node[heaviest]
-        raise UserError(
-            f"--segment-memory {_gib(limit)}: node {node.name or heaviest} ({node.op_type}) "
-            f"alone is planned to need {_gib(planned_peak(weights, written, heaviest, heaviest))}"
-            " (docs/validation.md#segment-memory); give more"
-        )
+    for index in range(n):
+        if not fits(index, index):
+            node = model.graph.node[index]
+            need = planned_peak(weights, written, index, index)
+            raise UserError(
+                f"node {node.name or index} ({node.op_type}) alone is planned to need "
+                f"{_gib(need)} and reads {_gib(segment_weight_bytes(weights, index, index))} "
+                f"of weights; --segment-memory {_gib(limit or 0)} or onnxruntime's "
+                f"{_gib(SERIALIZED_WEIGHT_BYTES)} per segment cannot hold it "
+                "(docs/validation.md#segment-memory)"
+            )
     whole = planned_peak(weights, written, 0, n - 1) - PROCESS_BYTES
-    count = max(at_least, 2, -(-whole // max(1, limit - PROCESS_BYTES)))
+    count = max(at_least, 2)
+    if limit is not None:
+        count = max(count, -(-whole // max(1, limit - PROCESS_BYTES)))
     while count <= n:
         cuts = choose_cuts(costs, crossing, count)
         bounds = list(zip([0, *cuts], [c - 1 for c in cuts] + [n - 1], strict=True))
-        if all(planned_peak(weights, written, a, b) <= limit for a, b in bounds):
+        if all(fits(a, b) for a, b in bounds):
             return cuts
         count += 1
     return list(range(1, n))  # one node a segment (each fits: checked above)
+
+
+def _serializable(model: onnx.ModelProto, sizes: dict[str, int], cuts: list[int]) -> bool:
+    weights, _ = node_bytes(model, sizes)
+    bounds = zip([0, *cuts], [c - 1 for c in cuts] + [len(weights) - 1], strict=True)
+    return all(segment_weight_bytes(weights, a, b) <= SERIALIZED_WEIGHT_BYTES for a, b in bounds)
 
 
 def _gib(size: int) -> str:
@@ -386,8 +411,11 @@ def earlier_segments(cutter: Cutter, bounds: list[tuple[int, int]]) -> list[list
 def _chain_values(plan: SegmentPlan, needs: list[list[int]], progress) -> list[dict]:
     """Each segment's values, one segment after another in this process."""
     made: list[dict] = []
-    for index in range(len(plan.bounds)):
-        made.append(segment_values(plan, index, *(made[j] for j in needs[index])))
+    for index, (first, last) in enumerate(plan.bounds):
+        try:
+            made.append(segment_values(plan, index, *(made[j] for j in needs[index])))
+        except (UserError, MachineError) as exc:
+            raise type(exc)(f"segment {index + 1} (nodes {first}-{last}): {exc}") from exc
         progress(f"onnxruntime: segment {index + 1}/{len(plan.bounds)} run")
     return made
 
@@ -430,12 +458,19 @@ def _run_ray(
         try:
             done(ray.get(ready[0]))
         except Exception as exc:  # the task's worker died, or the values before it failed
-            message = f"Ray task failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            done({"index": index, "document": None, "error": _internal(message), "outputs": {}})
+            done({"index": index, "document": None, "error": _ray_error(exc), "outputs": {}})
 
 
-def _internal(message: str) -> dict:
-    return {"kind": "internal", "message": message}
+def _ray_error(exc: Exception) -> dict:
+    """The segment's error from a failed Ray task: the model's own error (onnxruntime could
+    not make the values it reads, say) keeps its kind; anything else is internal."""
+    cause = exc
+    while getattr(cause, "cause", None) is not None and cause.cause is not cause:
+        cause = cause.cause  # a RayTaskError wraps the task's exception, perhaps another's
+    if isinstance(cause, UserError | MachineError):
+        return {"kind": str(cause.kind), "message": f"its input values: {cause}"}
+    text = " ".join(str(exc).split())[:300]
+    return {"kind": "internal", "message": f"Ray task failed: {type(exc).__name__}: {text}"}
 
 
 def validate_segments(
@@ -477,6 +512,8 @@ def validate_segments(
         cuts = plan_for_memory(model, sizes, crossing, segment_memory, segments or 2)
     else:
         cuts = choose_cuts(costs, crossing, segments)
+        if not _serializable(model, sizes, cuts):  # more segments than asked, each loadable
+            cuts = plan_for_memory(model, sizes, crossing, None, segments)
     bounds = list(zip([0, *cuts], [c - 1 for c in cuts] + [nodes - 1], strict=True))
     plan = SegmentPlan(model.SerializeToString(), feeds, bounds)
     needs = earlier_segments(cutter, bounds)

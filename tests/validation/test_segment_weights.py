@@ -19,7 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx2bir.cli.commands import main
 from onnx2bir.frontend import importer
 from onnx2bir.frontend.importer import external_array, load_model
+from onnx2bir.validation import segments
 from onnx2bir.validation.segments import (
+    PLANNED_TENSOR_COPIES,
+    PLANNED_WEIGHT_COPIES,
     PROCESS_BYTES,
     SegmentPlan,
     earlier_segments,
@@ -138,8 +141,9 @@ def test_segment_memory_plans_the_count(chain, capsys):
     path, model = chain
     tensor = 64 * WIDTH * 4
     layer = 4 * WIDTH * WIDTH + 4 * WIDTH
-    # One layer is planned at 2.5x its weights and 5x its three tensors; two fit, three not.
-    one = 2.5 * layer + 5 * 3 * tensor
+    # One layer is planned at its weights and its three tensors times the plan's factors; two
+    # fit, three not.
+    one = PLANNED_WEIGHT_COPIES * layer + PLANNED_TENSOR_COPIES * 3 * tensor
     limit = int(PROCESS_BYTES + 2 * one + one / 2)
     code, doc = _validate(capsys, path, "--segment-memory", limit, "--jobs", 1)
     assert code == 0 and doc["passed"], doc.get("error")
@@ -154,3 +158,17 @@ def test_segment_memory_below_one_node_is_refused(chain, capsys):
     code, doc = _validate(capsys, path, "--segment-memory", PROCESS_BYTES + 100_000)
     assert code == 2
     assert "--segment-memory" in doc["error"]["message"] and "alone" in doc["error"]["message"]
+
+
+def test_segments_whose_weights_would_not_serialize_are_cut_again(chain, capsys, monkeypatch):
+    # onnxruntime is given a segment as one protobuf message (2 GiB at most): with the cap at
+    # two layers' weights, two segments of three layers each become more, none above the cap.
+    path, model = chain
+    layer = 4 * WIDTH * WIDTH + 4 * WIDTH
+    monkeypatch.setattr(segments, "SERIALIZED_WEIGHT_BYTES", 2 * layer)
+    code, doc = _validate(capsys, path, "--segments", 2, "--jobs", 1)
+    assert code == 0 and doc["passed"], doc.get("error")
+    pieces = doc["segments"]
+    assert len(pieces) >= 3
+    for piece in pieces:
+        assert _own_bytes(model, piece["first_node"], piece["last_node"]) <= 2 * layer
