@@ -29,8 +29,10 @@ LLM = ROOT / "models" / ".cache" / "llm"
 DEFAULT_MODELS = [LLM / "qwen2-0.5b_prefill128.onnx"]
 
 
-def validate(model: Path, extra: list[str]) -> dict:
-    """One validate under /usr/bin/time -v: wall, peak RSS, verdict and the stage timings."""
+def timed_validate(model: Path, extra: list[str]) -> tuple[dict, float, int | None, int]:
+    """`onnx2bir validate MODEL --json EXTRA` in its own process under /usr/bin/time -v:
+    (the document, or {"error": the last lines of stderr}; wall seconds; peak RSS bytes;
+    exit status)."""
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "onnx2bir", "validate", str(model)]
     command += ["--json", *extra]
     start = time.perf_counter()
@@ -40,10 +42,16 @@ def validate(model: Path, extra: list[str]) -> dict:
     try:
         doc = json.loads(done.stdout)
     except json.JSONDecodeError:
-        doc = {"error": done.stderr.strip().splitlines()[-3:]}
+        doc = {"error": done.stderr.strip().splitlines()[-5:]}
+    return doc, wall, int(peak.group(1)) * 1024 if peak else None, done.returncode
+
+
+def validate(model: Path, extra: list[str]) -> dict:
+    """One validate: wall, peak RSS, verdict and the stage timings."""
+    doc, wall, peak, _ = timed_validate(model, extra)
     return {
         "wall_s": round(wall, 2),
-        "peak_bytes": int(peak.group(1)) * 1024 if peak else None,
+        "peak_bytes": peak,
         "passed": doc.get("passed"),
         "checkpoints": len(doc.get("checkpoints", [])),
         "timings": doc.get("timings", {}),

@@ -17,31 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_memory import timed_validate, weight_bytes  # noqa: E402
 
 GIB = 1 << 30
 
 
 def run(model: Path, extra: list[str]) -> dict:
-    command = ["/usr/bin/time", "-v", sys.executable, "-m", "onnx2bir", "validate", str(model)]
-    command += ["--json", *extra]
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
-    try:
-        doc = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        doc = {"error": done.stderr.strip().splitlines()[-5:]}
+    doc, wall, peak, status = timed_validate(model, extra)
     return {
         "command": " ".join(["onnx2bir", "validate", model.name, *extra]),
-        "exit": done.returncode,
+        "exit": status,
         "wall_s": round(wall, 1),
-        "parent_peak_bytes": int(peak.group(1)) * 1024 if peak else None,
+        "parent_peak_bytes": peak,
         "passed": doc.get("passed"),
         "error": doc.get("error"),
         "segmenting": doc.get("segmenting"),
@@ -65,12 +56,6 @@ def run(model: Path, extra: list[str]) -> dict:
             for piece in doc.get("segments", [])
         ],
     }
-
-
-def weight_bytes(model: Path) -> int:
-    from onnx2bir.frontend.memory_contracts import initializer_bytes
-
-    return initializer_bytes(model)
 
 
 def markdown(result: dict, weights: int) -> str:
